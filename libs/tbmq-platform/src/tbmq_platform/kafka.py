@@ -1,0 +1,110 @@
+"""Kafka client factories and topic creation.
+
+Producers are idempotent with acks=all: a record that a producer reports as sent is on every in-sync
+replica and is never duplicated by the producer's own retries. Consumers never auto-commit: each service
+commits offsets itself once the work they cover is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from .topics import TopicSpec
+
+log = logging.getLogger(__name__)
+
+
+def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | None = None,
+                  linger_ms: int = 5, max_batch_size: int = 256 * 1024, **extra) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=True,
+        transactional_id=transactional_id,
+        linger_ms=linger_ms,
+        max_batch_size=max_batch_size,
+        request_timeout_ms=30000,
+        **extra,
+    )
+
+
+def make_consumer(bootstrap: str, *topics: str, group_id: str | None, client_id: str,
+                  auto_offset_reset: str = "earliest", read_committed: bool = False,
+                  max_poll_records: int = 2000, **extra) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        group_id=group_id,
+        client_id=client_id,
+        enable_auto_commit=False,
+        auto_offset_reset=auto_offset_reset,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+        max_poll_records=max_poll_records,
+        **extra,
+    )
+
+
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_s: float = 60.0) -> list[str]:
+    """Create the topics that do not exist yet, with the catalogue's settings. Returns the created names.
+
+    Idempotent: an existing topic is left as it is (TopicAlreadyExists is not an error).
+    """
+    specs = list(specs)
+    admin = await _admin(bootstrap, timeout_s)
+    try:
+        existing = set(await admin.list_topics())
+        todo = [s for s in specs if s.name not in existing]
+        if not todo:
+            return []
+        new = [NewTopic(name=s.name, num_partitions=s.partitions, replication_factor=1,
+                        topic_configs=s.configs()) for s in todo]
+        created = []
+        try:
+            response = await admin.create_topics(new)
+            for name, code, *_ in getattr(response, "topic_errors", ()):
+                if code == 0:
+                    created.append(name)
+                elif code != TopicAlreadyExistsError.errno:
+                    raise RuntimeError(f"creating topic {name} failed with Kafka error {code}")
+        except TopicAlreadyExistsError:
+            pass
+        if created:
+            log.info("created topics %s", ", ".join(created))
+        return created
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0) -> None:
+    names = list(names)
+    if not names:
+        return
+    admin = await _admin(bootstrap, timeout_s)
+    try:
+        existing = set(await admin.list_topics())
+        names = [n for n in names if n in existing]
+        if names:
+            await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+        try:
+            await admin.start()
+            return admin
+        except KafkaConnectionError:
+            await admin.close()
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)

@@ -1,0 +1,120 @@
+"""Run a service: settings → logging → telemetry → health endpoint → start → serve → graceful stop.
+
+A service subclasses `Service`: `start()` rebuilds its state and begins serving (the health endpoint
+reports ready once it returns), `stop()` stops accepting, finishes in-flight work, flushes producers and
+commits what is done. Background loops are started with `spawn()`; if one dies, the service stops with
+exit code 1 rather than limping on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .health import HealthServer
+from .logs import configure_logging
+from .settings import CommonSettings
+from .telemetry import configure_telemetry
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    name = "tbmq"
+
+    def __init__(self, settings: CommonSettings):
+        self.settings = settings
+        self._tasks: set[asyncio.Task] = set()
+        self._failed: asyncio.Future | None = None
+
+    # -- to override -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Rebuild state and begin serving."""
+
+    async def stop(self) -> None:
+        """Stop gracefully."""
+
+    def health_details(self) -> dict:
+        return {}
+
+    # -- supervision ------------------------------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=exc)
+            if self._failed is not None and not self._failed.done():
+                self._failed.set_exception(exc)
+
+    async def cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def failed(self) -> asyncio.Future:
+        if self._failed is None:
+            self._failed = asyncio.get_running_loop().create_future()
+        return self._failed
+
+
+async def serve(service: Service, settings: CommonSettings, *, install_signals: bool = True) -> int:
+    """Run `service` until SIGINT/SIGTERM (or a background task fails). Returns the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    if install_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
+                          service.health_details)
+    await health.start()
+    failed = service.failed()
+    code = 0
+    try:
+        await service.start()
+        health.ready = True
+        log.info("%s %s ready", settings.service_name, settings.instance_id)
+        stop_wait = loop.create_task(stop.wait())
+        await asyncio.wait({stop_wait, failed}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if failed.done() and failed.exception() is not None:
+            code = 1
+    except Exception:
+        log.exception("%s failed to start", settings.service_name)
+        code = 1
+    finally:
+        health.ready = False
+        log.info("%s stopping", settings.service_name)
+        try:
+            await asyncio.wait_for(service.stop(), 30)
+        except Exception:
+            log.exception("%s did not stop cleanly", settings.service_name)
+            code = code or 1
+        await service.cancel_tasks()
+        await health.stop()
+    log.info("%s stopped", settings.service_name)
+    return code
+
+
+def run(settings: CommonSettings, factory: Callable[[CommonSettings], Service]) -> None:
+    """Entry point body of every service's `main()`."""
+    configure_logging(settings.service_name, settings.log_format, settings.log_level)
+    configure_telemetry(settings.service_name, settings.instance_id, settings.otlp_endpoint)
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # uvloop is optional; the default loop works, slower
+        pass
+    code = asyncio.run(serve(factory(settings), settings))
+    raise SystemExit(code)

@@ -1,0 +1,181 @@
+"""Settings from environment variables, parsed once into a frozen dataclass.
+
+A service declares its settings as a frozen dataclass whose fields carry `env(...)` metadata, and calls
+`load(ServiceSettings)` once at start-up. Every bad variable is collected, and start-up stops with one
+message naming all of them (`SettingsError`; `exit_on_error` turns it into exit code 2).
+
+    @dataclass(frozen=True)
+    class Settings(CommonSettings):
+        mqtt_port: int = env("MQTT_PORT", 1883, parse=port)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid settings: " + "; ".join(problems))
+
+
+def env(name: str, default: Any, *, parse: Callable[[str], Any] | None = None, doc: str = "") -> Any:
+    """A dataclass field read from environment variable `name`."""
+    return dataclasses.field(default=default, metadata={"env": name, "parse": parse, "doc": doc})
+
+
+# --- parsers: each raises ValueError with a short reason --------------------------------------------
+
+def integer(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise ValueError(f"not an integer: {raw!r}") from None
+        if lo is not None and value < lo:
+            raise ValueError(f"{value} is below the minimum {lo}")
+        if hi is not None and value > hi:
+            raise ValueError(f"{value} is above the maximum {hi}")
+        return value
+    return parse
+
+
+def number(lo: float | None = None) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"not a number: {raw!r}") from None
+        if lo is not None and value < lo:
+            raise ValueError(f"{value} is below the minimum {lo}")
+        return value
+    return parse
+
+
+port = integer(0, 65535)
+
+
+def boolean(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {raw!r} (use true/false)")
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"{raw!r} is not one of {', '.join(options)}")
+        return raw
+    return parse
+
+
+def csv(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def host_ports(raw: str) -> tuple[str, ...]:
+    items = csv(raw)
+    for item in items:
+        host, sep, p = item.rpartition(":")
+        if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
+            raise ValueError(f"{item!r} is not host:port")
+    return items
+
+
+def nonempty(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError("must not be empty")
+    return raw.strip()
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+S = TypeVar("S")
+
+
+def load(cls: type[S], environ: Mapping[str, str] | None = None, **overrides: Any) -> S:
+    """Build `cls` from the environment; raise SettingsError naming every bad variable."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for f in dataclasses.fields(cls):
+        if f.name in overrides:
+            values[f.name] = overrides[f.name]
+            continue
+        name = f.metadata.get("env")
+        if name is None or name not in environ:
+            continue
+        raw = environ[name]
+        parse = f.metadata.get("parse") or _default_parser(f)
+        try:
+            values[f.name] = parse(raw)
+        except ValueError as exc:
+            problems.append(f"{name}={raw!r}: {exc}")
+    if problems:
+        raise SettingsError(problems)
+    obj = cls(**values)
+    check = getattr(obj, "validate", None)
+    if check is not None:
+        more = list(check())
+        if more:
+            raise SettingsError(more)
+    return obj
+
+
+def _default_parser(f: dataclasses.Field) -> Callable[[str], Any]:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    if kind == "int":
+        return integer()
+    if kind == "bool":
+        return boolean
+    if kind == "float":
+        return number()
+    return str
+
+
+def load_or_exit(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
+    """`load`, but a bad setting prints one message naming every bad variable and exits with code 2."""
+    try:
+        return load(cls, environ)
+    except SettingsError as exc:
+        print(f"{cls.__module__.split('.')[0]}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def describe(cls: type) -> list[tuple[str, Any, str]]:
+    """(variable, default, doc) of every setting: for READMEs and --help."""
+    return [(f.metadata["env"], f.default, f.metadata.get("doc", ""))
+            for f in dataclasses.fields(cls) if "env" in f.metadata]
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonSettings:
+    """What every service reads. Subclasses add their own fields (all with defaults)."""
+
+    service_name: str = "tbmq"  # fixed per service by the subclass; not read from the environment
+    service_id: str = env("TBMQ_SERVICE_ID", "", doc="unique id of this instance (default <service>-1)")
+    kafka_bootstrap_servers: tuple[str, ...] = env("KAFKA_BOOTSTRAP_SERVERS", ("localhost:9092",),
+                                                   parse=host_ports, doc="Kafka bootstrap servers")
+    health_port: int = env("HEALTH_PORT", 0, parse=port, doc="health/readiness HTTP port (0 = any)")
+    health_host: str = env("HEALTH_HOST", "127.0.0.1", doc="health endpoint bind address")
+    log_format: str = env("LOG_FORMAT", "console", parse=choice("console", "json"))
+    log_level: str = env("LOG_LEVEL", "INFO", parse=choice("DEBUG", "INFO", "WARNING", "ERROR"))
+    otlp_endpoint: str = env("OTEL_EXPORTER_OTLP_ENDPOINT", "", doc="OTLP/gRPC endpoint; empty = off")
+
+    @property
+    def instance_id(self) -> str:
+        return self.service_id or f"{self.service_name}-1"
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.kafka_bootstrap_servers)

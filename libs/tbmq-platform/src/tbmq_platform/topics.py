@@ -1,0 +1,184 @@
+"""The one catalogue of Kafka topics. Every topic name in the suite comes from here.
+
+docs/topics.md is generated from this module (`python -m tbmq_platform.topics > docs/topics.md`) and a
+unit test fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, replace
+
+DAY_MS = 24 * 3600 * 1000
+GB = 1024 * 1024 * 1024
+
+MSG_ALL = "tbmq.msg.all"
+MSG_PERSISTED = "tbmq.msg.persisted"
+MSG_APP_PREFIX = "tbmq.msg.app."
+MSG_APP_SHARED_PREFIX = "tbmq.msg.app.shared."
+MSG_RETAINED = "tbmq.msg.retained"
+CLIENT_SESSION = "tbmq.client.session"
+CLIENT_SUBSCRIPTIONS = "tbmq.client.subscriptions"
+SESSION_EVENT_REQUEST = "tbmq.client.session.event.request"
+SESSION_EVENT_RESPONSE_PREFIX = "tbmq.client.session.event.response."
+CLIENT_DISCONNECT_PREFIX = "tbmq.client.disconnect."
+DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
+DOWNLINK_PERSISTED_PREFIX = "tbmq.msg.downlink.persisted."
+SYS_APP_REMOVED = "tbmq.sys.app.removed"
+SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
+
+_KAFKA_SAFE = re.compile(r"^[A-Za-z0-9]+$")
+_SHARED_SAFE = re.compile(r"^[A-Za-z0-9/+#]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str  # may hold a placeholder such as <svc> in the catalogue listing
+    key: str
+    payload: str  # message of proto/tbmq/v1/messages.proto
+    partitions: int
+    producers: str
+    consumers: str
+    compact: bool = False
+    retention_ms: int | None = 7 * DAY_MS
+    retention_bytes: int | None = GB
+
+    def configs(self) -> dict[str, str]:
+        """Topic-level Kafka configs for creation."""
+        cfg = {"segment.bytes": str(26214400)}
+        if self.compact:
+            cfg["cleanup.policy"] = "compact"
+        else:
+            cfg["cleanup.policy"] = "delete"
+            if self.retention_ms is not None:
+                cfg["retention.ms"] = str(self.retention_ms)
+            if self.retention_bytes is not None:
+                cfg["retention.bytes"] = str(self.retention_bytes)
+        return cfg
+
+
+def _compacted(name: str, key: str, payload: str, producers: str, consumers: str, partitions: int = 1) -> TopicSpec:
+    return TopicSpec(name, key, payload, partitions, producers, consumers, compact=True,
+                     retention_ms=None, retention_bytes=None)
+
+
+CATALOGUE: tuple[TopicSpec, ...] = (
+    TopicSpec(MSG_ALL, "MQTT topic", "PublishMsg", 16, "connector (after PUBLISH)", "router",
+              retention_bytes=2 * GB),
+    TopicSpec(MSG_PERSISTED, "subscriber client id", "PersistedMsg", 12, "router",
+              "device-persistence"),
+    TopicSpec(MSG_APP_PREFIX + "<client>", "MQTT topic", "PublishMsg (receiver copy)", 1, "router",
+              "app-delivery (group app-delivery.<client>)"),
+    TopicSpec(MSG_APP_SHARED_PREFIX + "<filter>", "MQTT topic", "PublishMsg (receiver copy)", 4, "router",
+              "app-delivery (group app-delivery.shared.<share name>)"),
+    _compacted(MSG_RETAINED, "MQTT topic", "PublishMsg (null value = delete)", "connector",
+               "connector (every instance, from the beginning)"),
+    _compacted(CLIENT_SESSION, "client id", "SessionInfo (null value = removed)", "session-registry",
+               "every service (from the beginning)"),
+    _compacted(CLIENT_SUBSCRIPTIONS, "client id", "ClientSubscriptions (whole set)",
+               "connector, session-registry", "router, connector (from the beginning)"),
+    TopicSpec(SESSION_EVENT_REQUEST, "client id", "SessionEventRequest", 24, "connector",
+              "session-registry"),
+    TopicSpec(SESSION_EVENT_RESPONSE_PREFIX + "<svc>", "client id", "SessionEventResponse", 1,
+              "session-registry", "connector <svc>"),
+    TopicSpec(CLIENT_DISCONNECT_PREFIX + "<svc>", "client id", "DisconnectCommand", 1, "session-registry",
+              "connector <svc>"),
+    TopicSpec(DOWNLINK_BASIC_PREFIX + "<svc>", "MQTT topic", "BasicDownlink", 12, "router",
+              "connector <svc>"),
+    TopicSpec(DOWNLINK_PERSISTED_PREFIX + "<svc>", "client id", "DevicePublishMsg", 12,
+              "device-persistence", "connector <svc>"),
+    TopicSpec(SYS_APP_REMOVED, "client id", "ApplicationRemovedEvent", 1, "session-registry",
+              "app-delivery (deletes the topic)"),
+    TopicSpec(SYS_HISTORICAL_DATA, "window start", "UsageStats", 1, "spark stats job", "operators"),
+)
+
+_BY_NAME = {spec.name: spec for spec in CATALOGUE}
+
+
+def spec(name: str) -> TopicSpec:
+    """The catalogue entry of a topic name or template (e.g. 'tbmq.msg.downlink.basic.<svc>')."""
+    return _BY_NAME[name]
+
+
+def static_topics() -> list[TopicSpec]:
+    """Topics that exist once per cluster (no placeholder in the name)."""
+    return [s for s in CATALOGUE if "<" not in s.name]
+
+
+def response_topic(service_id: str) -> str:
+    return SESSION_EVENT_RESPONSE_PREFIX + service_id
+
+
+def disconnect_topic(service_id: str) -> str:
+    return CLIENT_DISCONNECT_PREFIX + service_id
+
+
+def downlink_basic_topic(service_id: str) -> str:
+    return DOWNLINK_BASIC_PREFIX + service_id
+
+
+def downlink_persisted_topic(service_id: str) -> str:
+    return DOWNLINK_PERSISTED_PREFIX + service_id
+
+
+def service_topics(service_id: str) -> list[TopicSpec]:
+    """The per-connector topics of one connector instance."""
+    out = []
+    for s in CATALOGUE:
+        if s.name.endswith("<svc>"):
+            out.append(replace(s, name=s.name.replace("<svc>", service_id)))
+    return out
+
+
+def app_topic_name(client_id: str) -> str:
+    """tbmq.msg.app.<client id>, or the SHA-256 hex of the id when it is not [A-Za-z0-9]+ (Kafka-safe)."""
+    if _KAFKA_SAFE.match(client_id):
+        return MSG_APP_PREFIX + client_id
+    return MSG_APP_PREFIX + hashlib.sha256(client_id.encode("utf-8")).hexdigest()
+
+
+def shared_app_topic_name(topic_filter: str) -> str:
+    """tbmq.msg.app.shared.<filter with / → . , + → slw, # → mlw>, or SHA-256 hex when not safe."""
+    if _SHARED_SAFE.match(topic_filter):
+        return MSG_APP_SHARED_PREFIX + (
+            topic_filter.replace("/", ".").replace("+", "slw").replace("#", "mlw"))
+    return MSG_APP_SHARED_PREFIX + hashlib.sha256(topic_filter.encode("utf-8")).hexdigest()
+
+
+def app_topic(client_id: str) -> TopicSpec:
+    return replace(spec(MSG_APP_PREFIX + "<client>"), name=app_topic_name(client_id))
+
+
+def shared_app_topic(topic_filter: str) -> TopicSpec:
+    return replace(spec(MSG_APP_SHARED_PREFIX + "<filter>"), name=shared_app_topic_name(topic_filter))
+
+
+def render_markdown() -> str:
+    """docs/topics.md."""
+    lines = [
+        "# Kafka topics",
+        "",
+        "Generated from `libs/tbmq-platform/src/tbmq_platform/topics.py` by "
+        "`python -m tbmq_platform.topics > docs/topics.md`; do not edit by hand.",
+        "Payloads are messages of `proto/tbmq/v1/messages.proto`. `<svc>` is a connector's service id;",
+        "`<client>` is the client id, or its SHA-256 hex when it is not `[A-Za-z0-9]+`; `<filter>` maps",
+        "`/`→`.`, `+`→`slw`, `#`→`mlw` (SHA-256 hex when the filter has other characters).",
+        "All topics are created idempotently at start-up (`ensure_topics`); producers are idempotent "
+        "with acks=all.",
+        "",
+        "| topic | key | payload | partitions | retention | producers | consumers |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in CATALOGUE:
+        if s.compact:
+            retention = "compacted"
+        else:
+            retention = f"{s.retention_ms // DAY_MS} d, {s.retention_bytes // GB} GiB"
+        lines.append(f"| `{s.name}` | {s.key} | {s.payload} | {s.partitions} | {retention} | "
+                     f"{s.producers} | {s.consumers} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

@@ -1,0 +1,124 @@
+from tbmq.v1 import messages_pb2 as _messages_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FetchUndeliveredRequest(_message.Message):
+    __slots__ = ("client_id", "service_id", "session_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    service_id: str
+    session_id: str
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class DetachRequest(_message.Message):
+    __slots__ = ("client_id", "session_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    session_id: str
+    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class DetachResponse(_message.Message):
+    __slots__ = ("detached",)
+    DETACHED_FIELD_NUMBER: _ClassVar[int]
+    detached: bool
+    def __init__(self, detached: _Optional[bool] = ...) -> None: ...
+
+class FetchUndeliveredResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_messages_pb2.DevicePublishMsg]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ...) -> None: ...
+
+class PacketRequest(_message.Message):
+    __slots__ = ("client_id", "packet_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PACKET_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    packet_id: int
+    def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ...) -> None: ...
+
+class PacketResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class ClearRequest(_message.Message):
+    __slots__ = ("client_id",)
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+
+class ClearResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
+class AppSharedSubscription(_message.Message):
+    __slots__ = ("share_name", "topic_filter")
+    SHARE_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    share_name: str
+    topic_filter: str
+    def __init__(self, share_name: _Optional[str] = ..., topic_filter: _Optional[str] = ...) -> None: ...
+
+class AppOpen(_message.Message):
+    __slots__ = ("client_id", "session_id", "receive_maximum", "shared")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_MAXIMUM_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    session_id: str
+    receive_maximum: int
+    shared: _containers.RepeatedCompositeFieldContainer[AppSharedSubscription]
+    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., receive_maximum: _Optional[int] = ..., shared: _Optional[_Iterable[_Union[AppSharedSubscription, _Mapping]]] = ...) -> None: ...
+
+class AppRecordRef(_message.Message):
+    __slots__ = ("topic", "partition", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class AppAck(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: AppRecordRef
+    def __init__(self, ref: _Optional[_Union[AppRecordRef, _Mapping]] = ...) -> None: ...
+
+class AppUpstream(_message.Message):
+    __slots__ = ("open", "ack")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    open: AppOpen
+    ack: AppAck
+    def __init__(self, open: _Optional[_Union[AppOpen, _Mapping]] = ..., ack: _Optional[_Union[AppAck, _Mapping]] = ...) -> None: ...
+
+class AppRecord(_message.Message):
+    __slots__ = ("ref", "msg", "redelivery")
+    REF_FIELD_NUMBER: _ClassVar[int]
+    MSG_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_FIELD_NUMBER: _ClassVar[int]
+    ref: AppRecordRef
+    msg: _messages_pb2.PublishMsg
+    redelivery: bool
+    def __init__(self, ref: _Optional[_Union[AppRecordRef, _Mapping]] = ..., msg: _Optional[_Union[_messages_pb2.PublishMsg, _Mapping]] = ..., redelivery: _Optional[bool] = ...) -> None: ...
+
+class AppDownstream(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: AppRecord
+    def __init__(self, record: _Optional[_Union[AppRecord, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,44 @@
+from dataclasses import FrozenInstanceError, dataclass
+
+import pytest
+
+from tbmq_platform.settings import CommonSettings, SettingsError, env, integer, load, load_or_exit, port
+
+
+@dataclass(frozen=True)
+class Demo(CommonSettings):
+    service_name: str = "demo"
+    mqtt_port: int = env("MQTT_PORT", 1883, parse=port)
+    limit: int = env("DEMO_LIMIT", 10000, parse=integer(1, 65535))
+    flag: bool = env("DEMO_FLAG", False)
+
+
+def test_defaults_run_on_one_machine():
+    s = load(Demo, {})
+    assert s.mqtt_port == 1883 and s.kafka_bootstrap_servers == ("localhost:9092",)
+    assert s.instance_id == "demo-1" and s.bootstrap == "localhost:9092"
+
+
+def test_values_are_parsed_once_into_a_frozen_object():
+    s = load(Demo, {"MQTT_PORT": "1999", "DEMO_FLAG": "true", "KAFKA_BOOTSTRAP_SERVERS": "a:1,b:2"})
+    assert (s.mqtt_port, s.flag, s.bootstrap) == (1999, True, "a:1,b:2")
+    with pytest.raises(FrozenInstanceError):
+        s.mqtt_port = 1  # type: ignore[misc]
+
+
+def test_every_bad_variable_is_named_in_one_error():
+    with pytest.raises(SettingsError) as err:
+        load(Demo, {"MQTT_PORT": "http", "DEMO_LIMIT": "70000", "LOG_FORMAT": "xml",
+                    "KAFKA_BOOTSTRAP_SERVERS": "nohostport"})
+    text = str(err.value)
+    for name in ("MQTT_PORT", "DEMO_LIMIT", "LOG_FORMAT", "KAFKA_BOOTSTRAP_SERVERS"):
+        assert name in text
+    assert len(err.value.problems) == 4
+
+
+def test_load_or_exit_exits_2_with_one_message(capsys):
+    with pytest.raises(SystemExit) as exc:
+        load_or_exit(Demo, {"MQTT_PORT": "-1", "DEMO_LIMIT": "x"})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "MQTT_PORT" in err and "DEMO_LIMIT" in err
