@@ -6,17 +6,18 @@ unit test fails when it is stale.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from dataclasses import dataclass, replace
+
+# Kafka-safe per-client and per-filter names are routing knowledge: one implementation, in tbmq_routing.
+from tbmq_routing.naming import APP_TOPIC_PREFIX, SHARED_APP_TOPIC_PREFIX, app_topic_name, shared_app_topic_name
 
 DAY_MS = 24 * 3600 * 1000
 GB = 1024 * 1024 * 1024
 
 MSG_ALL = "tbmq.msg.all"
 MSG_PERSISTED = "tbmq.msg.persisted"
-MSG_APP_PREFIX = "tbmq.msg.app."
-MSG_APP_SHARED_PREFIX = "tbmq.msg.app.shared."
+MSG_APP_PREFIX = APP_TOPIC_PREFIX
+MSG_APP_SHARED_PREFIX = SHARED_APP_TOPIC_PREFIX
 MSG_RETAINED = "tbmq.msg.retained"
 CLIENT_SESSION = "tbmq.client.session"
 CLIENT_SUBSCRIPTIONS = "tbmq.client.subscriptions"
@@ -27,9 +28,6 @@ DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
 DOWNLINK_PERSISTED_PREFIX = "tbmq.msg.downlink.persisted."
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
-
-_KAFKA_SAFE = re.compile(r"^[A-Za-z0-9]+$")
-_SHARED_SAFE = re.compile(r"^[A-Za-z0-9/+#]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,21 +127,6 @@ def service_topics(service_id: str) -> list[TopicSpec]:
         if s.name.endswith("<svc>"):
             out.append(replace(s, name=s.name.replace("<svc>", service_id)))
     return out
-
-
-def app_topic_name(client_id: str) -> str:
-    """tbmq.msg.app.<client id>, or the SHA-256 hex of the id when it is not [A-Za-z0-9]+ (Kafka-safe)."""
-    if _KAFKA_SAFE.match(client_id):
-        return MSG_APP_PREFIX + client_id
-    return MSG_APP_PREFIX + hashlib.sha256(client_id.encode("utf-8")).hexdigest()
-
-
-def shared_app_topic_name(topic_filter: str) -> str:
-    """tbmq.msg.app.shared.<filter with / → . , + → slw, # → mlw>, or SHA-256 hex when not safe."""
-    if _SHARED_SAFE.match(topic_filter):
-        return MSG_APP_SHARED_PREFIX + (
-            topic_filter.replace("/", ".").replace("+", "slw").replace("#", "mlw"))
-    return MSG_APP_SHARED_PREFIX + hashlib.sha256(topic_filter.encode("utf-8")).hexdigest()
 
 
 def app_topic(client_id: str) -> TopicSpec:

@@ -1,0 +1,45 @@
+"""tbmq_routing: topic validation, subscription trie, retained store and routing rules.
+
+Pure Python, no I/O, no dependencies. Modules:
+
+* ``tbmq_routing.topics``  -- topic name / filter validation, ``$share/`` parsing
+* ``tbmq_routing.trie``    -- ``SubscriptionTrie``, ``Subscription``, ``RetainedStore``
+* ``tbmq_routing.rules``   -- ``plan_routing`` -> ``RoutingPlan``, ``RoundRobin``, ``SessionView``
+* ``tbmq_routing.naming``  -- ``app_topic_name``, ``shared_app_topic_name``, ``shared_store_id``
+* ``python -m tbmq_routing.bench`` -- trie benchmark
+"""
+
+from .naming import app_topic_name, shared_app_topic_name, shared_store_id
+from .rules import (
+    APPLICATION,
+    DEVICE,
+    AppDelivery,
+    Delivery,
+    PublishInfo,
+    RoundRobin,
+    RoutingPlan,
+    SessionView,
+    SharedAppCopy,
+    SharedDeviceChoice,
+    plan_routing,
+)
+from .topics import (
+    InvalidSharedSubscription,
+    InvalidTopicFilter,
+    InvalidTopicName,
+    ParsedFilter,
+    TopicError,
+    parse_subscription_filter,
+    validate_topic_filter,
+    validate_topic_name,
+)
+from .trie import RetainedStore, Subscription, SubscriptionTrie
+
+__all__ = [
+    "APPLICATION", "DEVICE", "AppDelivery", "Delivery", "PublishInfo", "RoundRobin", "RoutingPlan",
+    "SessionView", "SharedAppCopy", "SharedDeviceChoice", "plan_routing",
+    "InvalidSharedSubscription", "InvalidTopicFilter", "InvalidTopicName", "ParsedFilter", "TopicError",
+    "parse_subscription_filter", "validate_topic_filter", "validate_topic_name",
+    "RetainedStore", "Subscription", "SubscriptionTrie",
+    "app_topic_name", "shared_app_topic_name", "shared_store_id",
+]

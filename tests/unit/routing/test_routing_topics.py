@@ -1,0 +1,125 @@
+import pytest
+
+from tbmq_routing.topics import (
+    InvalidSharedSubscription,
+    InvalidTopicFilter,
+    InvalidTopicName,
+    ParsedFilter,
+    TopicError,
+    is_valid_topic_filter,
+    is_valid_topic_name,
+    parse_subscription_filter,
+    validate_topic_filter,
+    validate_topic_name,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("topic", [
+    "a", "a/b/c", "/", "//", "/a", "a/", "a//b", "$SYS/x", "$share/g/x", " ", "ünïcødé/тема", "a" * 65535,
+    "€" * (65535 // 3),
+])
+def test_valid_topic_names(topic):
+    validate_topic_name(topic)
+    assert is_valid_topic_name(topic)
+
+
+@pytest.mark.parametrize("topic,statement", [
+    ("", "MQTT-4.7.3-1"),
+    ("a/+", "MQTT-3.3.2-2"),
+    ("a/#", "MQTT-3.3.2-2"),
+    ("+", "MQTT-3.3.2-2"),
+    ("a+b", "MQTT-3.3.2-2"),
+    ("a#", "MQTT-3.3.2-2"),
+    ("a\x00b", "MQTT-4.7.3-2"),
+    ("a" * 65536, "MQTT-4.7.3-3"),
+    ("€" * (65535 // 3 + 1), "MQTT-4.7.3-3"),
+    ("a\ud800", "MQTT-1.5.4-1"),
+])
+def test_invalid_topic_names(topic, statement):
+    with pytest.raises(InvalidTopicName) as ei:
+        validate_topic_name(topic)
+    assert ei.value.statement == statement
+    assert isinstance(ei.value, TopicError) and isinstance(ei.value, ValueError)
+    assert not is_valid_topic_name(topic)
+
+
+@pytest.mark.parametrize("f", [
+    "a", "#", "+", "+/+", "a/+/b", "a/#", "+/#", "/#", "//", "a//+", "$SYS/#", "+/", "/+", "a/+/#",
+])
+def test_valid_filters(f):
+    validate_topic_filter(f)
+    assert is_valid_topic_filter(f)
+
+
+@pytest.mark.parametrize("f,statement", [
+    ("", "MQTT-4.7.3-1"),
+    ("a/#/b", "MQTT-4.7.1-2"),
+    ("#/", "MQTT-4.7.1-2"),
+    ("a#", "MQTT-4.7.1-2"),
+    ("a/b#", "MQTT-4.7.1-2"),
+    ("##", "MQTT-4.7.1-2"),
+    ("a+", "MQTT-4.7.1-3"),
+    ("a/+b/c", "MQTT-4.7.1-3"),
+    ("++", "MQTT-4.7.1-3"),
+    ("a/\x00", "MQTT-4.7.3-2"),
+])
+def test_invalid_filters(f, statement):
+    with pytest.raises(InvalidTopicFilter) as ei:
+        validate_topic_filter(f)
+    assert ei.value.statement == statement
+    assert not is_valid_topic_filter(f)
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("a/b", ParsedFilter("", "a/b")),
+    ("$share/g/a/+", ParsedFilter("g", "a/+")),
+    ("$share/g/#", ParsedFilter("g", "#")),
+    ("$share/g//", ParsedFilter("g", "/")),
+    ("$share/consumers-1/europe/ua/kyiv/1/+", ParsedFilter("consumers-1", "europe/ua/kyiv/1/+")),
+    ("$share", ParsedFilter("", "$share")),  # not "$share/": an ordinary filter
+    ("$sharex/a", ParsedFilter("", "$sharex/a")),
+])
+def test_parse_subscription_filter(raw, expected):
+    p = parse_subscription_filter(raw)
+    assert p == expected
+    assert p.shared == bool(expected.share_name)
+    assert p.original() == raw
+
+
+@pytest.mark.parametrize("raw,statement", [
+    ("$share//a", "MQTT-4.8.2-1"),
+    ("$share/", "MQTT-4.8.2-1"),
+    ("$share/g", "MQTT-4.8.2-2"),
+    ("$share/g/", "MQTT-4.8.2-2"),
+    ("$share/g+/a", "MQTT-4.8.2-2"),
+    ("$share/#/a", "MQTT-4.8.2-2"),
+    ("$share/g/a/#/b", "MQTT-4.7.1-2"),
+    ("$share/g/a+", "MQTT-4.7.1-3"),
+])
+def test_invalid_shared(raw, statement):
+    with pytest.raises(InvalidSharedSubscription) as ei:
+        parse_subscription_filter(raw)
+    assert ei.value.statement == statement
+    assert not ei.value.protocol_error
+    assert isinstance(ei.value, InvalidTopicFilter)
+
+
+def test_shared_no_local_is_protocol_error():
+    with pytest.raises(InvalidSharedSubscription) as ei:
+        parse_subscription_filter("$share/g/a", no_local=True)
+    assert ei.value.protocol_error and ei.value.statement == "MQTT-3.8.3-4"
+    # no-local on a normal subscription is fine
+    assert parse_subscription_filter("a", no_local=True) == ParsedFilter("", "a")
+
+
+def test_shared_disabled_for_v3():
+    assert parse_subscription_filter("$share/g/a", allow_shared=False) == ParsedFilter("", "$share/g/a")
+    with pytest.raises(InvalidTopicFilter):
+        parse_subscription_filter("a/#/b", allow_shared=False)
+
+
+def test_error_message_names_statement():
+    with pytest.raises(InvalidTopicFilter, match=r"MQTT-4\.7\.1-2"):
+        validate_topic_filter("a/#/b")
