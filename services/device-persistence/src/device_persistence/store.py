@@ -1,0 +1,477 @@
+"""Redis store of persistent DEVICE sessions' undelivered messages (standalone Redis or Redis Cluster).
+
+Keys per client (``<p>`` = optional key prefix, ``{tag}`` = the client id as a Redis Cluster hash tag, so
+every key of one client is in one slot and each Lua script touches one slot):
+
+    <p>{tag}_messages          ZSET  member = message key, score = serial (grows forever)
+    <p>{tag}_messages_<pid>    STRING with a TTL: the stored value (below); pid = MQTT packet id 1..65535
+    <p>{tag}_last_packet_id    STRING last packet id handed out
+    <p>{tag}_serial            STRING last serial handed out
+
+``tag`` is the client id itself, except that an empty client id or one starting with ``}`` or ``%`` is
+prefixed with ``%`` (an empty hash tag would hash each whole key to a different slot). The mapping is
+one-to-one, so two clients never share keys.
+
+Stored value: one packet-type byte followed by a serialized ``tbmq.v1.PublishMsg``::
+
+    b"P" + PublishMsg   -> DEVICE_PACKET_TYPE_PUBLISH   (PUBLISH owed)
+    b"R" + PublishMsg   -> DEVICE_PACKET_TYPE_PUBREL    (PUBREC received, only PUBREL owed)
+
+Packet id and serial are not in the value: the packet id is the key's suffix and the serial its ZSET
+score, so a PUBREC is one ``SETRANGE key 0 R`` (keeps the TTL, never parses protobuf). The scripts live
+in the repository's top-level ``lua/`` directory (override: ``TBMQ_LUA_DIR`` or ``StoreConfig.lua_dir``);
+each file documents its KEYS/ARGV/return.
+
+TTL of a stored message: the MQTT 5 Message Expiry Interval remaining at save time when the message has
+one (already expired -> not stored), else the configured TTL (default 7 days).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tbmq.v1 import messages_pb2
+
+__all__ = [
+    "MAX_PACKET_ID",
+    "SCRIPT_NAMES",
+    "ClientKeys",
+    "DeviceMsgStore",
+    "StoreConfig",
+    "StoreStats",
+    "client_keys",
+    "default_lua_dir",
+    "hash_tag",
+]
+
+MAX_PACKET_ID = 65535
+SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all")
+
+_TYPE_PUBLISH = b"P"
+_TYPE_PUBREL = b"R"
+_PACKET_TYPE = {
+    ord(_TYPE_PUBLISH): messages_pb2.DEVICE_PACKET_TYPE_PUBLISH,
+    ord(_TYPE_PUBREL): messages_pb2.DEVICE_PACKET_TYPE_PUBREL,
+}
+
+
+def default_lua_dir() -> Path:
+    """``TBMQ_LUA_DIR`` when set, else the repository's top-level ``lua/`` found above this file."""
+    env = os.environ.get("TBMQ_LUA_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "lua"
+        if (candidate / "save_messages.lua").is_file():
+            return candidate
+    return here.parents[4] / "lua"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Pure configuration of the store; the service settings object fills it from the environment
+    (MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_LIMIT / _TTL, REDIS_URL, REDIS_CLUSTER_NODES)."""
+
+    redis_url: str = "redis://localhost:6380/0"
+    cluster_nodes: tuple[str, ...] = ()  # "host:port"; non-empty = Redis Cluster mode
+    messages_limit: int = 10000  # per client, 1..65535 (packet ids would collide above)
+    messages_ttl_s: int = 604800  # default TTL of a stored message (7 days)
+    key_prefix: str = ""
+    lua_dir: Path | None = None  # None = default_lua_dir()
+    pipeline_chunk: int = 500  # script calls per pipeline in save_many (chunks run concurrently)
+    max_in_flight: int = 64  # Redis requests/pipelines in flight at once (redis-py pools refuse >100)
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not isinstance(self.messages_limit, int) or not 1 <= self.messages_limit <= MAX_PACKET_ID:
+            errors.append(
+                f"MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_LIMIT must be 1..{MAX_PACKET_ID} "
+                f"(MQTT packet ids would collide above), got {self.messages_limit!r}"
+            )
+        if not isinstance(self.messages_ttl_s, int) or self.messages_ttl_s <= 0:
+            errors.append(
+                "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_TTL must be a positive number of "
+                f"seconds, got {self.messages_ttl_s!r}"
+            )
+        if "{" in self.key_prefix or "}" in self.key_prefix:
+            errors.append(f"key prefix must not contain braces (hash tags), got {self.key_prefix!r}")
+        if self.pipeline_chunk < 1:
+            errors.append("pipeline_chunk must be >= 1")
+        if not 1 <= self.max_in_flight <= 90:
+            errors.append("max_in_flight must be 1..90")
+        for node in self.cluster_nodes:
+            host, _, port = node.rpartition(":")
+            if not host or not port.isdigit():
+                errors.append(f"cluster node must be host:port, got {node!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.cluster_nodes)
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    messages: str
+    last_packet_id: str
+    serial: str
+
+    def message(self, packet_id: int) -> str:
+        return f"{self.messages}_{packet_id}"
+
+
+def hash_tag(client_id: str) -> str:
+    if not client_id or client_id[0] in "}%":
+        return "%" + client_id
+    return client_id
+
+
+def client_keys(client_id: str, prefix: str = "") -> ClientKeys:
+    base = f"{prefix}{{{hash_tag(client_id)}}}"
+    return ClientKeys(f"{base}_messages", f"{base}_last_packet_id", f"{base}_serial")
+
+
+@dataclass
+class StoreStats:
+    saved: int = 0
+    trimmed: int = 0  # stored references dropped because of the limit (oldest first)
+    dropped_on_save: int = 0  # not stored: already expired, or beyond the limit within one batch
+    noscript_reloads: int = 0
+
+
+class DeviceMsgStore:
+    """Async store over redis.asyncio (standalone) or redis.asyncio.cluster.RedisCluster.
+
+    ``await start()`` (or ``async with``) connects and loads the scripts (a Lua error fails start-up);
+    calls use EVALSHA and reload a script after NOSCRIPT (e.g. SCRIPT FLUSH, failover to a fresh node).
+    """
+
+    def __init__(self, config: StoreConfig, *, client: Any | None = None) -> None:
+        self.config = config
+        self.stats = StoreStats()
+        self._client = client
+        self._own_client = client is None
+        self._lua_dir = Path(config.lua_dir) if config.lua_dir else default_lua_dir()
+        self._sources = {}
+        for name in SCRIPT_NAMES:
+            path = self._lua_dir / f"{name}.lua"
+            try:
+                self._sources[name] = path.read_text()
+            except OSError as exc:
+                raise FileNotFoundError(f"Lua script {path} not readable (TBMQ_LUA_DIR?)") from exc
+        self._scripts: dict[str, Any] = {}
+        self._node_clients: dict[str, Any] = {}  # cluster mode: "host:port" -> plain client (pipelines)
+        self._lock = asyncio.Lock()
+        # Callers may gather thousands of calls; redis-py's pools raise MaxConnectionsError beyond 100
+        # connections, so requests queue here instead.
+        self._in_flight = asyncio.Semaphore(config.max_in_flight)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def redis(self) -> Any:
+        if self._client is None:
+            raise RuntimeError("DeviceMsgStore.start() was not called")
+        return self._client
+
+    async def start(self) -> None:
+        if self._client is None:
+            if self.config.cluster:
+                nodes = []
+                for node in self.config.cluster_nodes:
+                    host, _, port = node.rpartition(":")
+                    nodes.append(ClusterNode(host, int(port)))
+                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False)
+                await self._client.initialize()
+            else:
+                self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False)
+        self._scripts = {name: self._client.register_script(src) for name, src in self._sources.items()}
+        for script in self._scripts.values():  # fail fast on a Lua syntax error / unreachable Redis
+            loaded = await self._client.script_load(script.script)
+            if isinstance(loaded, bytes):
+                loaded = loaded.decode()
+            script.sha = loaded
+
+    async def close(self) -> None:
+        clients, self._node_clients = list(self._node_clients.values()), {}
+        for c in clients:
+            await c.aclose()
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+            self._client = None
+
+    async def __aenter__(self) -> DeviceMsgStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    # ------------------------------------------------------------------------------------ keys
+
+    def keys(self, client_id: str) -> ClientKeys:
+        return client_keys(client_id, self.config.key_prefix)
+
+    # ------------------------------------------------------------------------------------ encoding
+
+    def _ttl_ms(self, msg: messages_pb2.PublishMsg, default_ttl_s: int, now_ms: int) -> int:
+        if msg.HasField("message_expiry_interval"):
+            interval_ms = msg.message_expiry_interval * 1000
+            created = msg.created_at_ms or now_ms
+            return min(interval_ms, interval_ms - (now_ms - created))
+        return default_ttl_s * 1000
+
+    def _save_args(
+        self, messages: Sequence[messages_pb2.PublishMsg], default_ttl_s: int | None, now_ms: int
+    ) -> tuple[list[Any], list[int]]:
+        """ARGV for save_messages.lua (limit, records) and the indexes (into `messages`) of what is
+        sent; a record is b"<ttl_ms>,<len>:" + b"P" + PublishMsg bytes."""
+        ttl_s = self.config.messages_ttl_s if default_ttl_s is None else default_ttl_s
+        records: list[bytes] = []
+        sent: list[int] = []
+        for i, msg in enumerate(messages):
+            ttl = self._ttl_ms(msg, ttl_s, now_ms)
+            if ttl <= 0:
+                self.stats.dropped_on_save += 1
+                continue
+            body = msg.SerializeToString()
+            records.append(b"%d,%d:P" % (ttl, len(body) + 1))
+            records.append(body)
+            sent.append(i)
+        return [self.config.messages_limit, b"".join(records)], sent
+
+    def _save_result(
+        self,
+        client_id: str,
+        messages: Sequence[messages_pb2.PublishMsg],
+        sent: list[int],
+        reply: list[Any],
+    ) -> list[messages_pb2.DevicePublishMsg]:
+        """reply = {trimmed, skipped, first_serial, pids as 2-byte big-endian string}."""
+        trimmed, skipped, serial, blob = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
+        self.stats.trimmed += trimmed
+        self.stats.dropped_on_save += skipped
+        pids = memoryview(blob).cast("B")
+        out = []
+        for j, i in enumerate(sent[skipped:]):
+            dmsg = messages_pb2.DevicePublishMsg(
+                client_id=client_id,
+                packet_id=(pids[2 * j] << 8) | pids[2 * j + 1],
+                serial=serial + j,
+                packet_type=messages_pb2.DEVICE_PACKET_TYPE_PUBLISH,
+            )
+            dmsg.msg.CopyFrom(messages[i])
+            out.append(dmsg)
+        if len(out) * 2 != len(blob):
+            raise RuntimeError(f"save_messages.lua returned {len(blob) // 2} packet ids for {len(out)} messages")
+        self.stats.saved += len(out)
+        return out
+
+    # ------------------------------------------------------------------------------------ script calls
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA through redis-py's registered script, which reloads it after NOSCRIPT."""
+        async with self._in_flight:
+            return await self._scripts[name](keys=keys, args=args)
+
+    async def _call_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """One EVALSHA per call, pipelined (chunks of pipeline_chunk run concurrently; in cluster mode the
+        pipeline is split per node). Calls refused with NOSCRIPT are retried after reloading the script
+        (NOSCRIPT means the script did not run, so the retry cannot apply anything twice)."""
+        script = self._scripts[name]
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(3):
+            chunk = self.config.pipeline_chunk
+            parts = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]
+            replies = await asyncio.gather(*(self._pipeline(script, calls, p) for p in parts))
+            retry = []
+            for part, rep in zip(parts, replies):
+                for idx, r in zip(part, rep):
+                    if isinstance(r, NoScriptError) or (
+                        isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT")
+                    ):
+                        retry.append(idx)
+                    elif isinstance(r, Exception):
+                        raise r
+                    else:
+                        results[idx] = r
+            if not retry:
+                return results
+            async with self._lock:
+                loaded = await self.redis.script_load(script.script)
+                script.sha = loaded.decode() if isinstance(loaded, bytes) else loaded
+                self.stats.noscript_reloads += 1
+            todo = retry
+        raise NoScriptError(f"{name}: script still missing after reloading it")
+
+    async def _pipeline(self, script: Any, calls: list[tuple[list[str], list[Any]]], idxs: list[int]):
+        if self.config.cluster:
+            return await self._cluster_pipeline(script, calls, idxs)
+        async with self._in_flight:
+            pipe = self.redis.pipeline(transaction=False)
+            async with pipe:
+                for i in idxs:
+                    keys, args = calls[i]
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                return await pipe.execute(raise_on_error=False)
+
+    async def _cluster_pipeline(self, script: Any, calls: list[tuple[list[str], list[Any]]], idxs: list[int]):
+        """redis-py's ClusterPipeline refuses EVALSHA, so: group the calls by the master owning their slot
+        (all keys of a call share one slot), pipeline each group over a plain connection to that master,
+        all masters concurrently. Calls answered with a redirection (MOVED/ASK during resharding) or hit
+        by a connection error are re-run one by one through the cluster client, which follows
+        redirections and refreshes the slot map."""
+        rc = self.redis
+        groups: dict[str, list[int]] = {}
+        for i in idxs:
+            node = rc.get_node_from_key(calls[i][0][0])
+            groups.setdefault(node.name, []).append(i)
+
+        async def run_node(name: str, group: list[int]) -> list[Any]:
+            client = self._node_clients.get(name)
+            if client is None:
+                host, _, port = name.rpartition(":")
+                client = aioredis.Redis(host=host, port=int(port), decode_responses=False)
+                self._node_clients[name] = client
+            try:
+                async with self._in_flight:
+                    pipe = client.pipeline(transaction=False)
+                    async with pipe:
+                        for i in group:
+                            keys, args = calls[i]
+                            pipe.evalsha(script.sha, len(keys), *keys, *args)
+                        return await pipe.execute(raise_on_error=False)
+            except (ConnectionError, TimeoutError, RedisConnectionError, RedisTimeoutError) as exc:
+                return [exc] * len(group)
+
+        replies = await asyncio.gather(*(run_node(n, g) for n, g in groups.items()))
+        by_idx: dict[int, Any] = {}
+        for group, rep in zip(groups.values(), replies):
+            by_idx.update(zip(group, rep))
+        for i, r in by_idx.items():
+            if isinstance(r, (MovedError, AskError, TryAgainError, ClusterDownError, RedisConnectionError,
+                              RedisTimeoutError, ConnectionError, TimeoutError)):
+                keys, args = calls[i]
+                try:
+                    async with self._in_flight:
+                        by_idx[i] = await script(keys=keys, args=args)
+                except Exception as exc:  # handed back like a pipeline error
+                    by_idx[i] = exc
+        return [by_idx[i] for i in idxs]
+
+    # ------------------------------------------------------------------------------------ API
+
+    async def save_batch(
+        self,
+        client_id: str,
+        messages: Sequence[messages_pb2.PublishMsg],
+        default_ttl: int | None = None,
+    ) -> list[messages_pb2.DevicePublishMsg]:
+        """Store `messages` (oldest first) for one client in one atomic script call. Returns the stored
+        ones, in order, with packet_id and serial assigned (what to forward to a connected client).
+        Already expired messages, and the oldest ones of a batch larger than the limit, are not stored
+        and not returned. `default_ttl` (seconds) overrides the configured TTL for messages without an
+        MQTT 5 expiry."""
+        if not messages:
+            return []
+        args, sent = self._save_args(messages, default_ttl, int(time.time() * 1000))
+        if not sent:
+            return []
+        k = self.keys(client_id)
+        reply = await self._call("save_messages", [k.messages, k.last_packet_id, k.serial], args)
+        return self._save_result(client_id, messages, sent, reply)
+
+    async def save_many(
+        self,
+        batches: Mapping[str, Sequence[messages_pb2.PublishMsg]],
+        default_ttl: int | None = None,
+    ) -> dict[str, list[messages_pb2.DevicePublishMsg]]:
+        """save_batch for many clients at once: one script call per client, all pipelined."""
+        now_ms = int(time.time() * 1000)
+        calls: list[tuple[list[str], list[Any]]] = []
+        meta: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int]]] = []
+        out: dict[str, list[messages_pb2.DevicePublishMsg]] = {}
+        for client_id, messages in batches.items():
+            out[client_id] = []
+            if not messages:
+                continue
+            args, sent = self._save_args(messages, default_ttl, now_ms)
+            if not sent:
+                continue
+            k = self.keys(client_id)
+            calls.append(([k.messages, k.last_packet_id, k.serial], args))
+            meta.append((client_id, messages, sent))
+        if calls:
+            replies = await self._call_many("save_messages", calls)
+            for (client_id, messages, sent), reply in zip(meta, replies):
+                out[client_id] = self._save_result(client_id, messages, sent, reply)
+        return out
+
+    async def fetch_undelivered(self, client_id: str) -> list[messages_pb2.DevicePublishMsg]:
+        """Every stored message of the client in serial order (expired ones are dropped)."""
+        reply = await self._call("fetch_undelivered", [self.keys(client_id).messages], [])
+        out = []
+        for i in range(0, len(reply), 3):
+            value = reply[i + 2]
+            dmsg = messages_pb2.DevicePublishMsg(
+                client_id=client_id,
+                packet_id=int(reply[i]),
+                serial=int(reply[i + 1]),
+                packet_type=_PACKET_TYPE.get(value[0], messages_pb2.DEVICE_PACKET_TYPE_PUBLISH),
+            )
+            dmsg.msg.ParseFromString(value[1:])
+            out.append(dmsg)
+        return out
+
+    async def acknowledge(self, client_id: str, packet_id: int) -> bool:
+        """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
+        _check_pid(packet_id)
+        return bool(await self._call("remove_message", [self.keys(client_id).messages], [packet_id]))
+
+    async def acknowledge_many(self, client_id: str, packet_ids: Iterable[int]) -> int:
+        """Remove several messages of one client in one call; returns how many were still stored."""
+        pids = list(packet_ids)
+        for pid in pids:
+            _check_pid(pid)
+        if not pids:
+            return 0
+        return int(await self._call("remove_message", [self.keys(client_id).messages], pids))
+
+    async def mark_pubrec(self, client_id: str, packet_id: int) -> bool:
+        """PUBREC received: the message now only needs a PUBREL; its TTL and order are kept."""
+        _check_pid(packet_id)
+        return bool(await self._call("mark_pubrec", [self.keys(client_id).messages], [packet_id]))
+
+    async def clear(self, client_id: str) -> int:
+        """Drop everything stored for the client; returns how many messages were dropped."""
+        k = self.keys(client_id)
+        return int(await self._call("clear_all", [k.messages, k.last_packet_id, k.serial], []))
+
+
+def _check_pid(packet_id: int) -> None:
+    if not isinstance(packet_id, int) or not 1 <= packet_id <= MAX_PACKET_ID:
+        raise ValueError(f"packet id must be 1..{MAX_PACKET_ID}, got {packet_id!r}")

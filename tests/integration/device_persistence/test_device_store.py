@@ -1,0 +1,355 @@
+"""DeviceMsgStore + lua/ against real Redis: every test runs on a standalone server and on a 3-master
+Redis Cluster (`redis_backend` is parametrized in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tbmq.v1 import messages_pb2 as pb
+
+from device_persistence.store import DeviceMsgStore, StoreConfig, client_keys
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PUBLISH = pb.DEVICE_PACKET_TYPE_PUBLISH
+PUBREL = pb.DEVICE_PACKET_TYPE_PUBREL
+
+
+def msg(seq: int, **kw) -> pb.PublishMsg:
+    return pb.PublishMsg(**{"topic": f"t/{seq}", "payload": b"%d" % seq, "qos": 1, **kw})
+
+
+def seqs(items) -> list[int]:
+    """The sequence numbers carried in the payloads of DevicePublishMsg or PublishMsg items."""
+    return [int((d.msg if isinstance(d, pb.DevicePublishMsg) else d).payload) for d in items]
+
+
+async def poll(predicate, timeout: float = 5.0, interval: float = 0.05):
+    """Await an async predicate until truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+async def test_save_fetch_roundtrip(store_factory, client_id):
+    store = await store_factory()
+    full = pb.PublishMsg(
+        publisher_id="pub",
+        topic="a/b",
+        payload=b"\x00\xff binary \r\n",
+        qos=2,
+        retain=True,
+        user_properties=[pb.UserProperty(key="k", value="v")],
+        content_type="text/plain",
+        response_topic="r",
+        correlation_data=b"c",
+        subscription_ids=[1, 7],
+        created_at_ms=int(time.time() * 1000),
+        publisher_mqtt_version=5,
+    )
+    saved = await store.save_batch(client_id, [full, msg(1)])
+    assert [(d.packet_id, d.serial, d.packet_type) for d in saved] == [(1, 1, PUBLISH), (2, 2, PUBLISH)]
+    assert saved[0].msg == full and saved[0].client_id == client_id
+    fetched = await store.fetch_undelivered(client_id)
+    assert list(fetched) == list(saved)
+    assert await store.fetch_undelivered("nobody-" + client_id) == []
+    assert await store.save_batch(client_id, []) == []
+
+
+async def test_acknowledge(store_factory, client_id):
+    store = await store_factory()
+    await store.save_batch(client_id, [msg(i) for i in range(5)])
+    assert await store.acknowledge(client_id, 2) is True
+    assert await store.acknowledge(client_id, 2) is False
+    assert await store.acknowledge(client_id, 999) is False
+    assert await store.acknowledge_many(client_id, [1, 3, 1000]) == 2
+    assert [(d.packet_id, int(d.msg.payload)) for d in await store.fetch_undelivered(client_id)] == [
+        (4, 3),
+        (5, 4),
+    ]
+    with pytest.raises(ValueError):
+        await store.acknowledge(client_id, 0)
+    with pytest.raises(ValueError):
+        await store.acknowledge(client_id, 65536)
+
+
+async def test_limit_trims_oldest(store_factory, client_id):
+    store = await store_factory(messages_limit=5)
+    await store.save_batch(client_id, [msg(i) for i in range(3)])
+    saved = await store.save_batch(client_id, [msg(i) for i in range(3, 7)])
+    assert [d.packet_id for d in saved] == [4, 5, 6, 7]
+    assert store.stats.trimmed == 2
+    assert seqs(await store.fetch_undelivered(client_id)) == [2, 3, 4, 5, 6]
+    k = client_keys(client_id)
+    r = store.redis
+    assert await r.exists(k.message(1), k.message(2)) == 0  # payloads of trimmed ones deleted
+    assert await r.zcard(k.messages) == 5
+
+    # one batch larger than the limit: only its newest `limit` are stored and returned
+    saved = await store.save_batch(client_id, [msg(i) for i in range(100, 108)])
+    assert seqs(saved) == [103, 104, 105, 106, 107]
+    assert seqs(await store.fetch_undelivered(client_id)) == [103, 104, 105, 106, 107]
+    assert await r.zcard(k.messages) == 5
+    serials = [d.serial for d in await store.fetch_undelivered(client_id)]
+    assert serials == sorted(serials) and len(set(serials)) == 5
+
+
+async def test_default_ttl_expiry(store_factory, client_id):
+    store = await store_factory()
+    k = client_keys(client_id)
+    await store.save_batch(client_id, [msg(i) for i in range(3)], default_ttl=1)
+    assert 0 < await store.redis.pttl(k.message(1)) <= 1000
+    for key in (k.messages, k.last_packet_id, k.serial):  # client keys expire with the last message
+        assert 0 < await store.redis.pttl(key) <= 1000
+    assert len(await store.fetch_undelivered(client_id)) == 3
+
+    async def gone():
+        return await store.fetch_undelivered(client_id) == []
+
+    await poll(gone)
+
+
+async def test_expired_reference_reused_after_wrap(store_factory, client_id):
+    store = await store_factory()
+    k = client_keys(client_id)
+    r = store.redis
+    await store.save_batch(client_id, [msg(0), msg(1)], default_ttl=1)  # ids 1, 2
+    await store.save_batch(client_id, [msg(2)], default_ttl=100)  # id 3
+
+    async def payloads_gone():
+        return await r.exists(k.message(1), k.message(2)) == 0
+
+    await poll(payloads_gone)
+    assert await r.zcard(k.messages) == 3  # stale references not cleaned yet
+    await r.set(k.last_packet_id, 65535, keepttl=True)
+    saved = await store.save_batch(client_id, [msg(3)])
+    assert [(d.packet_id, d.serial) for d in saved] == [(1, 4)]  # id 1 free again, serial goes on
+    assert await r.zcard(k.messages) == 3  # the stale reference of id 1 got the new score
+    fetched = await store.fetch_undelivered(client_id)
+    assert [(d.packet_id, d.serial, int(d.msg.payload)) for d in fetched] == [(3, 3, 2), (1, 4, 3)]
+    assert await r.zcard(k.messages) == 2  # fetch dropped the stale reference of id 2
+
+
+async def test_client_keys_expire_with_last_message(store_factory, client_id):
+    store = await store_factory()
+    k = client_keys(client_id)
+    r = store.redis
+    await store.save_batch(client_id, [msg(0)], default_ttl=100)
+    await store.save_batch(client_id, [msg(1)], default_ttl=1)  # shorter: must not shorten the keys
+    for key in (k.messages, k.last_packet_id, k.serial):
+        assert 90_000 < await r.pttl(key) <= 100_000
+    await store.save_batch(client_id, [msg(2)], default_ttl=200)  # longer: extends them
+    for key in (k.messages, k.last_packet_id, k.serial):
+        assert 190_000 < await r.pttl(key) <= 200_000
+
+
+async def test_message_expiry(store_factory, client_id):
+    store = await store_factory()
+    k = client_keys(client_id)
+    now = int(time.time() * 1000)
+    batch = [
+        msg(0),  # default TTL
+        msg(1, message_expiry_interval=1, created_at_ms=now),  # expires in ~1 s
+        msg(2, message_expiry_interval=5, created_at_ms=now - 10_000),  # already expired: not stored
+        msg(3, message_expiry_interval=3600, created_at_ms=now - 600_000),  # 50 min left
+    ]
+    saved = await store.save_batch(client_id, batch)
+    assert seqs(saved) == [0, 1, 3]
+    assert store.stats.dropped_on_save == 1
+    ttl0, ttl1, ttl3 = [await store.redis.pttl(k.message(p)) for p in (1, 2, 3)]
+    assert 604_700_000 < ttl0 <= 604_800_000
+    assert 0 < ttl1 <= 1000
+    assert 2_990_000 < ttl3 <= 3_000_000
+
+    async def expired():
+        return seqs(await store.fetch_undelivered(client_id)) == [0, 3]
+
+    await poll(expired)
+
+
+async def test_pubrec_keeps_ttl_and_order(store_factory, client_id):
+    store = await store_factory()
+    k = client_keys(client_id)
+    saved = await store.save_batch(client_id, [msg(i, qos=2) for i in range(3)], default_ttl=100)
+    assert await store.mark_pubrec(client_id, 2) is True
+    pttl = await store.redis.pttl(k.message(2))
+    assert 90_000 < pttl <= 100_000  # TBMQ's plain SET would leave -1 (no TTL)
+    assert (await store.redis.get(k.message(2)))[:1] == b"R"
+    fetched = await store.fetch_undelivered(client_id)
+    assert [(d.packet_id, d.serial, d.packet_type) for d in fetched] == [
+        (1, saved[0].serial, PUBLISH),
+        (2, saved[1].serial, PUBREL),
+        (3, saved[2].serial, PUBLISH),
+    ]
+    assert fetched[1].msg == saved[1].msg
+    assert await store.mark_pubrec(client_id, 2) is True  # idempotent
+    assert await store.mark_pubrec(client_id, 77) is False
+    assert await store.acknowledge(client_id, 2) is True  # PUBCOMP
+
+
+async def test_noscript_recovery(store_factory, client_id):
+    store = await store_factory()
+    r = store.redis
+    sha = store._scripts["save_messages"].sha
+
+    async def flush():
+        await r.script_flush()
+        exists = await r.script_exists(sha)
+        assert not any(exists if isinstance(exists, list) else [exists])
+
+    await flush()
+    assert seqs(await store.save_batch(client_id, [msg(0)])) == [0]  # single EVALSHA path
+    await flush()
+    assert seqs(await store.fetch_undelivered(client_id)) == [0]
+    await flush()
+    other = client_id + "-b"
+    out = await store.save_many({client_id: [msg(1)], other: [msg(2)]})  # pipelined path
+    assert seqs(out[client_id]) == [1] and seqs(out[other]) == [2]
+    assert store.stats.noscript_reloads >= 1
+    await flush()
+    assert await store.mark_pubrec(client_id, 1) is True
+    await flush()
+    assert await store.acknowledge(client_id, 1) is True
+    await flush()
+    assert await store.clear(client_id) == 1
+    assert await store.clear(other) == 1
+
+
+async def test_clear(store_factory, client_id):
+    store = await store_factory()
+    k = client_keys(client_id)
+    await store.save_batch(client_id, [msg(i) for i in range(4)])
+    await store.save_batch(client_id, [msg(9)], default_ttl=1)
+
+    async def short_one_gone():
+        return await store.redis.exists(k.message(5)) == 0
+
+    await poll(short_one_gone)
+    assert await store.clear(client_id) == 4  # the expired one is not counted
+    assert await store.redis.exists(k.messages, k.last_packet_id, k.serial, *map(k.message, range(1, 6))) == 0
+    assert await store.fetch_undelivered(client_id) == []
+    assert await store.clear(client_id) == 0
+    saved = await store.save_batch(client_id, [msg(0)])
+    assert (saved[0].packet_id, saved[0].serial) == (1, 1)
+
+
+async def test_save_many_clients(store_factory):
+    store = await store_factory()
+    batches = {f"many-{time.time_ns()}-{c}": [msg(c * 10 + i) for i in range(5)] for c in range(200)}
+    out = await store.save_many(batches)
+    assert out.keys() == batches.keys()
+    for cid, saved in out.items():
+        assert [d.packet_id for d in saved] == [1, 2, 3, 4, 5]
+        assert all(d.client_id == cid for d in saved)
+    out2 = await store.save_many({cid: [msg(999)] for cid in batches})
+    assert all([(d.packet_id, d.serial) for d in v] == [(6, 6)] for v in out2.values())
+    for cid in list(batches)[:20]:
+        assert seqs(await store.fetch_undelivered(cid)) == seqs(batches[cid]) + [999]
+    for cid in batches:
+        assert await store.clear(cid) == 6
+
+
+async def test_ten_thousand_messages_in_order(store_factory, client_id):
+    store = await store_factory()  # default limit 10000
+    for start in range(0, 10_000, 1000):
+        saved = await store.save_batch(client_id, [msg(i) for i in range(start, start + 1000)])
+        assert len(saved) == 1000
+    fetched = await store.fetch_undelivered(client_id)
+    assert seqs(fetched) == list(range(10_000))
+    assert [d.serial for d in fetched] == list(range(1, 10_001))
+    assert [d.packet_id for d in fetched] == list(range(1, 10_001))
+    # one more trims exactly the oldest
+    await store.save_batch(client_id, [msg(10_000)])
+    fetched = await store.fetch_undelivered(client_id)
+    assert len(fetched) == 10_000 and seqs(fetched)[:2] == [1, 2] and seqs(fetched)[-1] == 10_000
+    assert await store.clear(client_id) == 10_000
+
+
+async def test_packet_id_wraparound_keeps_order(store_factory, client_id):
+    """TBMQ #207: > 65535 messages through one session, saved and acknowledged in batches while some
+    stay undelivered across the wrap. Order is by serial, nothing is skipped, in-use ids are skipped."""
+    store = await store_factory()
+    batch, total = 5000, 70_000
+    pinned = lambda s: s % 97 == 0  # noqa: E731 - never acknowledged until the end
+    outstanding: list[int] = []
+    pid_of: dict[int, int] = {}
+    last_serial = 0
+    wrapped = False
+    prev_pid = 0
+    for start in range(0, total, batch):
+        saved = await store.save_batch(client_id, [msg(s) for s in range(start, start + batch)])
+        assert seqs(saved) == list(range(start, start + batch))
+        in_use = {pid_of[s] for s in outstanding}
+        for d in saved:
+            assert d.packet_id not in in_use, "packet id of an undelivered message reused"
+            assert d.serial == last_serial + 1
+            last_serial = d.serial
+            wrapped |= d.packet_id < prev_pid
+            prev_pid = d.packet_id
+            pid_of[int(d.msg.payload)] = d.packet_id
+            in_use.add(d.packet_id)
+        outstanding += seqs(saved)
+        fetched = await store.fetch_undelivered(client_id)
+        assert seqs(fetched) == outstanding  # serial order, nothing skipped
+        assert [d.packet_id for d in fetched] == [pid_of[s] for s in outstanding]
+        acked = [s for s in seqs(saved) if not pinned(s)]
+        assert await store.acknowledge_many(client_id, [pid_of[s] for s in acked]) == len(acked)
+        outstanding = [s for s in outstanding if pinned(s)]
+    assert wrapped
+    # after the wrap, ids of pinned messages (e.g. seq 0 -> id 1) were skipped, not overwritten
+    assert pid_of[0] == 1 and pid_of[65_535] == 2
+    fetched = await store.fetch_undelivered(client_id)
+    assert seqs(fetched) == [s for s in range(total) if pinned(s)]
+    assert await store.clear(client_id) == len(fetched)
+
+
+async def test_client_keys_share_one_slot(redis_cluster):
+    store = DeviceMsgStore(StoreConfig(cluster_nodes=tuple(redis_cluster.nodes)))
+    await store.start()
+    try:
+        await _check_slots(store)
+    finally:
+        await store.close()
+
+
+async def _check_slots(store):
+    rc = store.redis
+    for cid in ["plain", "", "}x", "%a", "a{b}c", "{x}", "ünï cødé/#+", "a}b"]:
+        k = client_keys(cid)
+        keys = [k.messages, k.last_packet_id, k.serial, k.message(1), k.message(65535)]
+        slots = {await rc.cluster_keyslot(key) for key in keys}
+        assert len(slots) == 1, (cid, keys)
+        assert {rc.keyslot(key) for key in keys} == slots
+        saved = await store.save_batch(cid, [msg(1), msg(2)])
+        assert [d.packet_id for d in saved] == [1, 2]
+        assert seqs(await store.fetch_undelivered(cid)) == [1, 2]
+        node = rc.get_node_from_key(k.messages)
+        assert await rc.cluster_countkeysinslot(slots.pop()) >= 5
+        assert node is rc.get_node_from_key(k.message(2))
+        assert await store.clear(cid) == 2
+    # clients are spread over the masters
+    owners = {rc.get_node_from_key(client_keys(f"c{i}").messages).name for i in range(50)}
+    assert len(owners) == 3
+
+
+async def test_limit_65535_every_id_in_use(store_factory, client_id):
+    """At the maximum limit every packet id is taken; the next save trims the oldest first, so it
+    always finds a free id (the one just freed) and never overwrites an undelivered message."""
+    store = await store_factory(messages_limit=65535)
+    saved = await store.save_batch(client_id, [msg(i) for i in range(65535)])
+    assert [d.packet_id for d in saved] == list(range(1, 65536))
+    saved = await store.save_batch(client_id, [msg(65535), msg(65536)])
+    assert [(d.packet_id, d.serial) for d in saved] == [(1, 65536), (2, 65537)]
+    assert store.stats.trimmed == 2
+    fetched = await store.fetch_undelivered(client_id)
+    assert len(fetched) == 65535
+    assert seqs(fetched[:2]) == [2, 3] and seqs(fetched[-2:]) == [65535, 65536]
+    assert [d.serial for d in fetched] == list(range(3, 65538))
+    assert await store.clear(client_id) == 65535
