@@ -26,11 +26,11 @@ py=${PYTHON311:-python3.11}
 command -v "$py" >/dev/null || py=python3
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 mkdir -p "$stamps"
-lock_sum=$(cat requirements.lock libs/*/pyproject.toml services/*/pyproject.toml | sha256sum | cut -c1-16)
+lock_sum=$(cat requirements.lock libs/*/pyproject.toml services/*/pyproject.toml spark/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamps/pip-$lock_sum" ]; then
   echo "bootstrap: pip install (requirements.lock + libs + services)"
   .venv/bin/pip install -q -r requirements.lock
-  eds=(); for d in libs/* services/*; do [ -f "$d/pyproject.toml" ] && eds+=(-e "$d"); done
+  eds=(); for d in libs/* services/* spark; do [ -f "$d/pyproject.toml" ] && eds+=(-e "$d"); done
   .venv/bin/pip install -q --no-deps --no-build-isolation "${eds[@]}"
   rm -f "$stamps"/pip-*; touch "$stamps/pip-$lock_sum"
 fi
@@ -39,7 +39,10 @@ for part in kafka spark; do
   pom=infra/$part/pom.xml
   [ -f "$pom" ] || continue
   sum=$(sha256sum "$pom" | cut -c1-16)
-  if [ ! -f "$stamps/mvn-$part-$sum" ]; then
+  # re-fetch when the pom changed or the copied jars are gone (e.g. `make clean`); Maven keeps them in
+  # ~/.m2, so a re-run needs no network
+  if [ ! -f "$stamps/mvn-$part-$sum" ] || [ ! -d "infra/$part/target" ] || \
+     { [ "$part" = kafka ] && ! ls infra/kafka/target/libs/kafka_2.13-*.jar >/dev/null 2>&1; }; then
     echo "bootstrap: mvn fetch of the $part jars"
     mvn -q -B -f "$pom" dependency:copy-dependencies
     rm -f "$stamps"/mvn-$part-*; touch "$stamps/mvn-$part-$sum"
