@@ -1,0 +1,119 @@
+"""CONNECT validation and the values a connection runs with. Pure (unit-tested)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from tbmq_mqtt import MQTT_3_1, MQTT_5, Connect
+from tbmq_routing import TopicError, validate_topic_name
+
+CLIENT_ID_NOT_VALID = 0x85
+TOPIC_NAME_INVALID = 0x90
+MAX_SESSION_EXPIRY = 0xFFFFFFFF
+MAX_CLIENT_ID_BYTES = 65535
+
+
+@dataclass(slots=True)
+class ConnectPlan:
+    """What a valid CONNECT asks for, after the connector's limits."""
+
+    client_id: str
+    assigned_client_id: bool       # the connector made the id up (v5: sent as Assigned Client Identifier)
+    keep_alive: int                # seconds the connector enforces (×1.5); 0 = none
+    server_keep_alive: int | None  # v5: Server Keep Alive to send in CONNACK (None = not sent)
+    session_expiry: int            # requested Session Expiry Interval after our cap (3.x: 0)
+    requested_session_expiry: int  # as the client sent it
+    clean_start: bool
+    receive_maximum: int           # the CLIENT's Receive Maximum (our outbound window), 65535 when absent
+    maximum_packet_size: int | None  # the CLIENT's Maximum Packet Size (outbound limit), None = no limit
+    topic_alias_maximum: int       # the CLIENT's (outbound aliases; unused: we do not send aliases)
+    will_delay: int                # v5 Will Delay Interval (0 for 3.x or without a will)
+    request_problem_information: bool = True
+
+
+class ConnectRefused(Exception):
+    """The CONNECT is well formed but refused: CONNACK with `reason_code` (v5 code; the codec maps it for
+    3.x) and close."""
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+        self.message = message
+
+
+def new_client_id() -> str:
+    return "tbmq-" + uuid.uuid4().hex
+
+
+def plan_connect(c: Connect, *, server_keep_alive_max: int, session_expiry_max: int) -> ConnectPlan:
+    """Validate a decoded CONNECT (the codec already checked its syntax) and compute the plan.
+
+    Client identifier rules: any UTF-8 string the codec accepted (1..65535 bytes; MQTT 3.1.1 says a
+    server MAY accept more than the 23 [0-9a-zA-Z] characters it MUST accept, and we do). An empty id:
+    v5 -> we assign one (Assigned Client Identifier) [MQTT-3.1.3-6]; 3.1.1 -> generated only with clean
+    session, else identifier rejected [MQTT-3.1.3-7] [MQTT-3.1.3-8]; 3.1 -> identifier rejected (3.1
+    requires 1..23 characters).
+    """
+    v5 = c.protocol_level == MQTT_5
+    client_id = c.client_id
+    assigned = False
+    if not client_id:
+        if v5 or (c.protocol_level != MQTT_3_1 and c.clean_start):
+            client_id = new_client_id()
+            assigned = True
+        else:
+            raise ConnectRefused(CLIENT_ID_NOT_VALID,
+                                 "empty client identifier" + ("" if c.protocol_level == MQTT_3_1
+                                                              else " without clean session"))
+    if c.will is not None:
+        try:
+            validate_topic_name(c.will.topic)
+        except TopicError as exc:
+            raise ConnectRefused(TOPIC_NAME_INVALID, f"will topic: {exc}") from None
+
+    props = c.properties
+    keep_alive = c.keep_alive
+    server_keep_alive = None
+    if v5 and server_keep_alive_max and (keep_alive == 0 or keep_alive > server_keep_alive_max):
+        keep_alive = server_keep_alive_max
+        server_keep_alive = keep_alive
+
+    requested = (props.session_expiry_interval or 0) if v5 else 0
+    session_expiry = min(requested, session_expiry_max)
+
+    will_delay = 0
+    if v5 and c.will is not None:
+        will_delay = c.will.properties.will_delay_interval or 0
+
+    return ConnectPlan(
+        client_id=client_id,
+        assigned_client_id=assigned,
+        keep_alive=keep_alive,
+        server_keep_alive=server_keep_alive,
+        session_expiry=session_expiry,
+        requested_session_expiry=requested,
+        clean_start=c.clean_start,
+        receive_maximum=(props.receive_maximum or 65535) if v5 else 65535,
+        maximum_packet_size=props.maximum_packet_size if v5 else None,
+        topic_alias_maximum=(props.topic_alias_maximum or 0) if v5 else 0,
+        will_delay=will_delay,
+        request_problem_information=(props.request_problem_information
+                                     if v5 and props.request_problem_information is not None else True),
+    )
+
+
+def is_persistent(protocol_level: int, clean_start: bool, session_expiry: int) -> bool:
+    """3.x: clean session false; v5: Session Expiry Interval > 0 (0 ends the session at disconnect even
+    with clean start false — a deliberate difference from TBMQ, see docs/architecture.md)."""
+    if protocol_level == MQTT_5:
+        return session_expiry > 0
+    return not clean_start
+
+
+def will_delay_seconds(protocol_level: int, will_delay: int, session_expiry: int, persistent: bool) -> int:
+    """When the Will goes out after an ungraceful close: v5 Will Delay, but no later than the end of the
+    session [MQTT-3.1.3-9]; a session that ends at disconnect sends it at once."""
+    if protocol_level != MQTT_5 or not persistent:
+        return 0
+    return min(will_delay, session_expiry)

@@ -1,0 +1,201 @@
+"""Outbound flow control of one connection: packet ids, the in-flight window and the bounded queue.
+
+Pure (no I/O) so that it is unit-tested on its own.
+
+Two packet-id spaces share one connection:
+
+* **fixed ids** — messages of persistent DEVICE sessions carry the packet id that device-persistence's
+  save script assigned (1..65535, wrapping). The connector must send them with exactly that id, because
+  the store acknowledges by (client id, packet id).
+* **allocated ids** — everything else (live deliveries from tbmq.msg.downlink.basic, APPLICATION records,
+  retained messages on SUBSCRIBE) gets an id from the connection's own allocator.
+
+Collisions are avoided like this: the allocator only hands out ids that are not in flight (in-flight
+fixed ids included), and walks the id space *downwards* from 65535 while the store's ids grow upwards
+from 1, so the two rarely meet. When a fixed-id message reaches the head of the queue while its id is
+still held by an earlier in-flight message, the queue waits (in order) until that id is acknowledged;
+ids are freed by the client's PUBACK/PUBCOMP, so the wait is bounded by the client's round trip.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+LIVE = 0     # tbmq.msg.downlink.basic / retained on subscribe: connector-assigned id, nothing to ack upstream
+DEVICE = 1   # persistent DEVICE message: fixed id, Acknowledge/MarkPubrec to device-persistence
+APP = 2      # APPLICATION record: connector-assigned id, AppAck(ref) upstream
+
+AWAIT_PUBACK = 1
+AWAIT_PUBREC = 2
+AWAIT_PUBCOMP = 3
+
+MAX_PACKET_ID = 65535
+
+
+@dataclass(slots=True)
+class OutMsg:
+    """One outbound QoS 1/2 delivery (or a PUBREL owed for a stored DEVICE message)."""
+
+    qos: int
+    kind: int = LIVE
+    publish: Any = None            # the Publish packet to send (packet_id filled when it goes in flight)
+    fixed_id: int | None = None    # DEVICE: the store's packet id
+    pubrel_only: bool = False      # DEVICE: PUBREC already received before; only PUBREL is owed
+    ref: Any = None                # APP: AppRecordRef; DEVICE: serial
+    packet_id: int = 0
+    state: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class PacketIds:
+    """Allocator of packet ids that are not in use. Walks downwards from 65535, wrapping."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = MAX_PACKET_ID
+
+    def allocate(self, in_use) -> int | None:
+        """A free id (not in `in_use`), or None when all 65535 are taken."""
+        if len(in_use) >= MAX_PACKET_ID:
+            return None
+        pid = self._next
+        while pid in in_use:
+            pid = pid - 1 if pid > 1 else MAX_PACKET_ID
+        self._next = pid - 1 if pid > 1 else MAX_PACKET_ID
+        return pid
+
+
+class OutboundWindow:
+    """In-flight window (≤ the client's Receive Maximum) plus a bounded FIFO queue behind it."""
+
+    def __init__(self, window: int, max_queued: int) -> None:
+        self.window = max(1, min(window, MAX_PACKET_ID))
+        self.max_queued = max_queued
+        self.inflight: dict[int, OutMsg] = {}
+        self.queue: deque[OutMsg] = deque()
+        self.ids = PacketIds()
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.inflight) + len(self.queue)
+
+    def offer(self, msg: OutMsg, *, force: bool = False) -> bool:
+        """Queue `msg` for sending. False (and counted as dropped) when the queue is full, unless `force`
+        (stored messages, which must not be lost: their count is bounded by the store)."""
+        if not force and len(self.queue) >= self.max_queued:
+            self.dropped += 1
+            return False
+        self.queue.append(msg)
+        return True
+
+    def ready(self) -> list[OutMsg]:
+        """Move as many queued messages as the window allows into flight (ids assigned, states set)
+        and return them in order: the caller sends each one."""
+        out: list[OutMsg] = []
+        inflight = self.inflight
+        queue = self.queue
+        while queue and len(inflight) < self.window:
+            msg = queue[0]
+            if msg.fixed_id is not None:
+                pid = msg.fixed_id
+                if pid in inflight:
+                    break  # held by an earlier message: keep order, wait for its acknowledgement
+            else:
+                pid = self.ids.allocate(inflight)
+                if pid is None:
+                    break
+            queue.popleft()
+            msg.packet_id = pid
+            if msg.pubrel_only:
+                msg.state = AWAIT_PUBCOMP
+            else:
+                msg.state = AWAIT_PUBACK if msg.qos == 1 else AWAIT_PUBREC
+            inflight[pid] = msg
+            out.append(msg)
+        return out
+
+    def on_puback(self, packet_id: int) -> OutMsg | None:
+        msg = self.inflight.get(packet_id)
+        if msg is None or msg.state != AWAIT_PUBACK:
+            return None
+        del self.inflight[packet_id]
+        return msg
+
+    def on_pubrec(self, packet_id: int, failed: bool = False) -> OutMsg | None:
+        """PUBREC: the message moves to awaiting PUBCOMP (the caller sends PUBREL). A PUBREC with a
+        failure reason code (v5, >= 0x80) ends the flow: the message leaves the window."""
+        msg = self.inflight.get(packet_id)
+        if msg is None or msg.state != AWAIT_PUBREC:
+            return None
+        if failed:
+            del self.inflight[packet_id]
+        else:
+            msg.state = AWAIT_PUBCOMP
+        return msg
+
+    def on_pubcomp(self, packet_id: int) -> OutMsg | None:
+        msg = self.inflight.get(packet_id)
+        if msg is None or msg.state != AWAIT_PUBCOMP:
+            return None
+        del self.inflight[packet_id]
+        return msg
+
+    def clear(self) -> None:
+        self.inflight.clear()
+        self.queue.clear()
+
+
+class InboundAliases:
+    """Topic aliases a v5 client sets on its PUBLISHes (Topic Alias Maximum is ours)."""
+
+    __slots__ = ("maximum", "_topics")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self._topics: dict[int, str] = {}
+
+    def resolve(self, topic: str, alias: int | None) -> str:
+        """The topic of a PUBLISH; raises AliasError(reason code) when the alias use is invalid."""
+        if alias is None:
+            if not topic:
+                raise AliasError(0x82, "empty topic name without a topic alias")
+            return topic
+        if alias == 0 or alias > self.maximum:
+            raise AliasError(0x94, f"topic alias {alias} outside 1..{self.maximum}")
+        if topic:
+            self._topics[alias] = topic
+            return topic
+        known = self._topics.get(alias)
+        if known is None:
+            raise AliasError(0x82, f"topic alias {alias} used before it was set")
+        return known
+
+
+class AliasError(Exception):
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+        self.message = message
+
+
+class InboundQos:
+    """Inbound QoS 1/2 bookkeeping: the Receive Maximum we advertised, and QoS 2 ids awaiting PUBREL
+    (exactly-once receive [MQTT-4.3.3-10]: a PUBLISH with an id already awaiting PUBREL is not forwarded
+    again)."""
+
+    __slots__ = ("receive_maximum", "pending_acks", "awaiting_pubrel")
+
+    def __init__(self, receive_maximum: int) -> None:
+        self.receive_maximum = receive_maximum
+        self.pending_acks = 0            # QoS 1/2 PUBLISHes whose PUBACK/PUBREC is not sent yet
+        self.awaiting_pubrel: set[int] = set()
+
+    def in_use(self) -> int:
+        return self.pending_acks + len(self.awaiting_pubrel)
+
+    def over_quota(self) -> bool:
+        """True when one more QoS 1/2 PUBLISH would exceed the advertised Receive Maximum."""
+        return self.in_use() >= self.receive_maximum

@@ -1,0 +1,313 @@
+"""The connector service: MQTT listener + its Kafka and gRPC side."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from opentelemetry import trace
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.compacted import CompactedTopicView
+from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.lifecycle import Service
+from tbmq_platform.topics import (
+    CLIENT_SESSION,
+    CLIENT_SUBSCRIPTIONS,
+    MSG_ALL,
+    MSG_RETAINED,
+    disconnect_topic,
+    downlink_basic_topic,
+    downlink_persisted_topic,
+    response_topic,
+    service_topics,
+    static_topics,
+)
+from tbmq_platform.tracing import kafka_headers, span_from_kafka
+from tbmq_routing import RetainedStore
+
+from .connection import Connection
+from .convert import publish_msg
+from .grpc_clients import AppDeliveryChannels, DevicePersistenceClient
+from .sessions import SessionEvents
+from .settings import ConnectorSettings
+from .wills import Wills
+
+log = logging.getLogger("connector")
+tracer = trace.get_tracer("connector")
+
+
+async def assign_at_end(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> list[TopicPartition]:
+    """Assign every partition of `topics` and position at their ends (resolved now, so nothing produced
+    after this returns is missed)."""
+    tps: list[TopicPartition] = []
+    for topic in topics:
+        parts = None
+        for _ in range(100):
+            parts = consumer.partitions_for_topic(topic)
+            if parts:
+                break
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        if not parts:
+            raise RuntimeError(f"topic {topic} does not exist")
+        tps.extend(TopicPartition(topic, p) for p in sorted(parts))
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)
+    return tps
+
+
+class ConnectorService(Service):
+    name = "connector"
+
+    def __init__(self, settings: ConnectorSettings) -> None:
+        super().__init__(settings)
+        self.settings: ConnectorSettings = settings
+        self.service_id = settings.instance_id
+        self.retained = RetainedStore()
+        self._subs_raw: dict[str, bytes] = {}
+        self.wills = Wills(self._publish_will)
+        # Kafka clients need the running loop: made in start()
+        self.producer = None
+        self.sessions: SessionEvents | None = None
+        self.retained_view = self.subs_view = self.session_view = None
+        self.control = self.data = None
+        self.device: DevicePersistenceClient | None = None
+        self.apps: AppDeliveryChannels | None = None
+        self.connections: set[Connection] = set()
+        self.by_session: dict[str, Connection] = {}
+        self.by_client: dict[str, Connection] = {}
+        self.stats: Counter = Counter()
+        self._server: asyncio.base_events.Server | None = None
+        self._bg: set[asyncio.Task] = set()
+        self.mqtt_port = settings.mqtt_port
+        self._topics = {
+            "response": response_topic(self.service_id),
+            "disconnect": disconnect_topic(self.service_id),
+            "basic": downlink_basic_topic(self.service_id),
+            "persisted": downlink_persisted_topic(self.service_id),
+        }
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        s = self.settings
+        bootstrap = s.bootstrap
+        await ensure_topics(bootstrap, [*static_topics(), *service_topics(self.service_id)])
+        self.producer = make_producer(bootstrap, client_id=self.service_id,
+                                      max_request_size=max(1 << 20, s.max_packet_size + 65536))
+        self.sessions = SessionEvents(self.producer)
+        self.retained_view = CompactedTopicView(bootstrap, MSG_RETAINED, self._apply_retained,
+                                                client_id=f"{self.service_id}-retained")
+        self.subs_view = CompactedTopicView(bootstrap, CLIENT_SUBSCRIPTIONS, self._apply_subscriptions,
+                                            client_id=f"{self.service_id}-subscriptions")
+        self.session_view = CompactedTopicView(bootstrap, CLIENT_SESSION, self.wills.on_session_record,
+                                               client_id=f"{self.service_id}-sessions")
+        self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control")
+        self.data = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-downlink",
+                                  max_poll_records=5000)
+        await self.producer.start()
+        await self.control.start()
+        await assign_at_end(self.control, [self._topics["response"], self._topics["disconnect"]])
+        await self.data.start()
+        await assign_at_end(self.data, [self._topics["basic"], self._topics["persisted"]])
+        await self.retained_view.start()
+        await self.subs_view.start()
+        await self.session_view.start()
+        self.device = DevicePersistenceClient(s.device_persistence_grpc_target, s.grpc_timeout_s)
+        self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
+        self.spawn(self._control_loop(), "control consumer")
+        self.spawn(self._data_loop(), "downlink consumer")
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Connection(self), s.mqtt_bind_host, s.mqtt_port,
+                                                backlog=4096, reuse_address=True)
+        self.mqtt_port = self._server.sockets[0].getsockname()[1]
+        log.info("connector %s: MQTT on %s:%d (%d retained, %d subscription sets)", self.service_id,
+                 s.mqtt_bind_host, self.mqtt_port, len(self.retained), len(self._subs_raw))
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        self.wills.stop(send=True)
+        await asyncio.sleep(0)
+        if self._bg:
+            await asyncio.wait(self._bg, timeout=10)
+        if self.producer is not None:
+            try:
+                await asyncio.wait_for(self.producer.flush(), 10)
+            except Exception:
+                log.exception("producer flush failed")
+        await self.cancel_tasks()
+        for part in (self.control, self.data, self.retained_view, self.subs_view, self.session_view):
+            if part is None:
+                continue
+            try:
+                await part.stop()
+            except Exception:
+                log.exception("stop failed")
+        if self.device is not None:
+            await self.device.close()
+        if self.apps is not None:
+            await self.apps.close()
+        if self.producer is not None:
+            await self.producer.stop()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def health_details(self) -> dict:
+        return {"service_id": self.service_id, "mqtt_port": self.mqtt_port,
+                "connections": len(self.connections), "clients": len(self.by_client),
+                "retained": len(self.retained), "pending_wills": len(self.wills.pending),
+                **{k: v for k, v in self.stats.items()}}
+
+    def spawn_bg(self, coro) -> None:
+        """A short background job (a produce, a gRPC call): tracked so shutdown can wait for it."""
+        task = asyncio.get_running_loop().create_task(self._guard(coro))
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    @staticmethod
+    async def _guard(coro) -> None:
+        try:
+            result = await coro
+            if isinstance(result, asyncio.Future):
+                await result
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("background job failed")
+
+    # ------------------------------------------------------------------------------------ producing
+    async def produce_publish(self, msg: pb.PublishMsg, topic: str, retain: bool):
+        """Hand a PUBLISH to Kafka: (delivery future on tbmq.msg.all, delivery future on tbmq.msg.retained
+        or None). Never waits for the acknowledgement."""
+        headers = kafka_headers()
+        key = topic.encode("utf-8")
+        value = msg.SerializeToString()
+        fut = await self.producer.send(MSG_ALL, value, key=key, headers=headers)
+        fut2 = None
+        if retain:
+            # the connector owns retained storage: an empty payload deletes it [MQTT-3.3.1-6/-7]
+            fut2 = await self.producer.send(MSG_RETAINED, value if msg.payload else None, key=key,
+                                            headers=headers)
+        return fut, fut2
+
+    async def produce_subscriptions(self, client_id: str, subs, client_type: int) -> None:
+        """Write the client's whole set and wait for Kafka's acknowledgement."""
+        cs = pb.ClientSubscriptions(client_id=client_id, subscriptions=list(subs), client_type=client_type)
+        fut = await self.producer.send(CLIENT_SUBSCRIPTIONS, cs.SerializeToString(),
+                                       key=client_id.encode("utf-8"), headers=kafka_headers())
+        await fut
+
+    def _publish_will(self, client_id: str, will, level: int) -> None:
+        msg = publish_msg(will, will.topic, publisher_id=client_id, service_id=self.service_id,
+                          mqtt_version=level, now_ms=int(time.time() * 1000))
+        self.stats["wills_sent"] += 1
+        log.info("publishing the will of %r on %r", client_id, will.topic)
+
+        async def go():
+            with tracer.start_as_current_span("mqtt.will"):
+                fut, fut2 = await self.produce_publish(msg, will.topic, will.retain)
+            await fut
+            if fut2 is not None:
+                await fut2
+        self.spawn_bg(go())
+
+    # ------------------------------------------------------------------------------------ views
+    def _apply_retained(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        topic = key.decode("utf-8")
+        if not value:
+            self.retained.delete(topic)
+            return
+        msg = pb.PublishMsg.FromString(value)
+        if not msg.payload:
+            self.retained.delete(topic)
+        else:
+            self.retained.set(topic, msg)
+
+    def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        client_id = key.decode("utf-8")
+        if value:
+            self._subs_raw[client_id] = value
+        else:
+            self._subs_raw.pop(client_id, None)
+
+    async def subscriptions_of(self, client_id: str) -> dict[tuple[str, str], pb.TopicSubscription]:
+        """The client's stored set, after catching up with everything written so far (by any connector)."""
+        await self.subs_view.wait_caught_up(timeout=10)
+        raw = self._subs_raw.get(client_id)
+        if not raw:
+            return {}
+        cs = pb.ClientSubscriptions.FromString(raw)
+        return {(t.share_name, t.topic_filter): t for t in cs.subscriptions}
+
+    # ------------------------------------------------------------------------------------ consumers
+    async def _control_loop(self) -> None:
+        rtopic = self._topics["response"]
+        while True:
+            batches = await self.control.getmany(timeout_ms=500, max_records=1000)
+            for tp, records in batches.items():
+                for r in records:
+                    try:
+                        if tp.topic == rtopic:
+                            self.sessions.on_response(r.value)
+                        else:
+                            self._on_disconnect_command(r.value)
+                    except Exception:
+                        log.exception("bad record on %s at offset %d", tp.topic, r.offset)
+
+    def _on_disconnect_command(self, value: bytes) -> None:
+        cmd = pb.DisconnectCommand.FromString(value)
+        conn = self.by_session.get(cmd.session_id)
+        if conn is None:
+            log.debug("disconnect command for %r session %s: not here", cmd.client_id, cmd.session_id)
+            return
+        conn.take_over(cmd)
+
+    async def _data_loop(self) -> None:
+        basic = self._topics["basic"]
+        while True:
+            batches = await self.data.getmany(timeout_ms=500)
+            for tp, records in batches.items():
+                is_basic = tp.topic == basic
+                for r in records:
+                    try:
+                        if is_basic:
+                            self._on_basic(r)
+                        else:
+                            self._on_persisted(r)
+                    except Exception:
+                        log.exception("bad record on %s at offset %d", tp.topic, r.offset)
+
+    def _on_basic(self, record) -> None:
+        dl = pb.BasicDownlink.FromString(record.value)
+        by_client = self.by_client
+        with span_from_kafka(tracer, "mqtt.deliver", record.headers):
+            msg = dl.msg
+            for r in dl.recipients:
+                conn = by_client.get(r.client_id)
+                if conn is not None:
+                    conn.deliver(msg, r.qos, r.retain, r.subscription_ids)
+                else:
+                    self.stats["dropped_not_connected"] += 1
+
+    def _on_persisted(self, record) -> None:
+        dm = pb.DevicePublishMsg.FromString(record.value)
+        conn = self.by_client.get(dm.client_id)
+        if conn is None:
+            return  # still stored in Redis: delivered on the next connect
+        with span_from_kafka(tracer, "mqtt.deliver.persisted", record.headers):
+            conn.on_persisted(dm)
+
+
+__all__ = ["ConnectorService", "assign_at_end"]

@@ -1,0 +1,60 @@
+"""Session events: CONNECTION_REQUEST / DISCONNECTION_REQUEST to the session registry, answers correlated by
+request id on tbmq.client.session.event.response.<svc>."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from aiokafka import AIOKafkaProducer
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.topics import SESSION_EVENT_REQUEST
+from tbmq_platform.tracing import kafka_headers
+
+log = logging.getLogger(__name__)
+
+
+class SessionEvents:
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self._producer = producer
+        self._pending: dict[str, asyncio.Future] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def connect(self, session: pb.SessionInfo, timeout: float) -> pb.SessionEventResponse:
+        """Ask the registry; raises asyncio.TimeoutError when no answer comes in `timeout` seconds."""
+        request_id = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        try:
+            req = pb.SessionEventRequest(request_id=request_id, type=pb.SESSION_EVENT_CONNECTION_REQUEST,
+                                         session=session, request_time_ms=int(time.time() * 1000))
+            async with asyncio.timeout(timeout):
+                sent = await self._producer.send(SESSION_EVENT_REQUEST, req.SerializeToString(),
+                                                 key=session.client_id.encode(), headers=kafka_headers())
+                await sent
+                return await fut
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def disconnect(self, session: pb.SessionInfo, *, graceful: bool,
+                         session_expiry: int | None = None) -> asyncio.Future:
+        """Produce a DISCONNECTION_REQUEST; returns the delivery future (nobody needs to wait for the
+        answer)."""
+        req = pb.SessionEventRequest(request_id=uuid.uuid4().hex, type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,
+                                     session=session, request_time_ms=int(time.time() * 1000),
+                                     graceful=graceful)
+        if session_expiry is not None:
+            req.disconnect_session_expiry_interval = session_expiry
+        return await self._producer.send(SESSION_EVENT_REQUEST, req.SerializeToString(),
+                                         key=session.client_id.encode(), headers=kafka_headers())
+
+    def on_response(self, value: bytes) -> None:
+        resp = pb.SessionEventResponse.FromString(value)
+        fut = self._pending.get(resp.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(resp)

@@ -1,0 +1,145 @@
+"""Persistent sessions end to end: two connectors + router + session-registry + device-persistence (+ Redis).
+
+The session registry clears a DEVICE session's stored messages through device-persistence on connect
+(a persistent one, or any earlier DEVICE session: takeover included), so these tests need that service; the module is skipped (with this reason) while
+services/device-persistence has no runnable entry point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+
+import pytest
+from connector_helpers import Client, raw_socket
+from tbmq_launcher.launcher import Suite, new_tag
+from test_connector_suite import payloads, routed, run
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(importlib.util.find_spec("device_persistence.__main__") is None,
+                       reason="device-persistence has no entry point yet (services/device-persistence)"),
+]
+
+
+@pytest.fixture(scope="module")
+async def pq(kafka, tmp_path_factory):
+    s = Suite(services=["session-registry", "device-persistence", "router", "connector"], connectors=2,
+              ports="free", log_format="json", id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-persist"),
+              kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers)
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def test_takeover_on_another_connector(pq, unique):
+    u = unique("tk")
+    first = Client(u)
+    await run(first.connect, pq.mqtt_ports[0])
+    second = Client(u)
+    await run(second.connect, pq.mqtt_ports[1])
+    assert await run(first.wait, lambda: first.disconnected is not None)
+    assert int(first.disconnected.value) == 0x8E  # Session taken over
+    first.c.loop_stop()
+    # the new connection works
+    pub = Client(u + "p")
+    await run(pub.connect, pq.mqtt_ports[0])
+    await run(second.subscribe, f"{u}/t", 1)
+    await routed(pub, second, f"{u}/t", 1)
+    # and a 3.1.1 takeover is a plain close
+    a = Client(u + "x", v5=False)
+    await run(a.connect, pq.mqtt_ports[1])
+    b = Client(u + "x", v5=False)
+    await run(b.connect, pq.mqtt_ports[0])
+    assert await run(a.wait, lambda: a.disconnected is not None)
+    a.c.loop_stop()
+    for c in (second, pub, b):
+        await run(c.close)
+
+
+async def test_persistent_session_subscriptions_survive_reconnect_elsewhere(pq, unique):
+    u = unique("ps")
+    pub = Client(u + "p")
+    await run(pub.connect, pq.mqtt_ports[0])
+    c = Client(u, v5=False, clean=False)
+    await run(c.connect, pq.mqtt_ports[0])
+    await run(c.subscribe, f"{u}/a", 0)
+    await routed(pub, c, f"{u}/a")
+    await run(c.close)
+    c2 = Client(u, v5=False, clean=False)
+    flags, rc, _ = await run(c2.connect, pq.mqtt_ports[1])
+    assert flags.session_present
+    await run(c2.subscribe, f"{u}/b", 0)  # the whole set written must still contain u/a
+    await routed(pub, c2, f"{u}/b")
+    await routed(pub, c2, f"{u}/a")
+    await run(c2.close)
+    c3 = Client(u, v5=False, clean=True)
+    flags, rc, _ = await run(c3.connect, pq.mqtt_ports[1])
+    assert not flags.session_present
+    await run(c3.close)
+    await run(pub.close)
+
+
+async def test_offline_qos1_messages_delivered_on_reconnect_with_dup(pq, unique):
+    u = unique("off")
+    pub = Client(u + "p")
+    await run(pub.connect, pq.mqtt_ports[0])
+    c = Client(u, v5=True, clean=True, session_expiry=300)
+    await run(c.connect, pq.mqtt_ports[0])
+    await run(c.subscribe, f"{u}/t", 1)
+    await routed(pub, c, f"{u}/t", 1)
+    await run(c.close)
+    for i in range(5):
+        await run(pub.publish, f"{u}/t", b"off%d" % i, 1)
+    c2 = Client(u, v5=True, clean=False, session_expiry=300)
+    flags, rc, _ = await run(c2.connect, pq.mqtt_ports[1])
+    assert flags.session_present
+    assert await run(c2.wait, lambda: [p for p in payloads(c2, f"{u}/t")] == [b"off%d" % i for i in range(5)])
+    await run(c2.close)
+    await run(pub.close)
+
+
+async def test_will_delay_and_cancel_by_reconnect_on_other_connector(pq, unique):
+    from tbmq_mqtt import Connect, Properties, Will, encode
+
+    u = unique("wd")
+    watcher = Client(u + "w")
+    await run(watcher.connect, pq.mqtt_ports[1])
+    await run(watcher.subscribe, f"{u}/#", 1)
+    prober = Client(u + "p")
+    await run(prober.connect, pq.mqtt_ports[0])
+    await routed(prober, watcher, f"{u}/probe", 1)
+
+    # Will Delay 2 s with a session that outlives it: published after the delay
+    s = await run(raw_socket, pq.mqtt_ports[0])
+    s.sendall(encode(Connect(protocol_level=5, client_id=u + "b", keep_alive=30,
+                             properties=Properties(session_expiry_interval=60),
+                             will=Will(topic=f"{u}/b", payload=b"late", qos=1,
+                                       properties=Properties(will_delay_interval=2))), 5))
+    await run(s.recv, 64)
+    t0 = time.monotonic()
+    s.close()
+    assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/b") == [b"late"])
+    assert time.monotonic() - t0 >= 1.5
+
+    # Will Delay 3 s, reconnect on the OTHER connector within it: no Will
+    s = await run(raw_socket, pq.mqtt_ports[0])
+    s.sendall(encode(Connect(protocol_level=5, client_id=u + "c", keep_alive=30,
+                             properties=Properties(session_expiry_interval=60),
+                             will=Will(topic=f"{u}/c", payload=b"never", qos=1,
+                                       properties=Properties(will_delay_interval=3))), 5))
+    await run(s.recv, 64)
+    s.close()
+    back = Client(u + "c", clean=False, session_expiry=60)
+    await run(back.connect, pq.mqtt_ports[1])
+    await asyncio.sleep(3.5)  # past the delay
+    await run(prober.publish, f"{u}/marker", b"m", 1)
+    assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/marker") == [b"m"])
+    await asyncio.sleep(0.5)
+    assert payloads(watcher, f"{u}/c") == []
+    await run(back.close)
+    await run(watcher.close)
+    await run(prober.close)
