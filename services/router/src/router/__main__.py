@@ -1,0 +1,67 @@
+"""Entry point `router`: settings -> logging/telemetry -> Faust worker (RouterRuntime first, then the app).
+
+The Faust worker is started programmatically (not through the `faust` CLI); it handles SIGTERM/SIGINT:
+the app stops its consumer, waits until every event in flight is acknowledged, commits, flushes the
+producer, then the runtime stops the state views and the health endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import faust
+
+from tbmq_platform.logs import configure_logging
+from tbmq_platform.settings import load_or_exit
+from tbmq_platform.telemetry import configure_telemetry
+
+from .app import RouterRuntime, create_app
+from .settings import Settings
+
+log = logging.getLogger("router")
+
+
+class RouterWorker(faust.Worker):
+    def __init__(self, app, runtime: RouterRuntime, **kw):
+        super().__init__(app, runtime, **kw)
+        self.runtime = runtime
+
+    async def on_startup_finished(self) -> None:
+        await super().on_startup_finished()
+        self.runtime.health.ready = True
+        log.info("router %s ready (group %s)", self.runtime.settings.instance_id,
+                 self.runtime.settings.group_id)
+
+    async def on_stop(self) -> None:
+        self.runtime.health.ready = False
+        await super().on_stop()
+
+
+def main() -> None:
+    settings = load_or_exit(Settings)
+    configure_logging(settings.service_name, settings.log_format, settings.log_level)
+    configure_telemetry(settings.service_name, settings.instance_id, settings.otlp_endpoint)
+    for noisy in ("faust", "mode", "aiokafka"):
+        if settings.log_level in ("INFO", "DEBUG"):
+            logging.getLogger(noisy).setLevel(logging.WARNING if settings.log_level == "INFO" else logging.DEBUG)
+    os.makedirs(settings.faust_data_dir, exist_ok=True)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    app, runtime = create_app(settings)
+    worker = RouterWorker(app, runtime, loop=loop, loglevel=settings.log_level, override_logging=False,
+                          redirect_stdouts=False, quiet=True)
+    code = 0
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (1 if exc.code else 0)
+    code = runtime.exit_code or code
+    log.info("router %s stopped (exit %d)", settings.instance_id, code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Settings of the router (environment variables, parsed once)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+from tbmq_platform.settings import CommonSettings, env, integer, nonempty, number, port
+
+
+def _default_data_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), "tbmq-router")
+
+
+@dataclass(frozen=True)
+class Settings(CommonSettings):
+    service_name: str = "router"
+    health_port: int = env("HEALTH_PORT", 8082, parse=port, doc="health/readiness HTTP port (0 = any)")
+
+    group_id: str = env("ROUTER_GROUP_ID", "router", parse=nonempty,
+                        doc="Faust app id = Kafka consumer group of tbmq.msg.all (change only for tests/"
+                            "benchmarks: every router instance of a cluster must use the same one)")
+    data_dir: str = env("ROUTER_DATA_DIR", "", doc="Faust data directory (default <tmp>/tbmq-router/"
+                                                   "<service id>); nothing durable is kept there")
+    max_inflight: int = env("ROUTER_MAX_INFLIGHT", 5000, parse=integer(1),
+                            doc="tbmq.msg.all records routed but not yet acknowledged by Kafka, at most")
+    commit_interval_s: float = env("ROUTER_COMMIT_INTERVAL_S", 1.0, parse=number(0.05),
+                                   doc="how often acknowledged offsets are committed (s)")
+    linger_ms: int = env("ROUTER_PRODUCER_LINGER_MS", 5, parse=integer(0),
+                         doc="producer linger (ms): how long records wait to be batched per partition")
+    session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(1),
+                                   doc="consumer group session timeout (s): how soon the partitions of "
+                                       "a crashed instance move to the others")
+    trace_spans: bool = env("ROUTER_TRACE_SPANS", False,
+                            doc="create a routing span per message even without an OTLP endpoint "
+                                "(on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+    rebuild_timeout_s: float = env("ROUTER_REBUILD_TIMEOUT_S", 120.0, parse=number(1),
+                                   doc="start-up fails if the state topics are not read within this time")
+    auto_offset_reset: str = env("ROUTER_AUTO_OFFSET_RESET", "earliest", parse=nonempty,
+                                 doc="where a consumer group without committed offsets starts "
+                                     "(earliest: no message lost)")
+
+    def validate(self):
+        if self.auto_offset_reset not in ("earliest", "latest"):
+            yield f"ROUTER_AUTO_OFFSET_RESET={self.auto_offset_reset!r}: not one of earliest, latest"
+
+    @property
+    def faust_data_dir(self) -> str:
+        return self.data_dir or os.path.join(_default_data_dir(), self.instance_id)

@@ -1,0 +1,131 @@
+"""Pure glue of the router: proto <-> tbmq_routing, plan -> records, expiry, state updates."""
+
+from __future__ import annotations
+
+import pytest
+
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform import topics
+from tbmq_routing.rules import APPLICATION, DEVICE, SessionView
+
+from router.convert import is_expired, session_from_record, subscriptions_from_record
+from router.state import RoutingState
+
+pytestmark = pytest.mark.unit
+
+
+def subs(client_id: str, *items: pb.TopicSubscription, client_type=pb.CLIENT_TYPE_DEVICE) -> bytes:
+    return pb.ClientSubscriptions(client_id=client_id, subscriptions=list(items),
+                                  client_type=client_type).SerializeToString()
+
+
+def session(client_id: str, *, connected=True, service_id="c1", app=False, persistent=False) -> bytes:
+    return pb.SessionInfo(client_id=client_id, service_id=service_id, connected=connected,
+                          client_type=pb.CLIENT_TYPE_APPLICATION if app else pb.CLIENT_TYPE_DEVICE,
+                          persistent=persistent).SerializeToString()
+
+
+def publish(topic: str, *, qos=1, retain=False, publisher="pub", payload=b"x", **kw) -> bytes:
+    return pb.PublishMsg(publisher_id=publisher, topic=topic, qos=qos, retain=retain, payload=payload,
+                         **kw).SerializeToString()
+
+
+def sub(f: str, qos=1, **kw) -> pb.TopicSubscription:
+    return pb.TopicSubscription(topic_filter=f, qos=qos, **kw)
+
+
+def test_subscriptions_from_record_maps_every_option_and_skips_invalid_filters():
+    value = subs("c", sub("a/+", 2, no_local=True, retain_as_published=True, subscription_id=7,
+                          retain_handling=pb.RETAIN_HANDLING_DONT_SEND),
+                 sub("bad/#/x"), sub("g/#", 1, share_name="grp"))
+    client, pairs = subscriptions_from_record(b"c", value)
+    assert client == "c"
+    assert [f for f, _ in pairs] == ["a/+", "g/#"]
+    s = pairs[0][1]
+    assert (s.client_id, s.qos, s.no_local, s.retain_as_published, s.subscription_id, s.retain_handling) == \
+        ("c", 2, True, True, 7, 2)
+    assert pairs[1][1].share_name == "grp"
+    assert subscriptions_from_record(b"c", None) == ("c", [])
+
+
+def test_session_from_record():
+    assert session_from_record(None) is None
+    assert session_from_record(session("a", app=True, persistent=True)) == SessionView(True, "c1", APPLICATION, True)
+    # offline: no service id for routing
+    assert session_from_record(session("a", connected=False)) == SessionView(False, "", DEVICE, False)
+
+
+def test_expiry():
+    m = pb.PublishMsg(created_at_ms=10_000, message_expiry_interval=5)
+    assert not is_expired(m, 15_000)
+    assert is_expired(m, 15_001)
+    assert not is_expired(pb.PublishMsg(created_at_ms=10_000), 10**12)  # no interval: never
+
+
+def test_state_replace_and_remove():
+    st = RoutingState()
+    st.apply_subscriptions(b"c", subs("c", sub("a"), sub("b")))
+    assert len(st.trie) == 2
+    st.apply_subscriptions(b"c", subs("c", sub("b")))
+    assert [f for f, _ in st.trie.subscriptions_of("c")] == ["b"]
+    st.apply_subscriptions(b"c", subs("c"))  # empty set removes the client
+    assert len(st.trie) == 0
+    st.apply_subscriptions(b"d", subs("d", sub("x")))
+    st.apply_subscriptions(b"d", None)  # tombstone removes the client
+    assert len(st.trie) == 0
+    st.apply_session(b"d", session("d"))
+    assert "d" in st.sessions
+    st.apply_session(b"d", None)
+    assert "d" not in st.sessions
+
+
+def _state(**clients) -> RoutingState:
+    st = RoutingState()
+    for cid, (subs_value, sess_value) in clients.items():
+        st.apply_subscriptions(cid.encode(), subs_value)
+        if sess_value is not None:
+            st.apply_session(cid.encode(), sess_value)
+    return st
+
+
+def test_live_downlink_one_record_per_connector_with_merged_recipients():
+    st = _state(
+        a=(subs("a", sub("t/+", 1, subscription_id=1), sub("t/#", 2, subscription_id=2)), session("a", service_id="c1")),
+        b=(subs("b", sub("t/x", 0)), session("b", service_id="c1")),
+        c=(subs("c", sub("#", 2)), session("c", service_id="c2")),
+    )
+    routed = st.route(b"t/x", publish("t/x", qos=2))
+    by_topic = {r.topic: r for r in routed.records}
+    assert set(by_topic) == {topics.downlink_basic_topic("c1"), topics.downlink_basic_topic("c2")}
+    d1 = pb.BasicDownlink.FromString(by_topic[topics.downlink_basic_topic("c1")].value)
+    assert d1.msg.topic == "t/x" and d1.msg.qos == 2
+    rec = {r.client_id: (r.qos, list(r.subscription_ids)) for r in d1.recipients}
+    assert rec == {"a": (2, [1, 2]), "b": (0, [])}
+    assert by_topic[topics.downlink_basic_topic("c1")].key == b"t/x"
+
+
+def test_persisted_app_and_shared_records():
+    st = _state(
+        dev=(subs("dev", sub("s/#", 1, subscription_id=3)), session("dev", connected=False, persistent=True)),
+        app1=(subs("app1", sub("s/+", 2)), session("app1", app=True, persistent=True)),
+        sa=(subs("sa", sub("s/#", 1, share_name="g")), session("sa", app=True, persistent=True)),
+    )
+    routed = st.route(b"s/1", publish("s/1", qos=2, retain=True))
+    by_topic = {r.topic: r for r in routed.records}
+    pm = pb.PersistedMsg.FromString(by_topic[topics.MSG_PERSISTED].value)
+    assert by_topic[topics.MSG_PERSISTED].key == b"dev"
+    assert (pm.client_id, pm.msg.qos, pm.msg.retain, list(pm.msg.subscription_ids)) == ("dev", 1, False, [3])
+    app_rec = by_topic["tbmq.msg.app.app1"]
+    assert app_rec.spec is not None and app_rec.spec.name == "tbmq.msg.app.app1"
+    assert pb.PublishMsg.FromString(app_rec.value).qos == 2
+    shared = by_topic[topics.shared_app_topic("s/#").name]
+    assert shared.spec.partitions == topics.shared_app_topic("s/#").partitions
+    assert pb.PublishMsg.FromString(shared.value).qos == 1
+
+
+def test_expired_and_no_match_produce_nothing():
+    st = _state(a=(subs("a", sub("#")), session("a")))
+    r = st.route(b"t", publish("t", created_at_ms=1000, message_expiry_interval=1), now_ms=5000)
+    assert r.expired and r.records == []
+    assert st.route(b"$SYS/x", publish("$SYS/x")).records == []  # '#' does not match '$' topics
+    assert st.counters["expired"] == 1
