@@ -1,0 +1,143 @@
+"""`python -m tbmq_launcher run` / `tbmq-launcher run` (what `make run` calls);
+`python -m tbmq_launcher topics --bootstrap-servers host:port` (create the catalogue's topics: compose).
+
+Starts Kafka, Redis, the topics and every service with the default ports of docs/architecture.md
+(MQTT localhost:1883), prints what listens where and "ready", and stops everything on Ctrl-C / SIGTERM.
+Exit code: 0 after a clean stop, 1 when the start failed, 3 when a service died while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .launcher import Suite
+from .services import ORDER
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tbmq-launcher", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the suite until Ctrl-C")
+    r.add_argument("--services", default="all",
+                   help=f"comma list of services to start, 'all' ({','.join(ORDER)}) or 'none' (Kafka+Redis)")
+    r.add_argument("--connectors", type=int, default=1, help="connector instances (default 1)")
+    r.add_argument("--app-delivery", type=int, default=1, dest="app_delivery", help="app-delivery instances")
+    r.add_argument("--redis-cluster", action="store_true", help="a 3-master Redis Cluster instead of one server")
+    r.add_argument("--free-ports", action="store_true", help="pick every port free instead of the defaults")
+    r.add_argument("--mqtt-port", type=int, help="MQTT port of connector 1 (default 1883; instance i: +i-1)")
+    r.add_argument("--kafka-port", type=int, help="default 9092 (controller: --controller-port, 9093)")
+    r.add_argument("--controller-port", type=int)
+    r.add_argument("--redis-port", type=int, help="default 6380")
+    r.add_argument("--run-dir", default=".run", help="logs and data (default .run)")
+    r.add_argument("--fresh", action="store_true", help="delete the Kafka/Redis data of earlier runs first")
+    r.add_argument("--quiet", action="store_true", help="do not copy service output to the console")
+    r.add_argument("--log-format", default="console", choices=("console", "json"))
+    r.add_argument("--start-timeout", type=float, default=90.0, help="per-service readiness timeout (s)")
+    r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env for every service")
+    t = sub.add_parser("topics", help="create the catalogue's topics on a running Kafka (idempotent)")
+    t.add_argument("--bootstrap-servers", default="localhost:9092")
+    t.add_argument("--service-id", action="append", default=[],
+                   help="also the .<svc> topics of this connector id (repeatable)")
+    t.add_argument("--timeout", type=float, default=120.0, help="wait this long for Kafka (s)")
+    return p
+
+
+async def _topics(args) -> int:
+    from tbmq_platform import topics as catalogue
+    from tbmq_platform.kafka import ensure_topics
+
+    specs = list(catalogue.static_topics())
+    for sid in args.service_id:
+        specs.extend(catalogue.service_topics(sid))
+    created = await ensure_topics(args.bootstrap_servers, specs, timeout_s=args.timeout)
+    print(f"topics: {len(specs)} ensured on {args.bootstrap_servers}, {len(created)} created", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="launcher: %(message)s", stream=sys.stdout)
+    if args.command == "topics":
+        return asyncio.run(_topics(args))
+    if args.services == "all":
+        services = list(ORDER)
+    elif args.services in ("none", ""):
+        services = []
+    else:
+        services = [s.strip() for s in args.services.split(",") if s.strip()]
+    env = dict(kv.split("=", 1) for kv in args.env)
+    try:
+        suite = Suite(
+            services=services, connectors=args.connectors, instances={"app-delivery": args.app_delivery},
+            ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port,
+            kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
+            run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster, env=env,
+            echo=None if args.quiet else sys.stdout, log_format=args.log_format,
+            start_timeout=args.start_timeout, fresh=args.fresh)
+    except ValueError as e:
+        print(f"launcher: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(suite))
+
+
+async def _run(suite: Suite) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for s in signals:
+        loop.add_signal_handler(s, stop.set)
+    code = 0
+    try:
+        print(f"launcher: starting in {suite.run_dir} (Ctrl-C stops everything)", flush=True)
+        start = asyncio.create_task(suite.start())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # Ctrl-C during the start: start() cleans up what it started
+            start.cancel()
+            try:
+                await start
+            except asyncio.CancelledError:
+                pass
+            print("launcher: interrupted during start; everything stopped", flush=True)
+            return 130
+        stopper.cancel()
+        try:
+            start.result()
+        except Exception as e:
+            print(f"launcher: start failed: {e}", file=sys.stderr, flush=True)
+            return 1
+        print(f"launcher: listening\n{suite.describe()}", flush=True)
+        mqtt = ", ".join(f"localhost:{p}" for p in suite.mqtt_ports) or "no connector"
+        print(f"launcher: ready in {suite.start_seconds:.1f}s (MQTT {mqtt}; Ctrl-C to stop)", flush=True)
+
+        stopper = asyncio.create_task(stop.wait())
+        while not stop.is_set():
+            watcher = asyncio.create_task(suite.watch())
+            done, _ = await asyncio.wait({watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done:
+                sid, rc = watcher.result()
+                p = next(p for p in suite.procs.values() if p.service_id == sid)
+                print(f"launcher: {sid} exited with code {rc}; last lines of {p.log_path}:\n{p.log_tail(20)}",
+                      file=sys.stderr, flush=True)
+                await p.stop()
+                code = 3
+            else:
+                watcher.cancel()
+        print("launcher: stopping", flush=True)
+    finally:
+        # a second Ctrl-C while stopping is ignored: the stop itself escalates to SIGKILL on timeouts
+        for s in signals:
+            loop.add_signal_handler(s, lambda: None)
+        await suite.stop()
+        print("launcher: stopped", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""`Suite`: Kafka + Redis + topics + the services, in order, each with a real readiness check.
+
+    suite = Suite(connectors=2, ports="free", run_dir=tmp)     # tests
+    await suite.start()                # Kafka, Redis, topics, then session-registry … connector(s)
+    suite.mqtt_ports                   # [p1, p2]
+    await suite.kill_service("connector", 2)
+    await suite.restart_service("connector", 2)
+    await suite.stop()                 # services (SIGTERM, SIGKILL after a timeout), then Kafka, then Redis
+
+`python -m tbmq_launcher run` (= `make run`) runs one with the default ports of docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal, TextIO
+
+from .kafka import KafkaBroker
+from .services import ORDER, SERVICES, ServiceDef, ServiceProcess, ServiceStartError, _COLORS, sort_services
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_CONTROLLER_PORT = 9093
+DEFAULT_REDIS_PORT = 6380
+DEFAULT_REDIS_CLUSTER_PORTS = (7001, 7002, 7003)
+
+
+class SuiteError(RuntimeError):
+    pass
+
+
+def _free_port(cluster_bus: bool = False) -> int:
+    from .redis import find_free_port
+
+    return find_free_port(cluster_bus=cluster_bus)
+
+
+class Suite:
+    """The whole local stack, or any part of it.
+
+    Parameters (all keyword-only):
+      services        names to start (default: all five), started in ORDER; unknown names need a
+                      `service_defs` entry (tests run fake services this way). [] = Kafka + Redis only.
+      connectors      number of connector instances (default 1).
+      instances       instance counts of other services, e.g. {"app-delivery": 2} (default 1 each).
+      ports           "default" (docs/architecture.md: MQTT 1883, Kafka 9092/9093, Redis 6380, …) or
+                      "free" (every port picked free by the OS: tests).
+      mqtt_port, kafka_port, controller_port, redis_port: override single base ports.
+      run_dir         where logs and data go (.run for make run; a tmp dir in tests).
+      kafka           an already running KafkaBroker (or a bootstrap string) to use instead of starting
+                      one: the test session shares one broker this way.
+      redis_url       an already running Redis to use instead of starting one.
+      redis_cluster   start a 3-master Redis Cluster instead of a standalone server; the services get
+                      REDIS_CLUSTER_NODES (and REDIS_URL of the first node).
+      env             extra environment for every service; service_env: {"router": {...}} per service.
+      echo            a stream (sys.stdout) to copy every service's output to, prefixed with its id.
+      log_format      LOG_FORMAT given to the services ("console" or "json").
+      id_tag          appended to every TBMQ_SERVICE_ID ("connector-1-<tag>"): suites sharing one Kafka
+                      then get their own .<svc> topics.
+      service_defs    extra or replacing ServiceDefs, by name.
+      create_topics   ensure_topics(static_topics() + service_topics(<each connector id>)) after Kafka.
+      start_timeout   per service readiness timeout (s); stop_timeout: SIGTERM → SIGKILL delay (s).
+      kafka_heap      -Xmx of the broker.
+    """
+
+    def __init__(
+        self,
+        *,
+        services: Sequence[str] | None = None,
+        connectors: int = 1,
+        instances: Mapping[str, int] | None = None,
+        ports: Literal["default", "free"] = "default",
+        mqtt_port: int | None = None,
+        kafka_port: int | None = None,
+        controller_port: int | None = None,
+        redis_port: int | None = None,
+        run_dir: str | os.PathLike = ".run",
+        kafka: KafkaBroker | str | None = None,
+        redis_url: str | None = None,
+        redis_cluster: bool = False,
+        env: Mapping[str, str] | None = None,
+        service_env: Mapping[str, Mapping[str, str]] | None = None,
+        echo: TextIO | None = None,
+        log_format: str = "console",
+        id_tag: str = "",
+        service_defs: Mapping[str, ServiceDef] | None = None,
+        create_topics: bool = True,
+        start_timeout: float = 60.0,
+        stop_timeout: float = 10.0,
+        kafka_heap: str = "512m",
+        kafka_stop_timeout: float = 15.0,
+        fresh: bool = False,
+    ) -> None:
+        if ports not in ("default", "free"):
+            raise ValueError("ports must be 'default' or 'free'")
+        self.defs: dict[str, ServiceDef] = {**SERVICES, **(service_defs or {})}
+        names = list(ORDER if services is None else services)
+        unknown = [n for n in names if n not in self.defs]
+        if unknown:
+            raise ValueError(f"unknown services {unknown}; known: {sorted(self.defs)}")
+        self.service_names = sort_services(names)
+        self.counts = {n: 1 for n in self.service_names}
+        self.counts.update({k: v for k, v in (instances or {}).items() if k in self.counts})
+        if "connector" in self.counts:
+            self.counts["connector"] = connectors
+        self.connectors = connectors
+        self.free_ports = ports == "free"
+        self.run_dir = Path(run_dir).resolve()
+        self.redis_cluster = redis_cluster
+        self.env = dict(env or {})
+        self.service_env = {k: dict(v) for k, v in (service_env or {}).items()}
+        self.echo = echo
+        self.log_format = log_format
+        self.id_tag = id_tag
+        self.create_topics = create_topics
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.kafka_stop_timeout = kafka_stop_timeout
+        self.fresh = fresh
+
+        # Kafka
+        self._own_kafka = not isinstance(kafka, (KafkaBroker, str))
+        self.kafka: KafkaBroker | None = kafka if isinstance(kafka, KafkaBroker) else None
+        self._kafka_bootstrap = kafka if isinstance(kafka, str) else None
+        if self._own_kafka:
+            kp = kafka_port or (_free_port() if self.free_ports else DEFAULT_KAFKA_PORT)
+            cp = controller_port or (_free_port() if self.free_ports else DEFAULT_CONTROLLER_PORT)
+            self.kafka = KafkaBroker(port=kp, controller_port=cp, workdir=self.run_dir / "kafka", heap=kafka_heap)
+
+        # Redis
+        self._own_redis = redis_url is None
+        self._redis_url = redis_url
+        self.redis = None
+        if self._own_redis:
+            from .redis import RedisCluster, RedisServer
+
+            if redis_cluster:
+                rports = ([_free_port(cluster_bus=True) for _ in range(3)] if self.free_ports
+                          else list(DEFAULT_REDIS_CLUSTER_PORTS))
+                self.redis = RedisCluster(rports, self.run_dir / "redis-cluster")
+            else:
+                rp = redis_port or (_free_port() if self.free_ports else DEFAULT_REDIS_PORT)
+                self.redis = RedisServer(rp, self.run_dir / "redis")
+
+        # ports and processes of every instance
+        self.procs: dict[tuple[str, int], ServiceProcess] = {}
+        color = 0
+        for name in self.service_names:
+            sdef = self.defs[name]
+            for i in range(1, self.counts[name] + 1):
+                health = self._port(sdef.health_port, i, 100)
+                p = ServiceProcess(
+                    sdef, i, self.service_id(name, i), {}, health,
+                    self.run_dir / "logs" / f"{self.service_id(name, i)}.log",
+                    echo=echo, color=_COLORS[color % len(_COLORS)] if _isatty(echo) else None,
+                    cwd=self.run_dir)
+                color += 1
+                p.grpc_port = self._port(sdef.grpc_port, i, 100) if sdef.grpc_port else None
+                if name == "connector" and mqtt_port:
+                    p.mqtt_port = mqtt_port + (i - 1)  # an explicit base wins over ports="free"
+                elif sdef.mqtt_port:
+                    p.mqtt_port = self._port(sdef.mqtt_port, i, 1)
+                self.procs[(name, i)] = p
+        self._started = False
+        self.start_seconds: float | None = None
+
+    # -- naming and addresses --------------------------------------------------------------------------
+    def _port(self, base: int, instance: int, step: int) -> int:
+        if self.free_ports:
+            return _free_port()
+        return base + step * (instance - 1)
+
+    def service_id(self, name: str, instance: int = 1) -> str:
+        sid = f"{name}-{instance}"
+        return f"{sid}-{self.id_tag}" if self.id_tag else sid
+
+    def instance(self, name: str, instance: int = 1) -> ServiceProcess:
+        try:
+            return self.procs[(name, instance)]
+        except KeyError:
+            raise KeyError(f"no instance {instance} of {name!r} in this suite") from None
+
+    def instances_of(self, name: str) -> list[ServiceProcess]:
+        return [p for (n, _), p in sorted(self.procs.items()) if n == name]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        if self.kafka is not None:
+            return self.kafka.bootstrap_servers
+        assert self._kafka_bootstrap is not None
+        return self._kafka_bootstrap
+
+    @property
+    def redis_url(self) -> str:
+        if self._redis_url:
+            return self._redis_url
+        if self.redis_cluster:
+            return f"redis://{self.redis.nodes[0]}/0"
+        return self.redis.url
+
+    @property
+    def redis_cluster_nodes(self) -> list[str] | None:
+        if self.redis_cluster and self.redis is not None:
+            return list(self.redis.nodes)
+        return None
+
+    @property
+    def mqtt_ports(self) -> list[int]:
+        return [p.mqtt_port for p in self.instances_of("connector")]
+
+    @property
+    def connector_ids(self) -> list[str]:
+        return [p.service_id for p in self.instances_of("connector")]
+
+    def health_port(self, name: str, instance: int = 1) -> int:
+        return self.instance(name, instance).health_port
+
+    def grpc_target(self, name: str, instance: int = 1) -> str:
+        return f"localhost:{self.instance(name, instance).grpc_port}"
+
+    def log_path(self, name: str, instance: int = 1) -> Path:
+        return self.instance(name, instance).log_path
+
+    def service_environment(self, name: str, instance: int = 1) -> dict[str, str]:
+        """The environment (on top of os.environ) one instance is started with."""
+        p = self.instance(name, instance)
+        env = {
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "REDIS_URL": self.redis_url,
+            "TBMQ_SERVICE_ID": p.service_id,
+            "HEALTH_PORT": str(p.health_port),
+            "LOG_FORMAT": self.log_format,
+            "OTEL_SERVICE_NAME": name,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.redis_cluster_nodes:
+            env["REDIS_CLUSTER_NODES"] = ",".join(self.redis_cluster_nodes)
+        dp = self.instances_of("device-persistence")
+        env["DEVICE_PERSISTENCE_GRPC_TARGET"] = (
+            f"localhost:{dp[0].grpc_port}" if dp else f"localhost:{SERVICES['device-persistence'].grpc_port}")
+        ad = self.instances_of("app-delivery")
+        env["APP_DELIVERY_GRPC_TARGETS"] = (
+            ",".join(f"localhost:{a.grpc_port}" for a in ad) if ad
+            else f"localhost:{SERVICES['app-delivery'].grpc_port}")
+        if p.grpc_port:
+            env[p.sdef.grpc_port_env or "GRPC_PORT"] = str(p.grpc_port)
+        if p.mqtt_port:
+            env["MQTT_PORT"] = str(p.mqtt_port)
+        env.update(p.sdef.env)
+        env.update(self.env)
+        env.update(self.service_env.get(name, {}))
+        return env
+
+    def describe(self) -> str:
+        """What listens where (printed by `run`)."""
+        rows = [("kafka", self.bootstrap_servers, f"log {self.kafka.log_path}" if self.kafka else "external")]
+        if self.redis_cluster_nodes:
+            rows.append(("redis cluster", ",".join(self.redis_cluster_nodes), ""))
+        else:
+            rows.append(("redis", self.redis_url, "" if self._own_redis else "external"))
+        for (name, i), p in self.procs.items():
+            where = [f"health :{p.health_port}"]
+            if p.mqtt_port:
+                where.insert(0, f"MQTT localhost:{p.mqtt_port}")
+            if p.grpc_port:
+                where.append(f"gRPC :{p.grpc_port}")
+            state = f"pid {p.pid}" if p.running else "stopped"
+            rows.append((p.service_id, ", ".join(where), f"{state}, log {p.log_path}"))
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        return "\n".join(f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Kafka, Redis, topics, then every service in order, each waited for. On any failure (or
+        cancellation) everything already started is stopped before the error propagates."""
+        if self._started:
+            raise SuiteError("suite already started")
+        self._started = True
+        t0 = time.monotonic()
+        try:
+            if self.fresh and self.run_dir.exists():
+                for sub in ("kafka", "redis", "redis-cluster", "logs"):
+                    shutil.rmtree(self.run_dir / sub, ignore_errors=True)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            infra = []
+            if self._own_kafka:
+                infra.append(self.kafka.start())
+            if self._own_redis:
+                infra.append(self.redis.start())
+            results = await asyncio.gather(*infra, return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+            if self.create_topics:
+                await self.ensure_topics()
+            for name in self.service_names:
+                for p in self.instances_of(name):
+                    await self._start_proc(p)
+        except BaseException:
+            await self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+
+    async def ensure_topics(self, extra_service_ids: Iterable[str] = ()) -> None:
+        from tbmq_platform import topics as catalogue
+
+        ensure = getattr(catalogue, "ensure_topics", None)
+        if ensure is None:
+            from tbmq_platform.kafka import ensure_topics as ensure
+        specs = list(catalogue.static_topics())
+        for sid in [*self.connector_ids, *extra_service_ids]:
+            specs.extend(catalogue.service_topics(sid))
+        await ensure(self.bootstrap_servers, specs)
+
+    async def _start_proc(self, p: ServiceProcess) -> None:
+        p.env = self.service_environment(p.name, p.instance)
+        log.info("starting %s", p.service_id)
+        await p.start(timeout=self.start_timeout)
+        log.info("%s ready in %.1fs (pid %s)", p.service_id, p.ready_in, p.pid)
+
+    async def stop(self) -> None:
+        """Services in reverse order (SIGTERM, SIGKILL after stop_timeout), then Kafka, then Redis.
+        Never raises for one part failing to stop; safe to call twice."""
+        for name in reversed(self.service_names):
+            procs = [p for p in self.instances_of(name) if p.proc is not None]
+            if procs:
+                await asyncio.gather(*(p.stop(timeout=self.stop_timeout) for p in procs),
+                                     return_exceptions=True)
+        if self._own_kafka and self.kafka is not None:
+            with contextlib.suppress(Exception):
+                await self.kafka.stop(timeout=self.kafka_stop_timeout)
+        if self._own_redis and self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.stop()
+
+    async def start_service(self, name: str, instance: int = 1) -> ServiceProcess:
+        """(Re)start one instance and wait for its readiness. A connector started for the first time
+        gets its .<svc> topics created first."""
+        p = self.instance(name, instance)
+        if name == "connector" and self.create_topics:
+            await self.ensure_topics()
+        await self._start_proc(p)
+        return p
+
+    async def stop_service(self, name: str, instance: int = 1, sig: int = signal.SIGTERM,
+                           timeout: float | None = None) -> int | None:
+        """Send `sig` (SIGTERM: graceful) and wait; SIGKILL after `timeout` (default stop_timeout).
+        Returns the exit code (negative = killed by that signal)."""
+        return await self.instance(name, instance).stop(sig, self.stop_timeout if timeout is None else timeout)
+
+    async def kill_service(self, name: str, instance: int = 1) -> int | None:
+        """SIGKILL: a crash, no graceful shutdown."""
+        return await self.stop_service(name, instance, signal.SIGKILL, timeout=5)
+
+    async def restart_service(self, name: str, instance: int = 1, sig: int = signal.SIGTERM) -> ServiceProcess:
+        await self.stop_service(name, instance, sig)
+        return await self.start_service(name, instance)
+
+    def pids(self) -> list[int]:
+        """Pids of everything this suite started that is running now (services, Kafka, Redis)."""
+        out = [p.pid for p in self.procs.values() if p.running]
+        if self._own_kafka and self.kafka is not None and self.kafka.pid:
+            out.append(self.kafka.pid)
+        if self._own_redis and self.redis is not None:
+            servers = getattr(self.redis, "servers", [self.redis])
+            out.extend(s.pid for s in servers if s.pid)
+        return out
+
+    async def watch(self) -> tuple[str, int]:
+        """Wait until any running service exits; returns (service id, exit code)."""
+        waits = {asyncio.ensure_future(p.proc.wait()): p for p in self.procs.values() if p.running}
+        if not waits:
+            await asyncio.Event().wait()
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            fut = next(iter(done))
+            return waits[fut].service_id, fut.result()
+        finally:
+            for f in waits:
+                f.cancel()
+
+    async def __aenter__(self) -> "Suite":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def _isatty(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and stream.isatty() and not os.environ.get("NO_COLOR")
+    except Exception:
+        return False
+
+
+__all__ = ["Suite", "SuiteError", "ServiceDef", "ServiceStartError", "ORDER", "SERVICES", "new_tag"]

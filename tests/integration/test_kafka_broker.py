@@ -1,0 +1,124 @@
+"""The real Kafka broker of the test session (tests/conftest.py `kafka`): produce/consume, the topic
+catalogue's creation and settings, and transactions on one node (the session-registry needs them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from tbmq_platform import topics as catalogue
+from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+
+pytestmark = pytest.mark.integration
+
+
+async def _admin(bootstrap: str) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    await admin.start()
+    return admin
+
+
+async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+    out: dict[str, dict[str, str]] = {}
+    for resp in await admin.describe_configs(resources):
+        for _code, _msg, _type, name, entries in resp.resources:
+            out[name] = {e[0]: e[1] for e in entries}
+    return out
+
+
+async def test_produce_and_consume_with_the_idempotent_producer(kafka, unique):
+    topic = unique("pc")
+    spec = catalogue.TopicSpec(topic, "k", "bytes", 3, "test", "test")
+    assert await ensure_topics(kafka.bootstrap_servers, [spec]) == [topic]
+
+    producer = make_producer(kafka.bootstrap_servers, client_id=unique("p"))
+    await producer.start()
+    try:
+        sent = [await producer.send_and_wait(topic, key=f"k{i % 3}".encode(), value=f"v{i}".encode(),
+                                             headers=[("traceparent", b"00-x")])
+                for i in range(30)]
+    finally:
+        await producer.stop()
+    assert {m.partition for m in sent} <= {0, 1, 2}
+
+    consumer = make_consumer(kafka.bootstrap_servers, topic, group_id=unique("g"), client_id=unique("c"))
+    await consumer.start()
+    got = []
+    try:
+        async with asyncio.timeout(30):
+            while len(got) < 30:
+                batch = await consumer.getmany(timeout_ms=1000)
+                for records in batch.values():
+                    got.extend(records)
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert sorted(r.value for r in got) == sorted(f"v{i}".encode() for i in range(30))
+    assert all(dict(r.headers)["traceparent"] == b"00-x" for r in got)
+    # per key, order is kept
+    by_key: dict[bytes, list[int]] = {}
+    for r in sorted(got, key=lambda r: (r.partition, r.offset)):
+        by_key.setdefault(r.key, []).append(int(r.value[1:]))
+    assert all(v == sorted(v) for v in by_key.values())
+
+
+async def test_catalogue_topics_are_created_idempotently_with_their_settings(kafka):
+    specs = catalogue.static_topics() + catalogue.service_topics("connector-kt1")
+    await ensure_topics(kafka.bootstrap_servers, specs)
+    assert await ensure_topics(kafka.bootstrap_servers, specs) == []  # second run: nothing to do
+
+    admin = await _admin(kafka.bootstrap_servers)
+    try:
+        names = [s.name for s in specs]
+        described = {t["topic"]: t for t in await admin.describe_topics(names)}
+        configs = await _topic_configs(admin, names)
+    finally:
+        await admin.close()
+    for s in specs:
+        assert described[s.name]["error_code"] == 0, s.name
+        assert len(described[s.name]["partitions"]) == s.partitions, s.name
+        cfg = configs[s.name]
+        assert cfg["cleanup.policy"] == ("compact" if s.compact else "delete"), s.name
+        if not s.compact and s.retention_ms is not None:
+            assert cfg["retention.ms"] == str(s.retention_ms), s.name
+        if not s.compact and s.retention_bytes is not None:
+            assert cfg["retention.bytes"] == str(s.retention_bytes), s.name
+    assert any(s.compact for s in specs)
+
+
+async def test_transactions_work_on_the_single_node(kafka, unique):
+    topic = unique("tx")
+    await ensure_topics(kafka.bootstrap_servers, [catalogue.TopicSpec(topic, "k", "bytes", 1, "t", "t")])
+    producer = make_producer(kafka.bootstrap_servers, client_id=unique("p"), transactional_id=unique("tid"))
+    await producer.start()
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(topic, key=b"a", value=b"committed")
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, key=b"a", value=b"aborted")
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send_and_wait(topic, key=b"a", value=b"committed-2")
+    finally:
+        await producer.stop()
+
+    consumer = make_consumer(kafka.bootstrap_servers, group_id=None, client_id=unique("c"),
+                             read_committed=True)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        values = []
+        async with asyncio.timeout(30):
+            while len(values) < 2:
+                for records in (await consumer.getmany(timeout_ms=1000)).values():
+                    values.extend(r.value for r in records)
+    finally:
+        await consumer.stop()
+    assert values == [b"committed", b"committed-2"]

@@ -1,0 +1,210 @@
+"""The launcher (tbmq_launcher.Suite) with throwaway fake services: start order, real readiness, the
+environment each instance gets, stop/kill/restart, failure at start, and teardown without leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tbmq_launcher import ServiceDef, ServiceStartError, Suite
+
+pytestmark = pytest.mark.integration
+
+FAKE = textwrap.dedent('''
+    """A fake service: /readyz answers 503 until FAKE_DELAY s have passed, then 200."""
+    import http.server, json, os, signal, subprocess, sys, threading, time
+
+    started = time.time()
+    delay = float(os.environ.get("FAKE_DELAY", "0"))
+    rec = os.environ["FAKE_RECORD"]
+    sid = os.environ["TBMQ_SERVICE_ID"]
+    if os.environ.get("FAKE_FAIL"):
+        print(f"{sid}: failing on purpose", flush=True)
+        sys.exit(int(os.environ["FAKE_FAIL"]))
+    if os.environ.get("FAKE_CHILD"):   # a grandchild that must not outlive the service
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if os.environ.get("FAKE_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        def term(*_):
+            with open(rec, "a") as f:
+                f.write(json.dumps({"event": "term", "id": sid, "t": time.time()}) + "\\n")
+            os._exit(0)
+        signal.signal(signal.SIGTERM, term)
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ready = time.time() - started >= delay
+            code = 200 if (self.path == "/healthz" or ready) else 503
+            self.send_response(code); self.end_headers(); self.wfile.write(b"ok" if code == 200 else b"no")
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["HEALTH_PORT"])), H)
+    env = {k: v for k, v in os.environ.items() if k.isupper() and not k.startswith(("PYTEST", "PATH"))}
+    with open(rec, "a") as f:
+        f.write(json.dumps({"event": "start", "id": sid, "t": time.time(), "env": env}) + "\\n")
+    print(f"{sid}: listening on {os.environ['HEALTH_PORT']}", flush=True)
+    srv.serve_forever()
+''')
+
+
+@pytest.fixture
+def fake(tmp_path):
+    script = tmp_path / "fake_service.py"
+    script.write_text(FAKE)
+    record = tmp_path / "record.jsonl"
+
+    def defs(*names: str, **env: str) -> dict[str, ServiceDef]:
+        return {n: ServiceDef(n, n.replace("-", "_"), health_port=0, command=(sys.executable, str(script)),
+                              env={"FAKE_RECORD": str(record), **env}) for n in names}
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+    defs.events = events
+    return defs
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+async def test_services_start_in_order_each_after_the_previous_is_ready(kafka, fake, make_suite):
+    before = _descendants()
+    suite = await make_suite(
+        services=["fake-a", "fake-b", "fake-c"], create_topics=False,
+        service_defs=fake("fake-a", "fake-b", "fake-c", FAKE_DELAY="0.7"),
+        service_env={"fake-b": {"EXTRA": "b-only"}}, env={"EVERYONE": "1"})
+    starts = [e for e in fake.events() if e["event"] == "start"]
+    assert [e["id"].rsplit("-", 1)[0] for e in starts] == ["fake-a-1", "fake-b-1", "fake-c-1"]
+    # each one was started only once the previous answered /readyz 200 (it needs FAKE_DELAY to be ready)
+    assert starts[1]["t"] - starts[0]["t"] >= 0.7
+    assert starts[2]["t"] - starts[1]["t"] >= 0.7
+    env_b = starts[1]["env"]
+    assert env_b["KAFKA_BOOTSTRAP_SERVERS"] == kafka.bootstrap_servers == suite.bootstrap_servers
+    assert env_b["REDIS_URL"] == suite.redis_url
+    assert env_b["TBMQ_SERVICE_ID"] == suite.service_id("fake-b", 1)
+    assert env_b["HEALTH_PORT"] == str(suite.health_port("fake-b"))
+    assert env_b["EXTRA"] == "b-only" and "EXTRA" not in starts[0]["env"]
+    assert env_b["EVERYONE"] == "1" and env_b["LOG_FORMAT"] == "json"
+    pids = suite.pids()
+    assert len(pids) == 4  # 3 services + redis (the shared Kafka is not the suite's)
+    assert "fake-c-1" in suite.describe()
+
+    await suite.stop()
+    assert _alive(pids) == []
+    assert _descendants() - before == set()
+    terms = [e["id"].rsplit("-", 1)[0] for e in fake.events() if e["event"] == "term"]
+    assert terms == ["fake-c-1", "fake-b-1", "fake-a-1"]  # graceful, in reverse order
+
+
+async def test_stop_kill_restart_of_one_instance(fake, make_suite):
+    suite = await make_suite(services=["fake-a"], instances={"fake-a": 2}, create_topics=False,
+                             service_defs=fake("fake-a"))
+    first, second = suite.instance("fake-a", 1), suite.instance("fake-a", 2)
+    assert first.health_port != second.health_port
+    pid2 = second.pid
+    assert await suite.kill_service("fake-a", 2) == -signal.SIGKILL
+    assert _alive([pid2]) == [] and first.running
+    await suite.start_service("fake-a", 2)
+    assert second.running and second.pid != pid2
+    pid1 = first.pid
+    assert await suite.stop_service("fake-a", 1) == 0  # SIGTERM handler exits 0
+    p = await suite.restart_service("fake-a", 1)
+    assert p.running and p.pid != pid1 and _alive([pid1]) == []
+    assert len([e for e in fake.events() if e["event"] == "start"]) == 4
+
+
+async def test_sigterm_ignored_escalates_to_sigkill_and_grandchildren_die(fake, make_suite):
+    before = _descendants()
+    suite = await make_suite(services=["fake-a"], create_topics=False, stop_timeout=1.0,
+                             service_defs=fake("fake-a", FAKE_IGNORE_TERM="1", FAKE_CHILD="1"))
+    inside = _descendants() - before
+    assert len(inside) >= 3  # redis, the service, its child
+    t0 = time.monotonic()
+    assert await suite.stop_service("fake-a") == -signal.SIGKILL
+    assert time.monotonic() - t0 < 5
+    await suite.stop()
+    assert _alive(inside) == []
+
+
+async def test_a_service_dying_at_start_stops_everything_and_reports_its_log(fake, make_suite):
+    before = _descendants()
+    defs = {**fake("fake-a"), **fake("fake-b", FAKE_FAIL="7")}
+    with pytest.raises(ServiceStartError) as err:
+        await make_suite(services=["fake-a", "fake-b"], create_topics=False, service_defs=defs)
+    assert "exited with code 7" in str(err.value)
+    assert "failing on purpose" in str(err.value)  # the log tail
+    assert _descendants() - before == set()
+    assert [e["event"] for e in fake.events()] == ["start", "term"]  # fake-a was stopped
+
+
+async def test_a_service_never_ready_times_out(fake, make_suite):
+    before = _descendants()
+    with pytest.raises(ServiceStartError, match="not ready"):
+        await make_suite(services=["fake-a"], create_topics=False, start_timeout=1.5,
+                         service_defs=fake("fake-a", FAKE_DELAY="60"))
+    assert _descendants() - before == set()
+
+
+async def test_kafka_and_redis_only_creates_the_catalogue_topics(kafka, make_suite):
+    from aiokafka.admin import AIOKafkaAdminClient
+    from tbmq_platform import topics as catalogue
+
+    suite = await make_suite(services=[], connectors=2)
+    admin = AIOKafkaAdminClient(bootstrap_servers=suite.bootstrap_servers)
+    await admin.start()
+    try:
+        names = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    expected = {s.name for s in catalogue.static_topics()}
+    # connectors=2 is ignored when no connector is started; the connector topics come with connectors
+    assert expected <= names
+    assert suite.mqtt_ports == []
+
+
+async def test_port_plan_and_environment_of_the_real_services():
+    """No process is started: the defaults of docs/architecture.md and the wiring between services."""
+    s = Suite(connectors=3, instances={"app-delivery": 2}, ports="default", run_dir="/tmp/unused")
+    assert s.bootstrap_servers == "localhost:9092"
+    assert s.redis_url == "redis://127.0.0.1:6380/0"
+    assert s.mqtt_ports == [1883, 1884, 1885]
+    assert [p.service_id for p in s.procs.values()] == [
+        "session-registry-1", "device-persistence-1", "app-delivery-1", "app-delivery-2", "router-1",
+        "connector-1", "connector-2", "connector-3"]
+    assert s.health_port("connector", 1) == 8081 and s.health_port("router") == 8082
+    assert s.health_port("session-registry") == 8083 and s.health_port("device-persistence") == 8084
+    assert s.health_port("app-delivery") == 8085 and s.health_port("connector", 2) == 8181
+    env = s.service_environment("connector", 2)
+    assert env["MQTT_PORT"] == "1884" and env["TBMQ_SERVICE_ID"] == "connector-2"
+    assert env["DEVICE_PERSISTENCE_GRPC_TARGET"] == "localhost:50061"
+    assert env["APP_DELIVERY_GRPC_TARGETS"] == "localhost:50062,localhost:50162"
+    assert s.service_environment("device-persistence")["DEVICE_PERSISTENCE_GRPC_PORT"] == "50061"
+    assert s.service_environment("app-delivery", 2)["APP_DELIVERY_GRPC_PORT"] == "50162"
+    assert len({p.health_port for p in s.procs.values()}) == len(s.procs)
+    ordered = Suite(services=["connector", "router", "session-registry"], run_dir="/tmp/unused")
+    assert ordered.service_names == ["session-registry", "router", "connector"]
+    with pytest.raises(ValueError):
+        Suite(services=["nope"], run_dir="/tmp/unused")
