@@ -5,6 +5,7 @@ KEYS:
   KEYS[1]  <p>{client}_messages        ZSET of message keys
   KEYS[2]  <p>{client}_last_packet_id
   KEYS[3]  <p>{client}_serial
+  KEYS[4]  <p>{client}_attached        (optional) the client's attachment, deleted too
 ARGV: none
 Returns: integer, how many stored messages were dropped (message keys that still existed; expired
   ones are not counted).
@@ -15,4 +16,5 @@ for i = 1, #members do
   dropped = dropped + redis.call('DEL', members[i])
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+if KEYS[4] then redis.call('DEL', KEYS[4]) end
 return dropped

@@ -5,6 +5,8 @@ KEYS (all share the client's hash tag, so one cluster slot):
   KEYS[1]  <p>{client}_messages        ZSET: member = message key, score = serial
   KEYS[2]  <p>{client}_last_packet_id  STRING: last packet id handed out (1..65535)
   KEYS[3]  <p>{client}_serial          STRING: last serial handed out (never goes back)
+  KEYS[4]  <p>{client}_attached        (optional) STRING "<service_id>|<session_id>" set by
+           fetch_undelivered.lua: where the client is connected (read only here)
   A message key is KEYS[1] .. "_" .. packet_id (same slot as KEYS[1]; not listed in KEYS because
   its packet id is only known inside the script).
 ARGV:
@@ -16,13 +18,16 @@ ARGV:
            length  decimal byte length of value
            value   1 type byte ("P" = PUBLISH, "R" = PUBREL) + a serialized tbmq.v1.PublishMsg
            e.g. "604800000,4:Pabc1000,2:Px" (two messages)
-Returns: an array {trimmed, skipped, first_serial, pids}
+Returns: an array {trimmed, skipped, first_serial, pids, attached}
   trimmed       previously stored references dropped (oldest first) to respect the limit
   skipped       how many of the batch's OLDEST messages were not stored because the batch alone held
                 more than `limit` messages (the limit would trim them at once anyway): messages
                 skipped+1 .. n are stored
   first_serial  serial (ZSET score) of message skipped+1; the stored messages get consecutive serials
   pids          a string of 2-byte big-endian packet ids, one per stored message, in batch order
+  attached      the value of KEYS[4] read atomically with the save ("" when absent or no KEYS[4]):
+                the stored messages are to be forwarded to that connection (they were saved after
+                its fetch_undelivered.lua, so they are not in that fetch's answer)
 
 Rules:
   * Packet ids go 1..65535 and wrap to 1; an id whose message key still exists (undelivered, not
@@ -121,4 +126,6 @@ if m > 0 then
     end
   end
 end
-return {trimmed, skipped, first_serial, table.concat(pids)}
+local attached = ''
+if KEYS[4] then attached = redis.call('GET', KEYS[4]) or '' end
+return {trimmed, skipped, first_serial, table.concat(pids), attached}

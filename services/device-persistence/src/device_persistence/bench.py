@@ -9,7 +9,7 @@ What is measured:
     call per client, all pipelined), `--concurrency` save_many calls in flight; saved messages/s.
   * fetch: `fetch_undelivered` of every client (gathered); fetched messages/s.
   * redis-benchmark (unless --no-redis-benchmark): `EVALSHA <return 1> 0` (the bare script-call ceiling
-    of the server) and `EVALSHA <save_messages.lua> 3 ...` with one message per call (the server-side
+    of the server) and `EVALSHA <save_messages.lua> 4 ...` with one message per call (the server-side
     cost of our script), both with -P 16 pipelining and 50 connections. Cluster: against the one master
     owning the benchmark client's slot (a per-master figure).
 Keys use the prefix `bench:` and are removed at the end.
@@ -136,7 +136,8 @@ async def _bench_redis_benchmark(cfg: StoreConfig, nodes: list[tuple[str, int]],
     record = f"604800000,{len(value)}:{value}"  # save_messages.lua record format, one message
     res["EVALSHA save_messages.lua (1 msg)"] = _redis_benchmark(
         host, port,
-        ["evalsha", save, "3", f"{tag}_messages", f"{tag}_last_packet_id", f"{tag}_serial", "65535", record],
+        ["evalsha", save, "4", f"{tag}_messages", f"{tag}_last_packet_id", f"{tag}_serial", f"{tag}_attached",
+         "65535", record],
         min(n, 65_000), False,
     )  # fmt: skip
     async with DeviceMsgStore(replace(cfg, key_prefix="")) as store:

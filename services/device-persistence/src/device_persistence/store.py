@@ -7,6 +7,9 @@ every key of one client is in one slot and each Lua script touches one slot):
     <p>{tag}_messages_<pid>    STRING with a TTL: the stored value (below); pid = MQTT packet id 1..65535
     <p>{tag}_last_packet_id    STRING last packet id handed out
     <p>{tag}_serial            STRING last serial handed out
+    <p>{tag}_attached          STRING "<service_id>|<session_id>": the connection new messages are
+                               forwarded to (set by fetch_undelivered.lua, read by save_messages.lua,
+                               deleted by detach.lua / clear_all.lua)
 
 ``tag`` is the client id itself, except that an empty client id or one starting with ``}`` or ``%`` is
 prefixed with ``%`` (an empty hash tag would hash each whole key to a different slot). The mapping is
@@ -32,7 +35,7 @@ import asyncio
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +56,11 @@ from tbmq.v1 import messages_pb2
 __all__ = [
     "MAX_PACKET_ID",
     "SCRIPT_NAMES",
+    "Attachment",
     "ClientKeys",
     "DeviceMsgStore",
     "StoreConfig",
+    "SaveResult",
     "StoreStats",
     "client_keys",
     "default_lua_dir",
@@ -63,7 +68,7 @@ __all__ = [
 ]
 
 MAX_PACKET_ID = 65535
-SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all")
+SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach")
 
 _TYPE_PUBLISH = b"P"
 _TYPE_PUBREL = b"R"
@@ -135,9 +140,41 @@ class ClientKeys:
     messages: str
     last_packet_id: str
     serial: str
+    attached: str
 
     def message(self, packet_id: int) -> str:
         return f"{self.messages}_{packet_id}"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """The connection a client is attached to: its new messages go to
+    tbmq.msg.downlink.persisted.<service_id>."""
+
+    service_id: str
+    session_id: str
+
+    def encode(self) -> str:
+        return f"{self.service_id}|{self.session_id}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> Attachment | None:
+        if not raw:
+            return None
+        if isinstance(raw, bytes):
+            raw = raw.decode("utf-8", "replace")
+        service_id, sep, session_id = raw.partition("|")
+        return cls(service_id, session_id) if sep else None
+
+
+@dataclass
+class SaveResult:
+    """What one client's save produced: the stored messages (packet id and serial assigned, in order)
+    and the attachment read atomically with the save (None = not attached: nothing to forward)."""
+
+    messages: list[messages_pb2.DevicePublishMsg]
+    attached: Attachment | None = None
+    indexes: list[int] = field(default_factory=list)  # index in the input batch of each stored message
 
 
 def hash_tag(client_id: str) -> str:
@@ -148,7 +185,7 @@ def hash_tag(client_id: str) -> str:
 
 def client_keys(client_id: str, prefix: str = "") -> ClientKeys:
     base = f"{prefix}{{{hash_tag(client_id)}}}"
-    return ClientKeys(f"{base}_messages", f"{base}_last_packet_id", f"{base}_serial")
+    return ClientKeys(f"{base}_messages", f"{base}_last_packet_id", f"{base}_serial", f"{base}_attached")
 
 
 @dataclass
@@ -269,8 +306,8 @@ class DeviceMsgStore:
         messages: Sequence[messages_pb2.PublishMsg],
         sent: list[int],
         reply: list[Any],
-    ) -> list[messages_pb2.DevicePublishMsg]:
-        """reply = {trimmed, skipped, first_serial, pids as 2-byte big-endian string}."""
+    ) -> SaveResult:
+        """reply = {trimmed, skipped, first_serial, pids as 2-byte big-endian string, attached}."""
         trimmed, skipped, serial, blob = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
         self.stats.trimmed += trimmed
         self.stats.dropped_on_save += skipped
@@ -288,7 +325,7 @@ class DeviceMsgStore:
         if len(out) * 2 != len(blob):
             raise RuntimeError(f"save_messages.lua returned {len(blob) // 2} packet ids for {len(out)} messages")
         self.stats.saved += len(out)
-        return out
+        return SaveResult(out, Attachment.decode(reply[4]) if len(reply) > 4 else None, sent[skipped:])
 
     # ------------------------------------------------------------------------------------ script calls
 
@@ -396,13 +433,22 @@ class DeviceMsgStore:
         Already expired messages, and the oldest ones of a batch larger than the limit, are not stored
         and not returned. `default_ttl` (seconds) overrides the configured TTL for messages without an
         MQTT 5 expiry."""
+        return (await self.save_batch_attached(client_id, messages, default_ttl)).messages
+
+    async def save_batch_attached(
+        self,
+        client_id: str,
+        messages: Sequence[messages_pb2.PublishMsg],
+        default_ttl: int | None = None,
+    ) -> SaveResult:
+        """save_batch, also returning the client's attachment read atomically with the save."""
         if not messages:
-            return []
+            return SaveResult([])
         args, sent = self._save_args(messages, default_ttl, int(time.time() * 1000))
         if not sent:
-            return []
+            return SaveResult([])
         k = self.keys(client_id)
-        reply = await self._call("save_messages", [k.messages, k.last_packet_id, k.serial], args)
+        reply = await self._call("save_messages", [k.messages, k.last_packet_id, k.serial, k.attached], args)
         return self._save_result(client_id, messages, sent, reply)
 
     async def save_many(
@@ -411,19 +457,29 @@ class DeviceMsgStore:
         default_ttl: int | None = None,
     ) -> dict[str, list[messages_pb2.DevicePublishMsg]]:
         """save_batch for many clients at once: one script call per client, all pipelined."""
+        saved = await self.save_many_attached(batches, default_ttl)
+        return {client_id: result.messages for client_id, result in saved.items()}
+
+    async def save_many_attached(
+        self,
+        batches: Mapping[str, Sequence[messages_pb2.PublishMsg]],
+        default_ttl: int | None = None,
+    ) -> dict[str, SaveResult]:
+        """save_many, also returning each client's attachment read atomically with its save: the
+        service forwards a client's stored messages to its attached connector."""
         now_ms = int(time.time() * 1000)
         calls: list[tuple[list[str], list[Any]]] = []
         meta: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int]]] = []
-        out: dict[str, list[messages_pb2.DevicePublishMsg]] = {}
+        out: dict[str, SaveResult] = {}
         for client_id, messages in batches.items():
-            out[client_id] = []
+            out[client_id] = SaveResult([])
             if not messages:
                 continue
             args, sent = self._save_args(messages, default_ttl, now_ms)
             if not sent:
                 continue
             k = self.keys(client_id)
-            calls.append(([k.messages, k.last_packet_id, k.serial], args))
+            calls.append(([k.messages, k.last_packet_id, k.serial, k.attached], args))
             meta.append((client_id, messages, sent))
         if calls:
             replies = await self._call_many("save_messages", calls)
@@ -431,9 +487,20 @@ class DeviceMsgStore:
                 out[client_id] = self._save_result(client_id, messages, sent, reply)
         return out
 
-    async def fetch_undelivered(self, client_id: str) -> list[messages_pb2.DevicePublishMsg]:
-        """Every stored message of the client in serial order (expired ones are dropped)."""
-        reply = await self._call("fetch_undelivered", [self.keys(client_id).messages], [])
+    async def fetch_undelivered(
+        self, client_id: str, attach: Attachment | None = None
+    ) -> list[messages_pb2.DevicePublishMsg]:
+        """Every stored message of the client in serial order (expired ones are dropped). With `attach`,
+        the client is attached to that connection atomically with the read: every message saved later
+        is returned by save_*_attached with this attachment (to be forwarded), every message saved
+        earlier is in this answer."""
+        k = self.keys(client_id)
+        if attach is None:
+            reply = await self._call("fetch_undelivered", [k.messages], [])
+        else:
+            if "|" in attach.service_id:
+                raise ValueError(f"service id must not contain '|', got {attach.service_id!r}")
+            reply = await self._call("fetch_undelivered", [k.messages, k.attached], [attach.encode()])
         out = []
         for i in range(0, len(reply), 3):
             value = reply[i + 2]
@@ -467,9 +534,19 @@ class DeviceMsgStore:
         return bool(await self._call("mark_pubrec", [self.keys(client_id).messages], [packet_id]))
 
     async def clear(self, client_id: str) -> int:
-        """Drop everything stored for the client; returns how many messages were dropped."""
+        """Drop everything stored for the client (and its attachment); returns how many messages were
+        dropped."""
         k = self.keys(client_id)
-        return int(await self._call("clear_all", [k.messages, k.last_packet_id, k.serial], []))
+        return int(await self._call("clear_all", [k.messages, k.last_packet_id, k.serial, k.attached], []))
+
+    async def detach(self, client_id: str, session_id: str) -> bool:
+        """Stop forwarding to the connection of `session_id`; no-op (False) when another session
+        attached since or the client is not attached."""
+        return bool(await self._call("detach", [self.keys(client_id).attached], [session_id]))
+
+    async def attachment(self, client_id: str) -> Attachment | None:
+        """The current attachment (diagnostics and tests; the scripts read it atomically themselves)."""
+        return Attachment.decode(await self.redis.get(self.keys(client_id).attached))
 
 
 def _check_pid(packet_id: int) -> None:

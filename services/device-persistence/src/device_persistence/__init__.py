@@ -1,0 +1,1 @@
+"""device-persistence: the Redis store of persistent DEVICE sessions (see docs/device-persistence.md)."""

@@ -1,0 +1,81 @@
+"""device-persistence settings: environment variables parsed once (tbmq_platform.settings)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tbmq_platform.settings import (
+    CommonSettings,
+    env,
+    host_ports,
+    integer,
+    load,
+    load_or_exit,
+    nonempty,
+    number,
+    port,
+)
+
+from .store import MAX_PACKET_ID, StoreConfig
+
+LIMIT_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_LIMIT"
+TTL_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_TTL"
+
+
+@dataclass(frozen=True)
+class Settings(CommonSettings):
+    service_name: str = "device-persistence"
+    health_port: int = env("HEALTH_PORT", 8084, parse=port, doc="health/readiness HTTP port (0 = any)")
+
+    grpc_port: int = env("DEVICE_PERSISTENCE_GRPC_PORT", 50061, parse=port,
+                         doc="gRPC port of the DevicePersistence service (0 = any free port); when unset, "
+                             "the launcher's GRPC_PORT is used")
+    grpc_host: str = env("DEVICE_PERSISTENCE_GRPC_HOST", "0.0.0.0", doc="gRPC bind address")
+    redis_url: str = env("REDIS_URL", "redis://localhost:6380/0", parse=nonempty,
+                         doc="standalone Redis (ignored when REDIS_CLUSTER_NODES is set)")
+    redis_cluster_nodes: tuple[str, ...] = env("REDIS_CLUSTER_NODES", (), parse=host_ports,
+                                               doc="comma list of host:port; set = Redis Cluster mode")
+    redis_key_prefix: str = env("DEVICE_PERSISTENCE_REDIS_KEY_PREFIX", "",
+                                doc="prefix of every Redis key (no braces)")
+    messages_limit: int = env(LIMIT_VAR, 10000, parse=integer(1, MAX_PACKET_ID),
+                              doc="stored messages kept per client (oldest trimmed), 1..65535")
+    messages_ttl_s: int = env(TTL_VAR, 604800, parse=integer(1),
+                              doc="TTL (s) of a stored message without an MQTT 5 message expiry")
+    group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence", parse=nonempty,
+                        doc="consumer group of tbmq.msg.persisted")
+    max_poll_records: int = env("DEVICE_PERSISTENCE_MAX_POLL_RECORDS", 2000, parse=integer(1, 100_000),
+                                doc="records per batch (getmany): one save_many + one commit per batch")
+    forward_timeout_s: float = env("DEVICE_PERSISTENCE_FORWARD_TIMEOUT_S", 10.0, parse=number(0.1),
+                                   doc="how long a batch waits for its forwards' acks before committing "
+                                       "anyway (the messages are in Redis)")
+    shutdown_grace_s: float = env("DEVICE_PERSISTENCE_SHUTDOWN_GRACE_S", 5.0, parse=number(0),
+                                  doc="gRPC calls in progress get this long to finish at shutdown")
+
+    def validate(self) -> list[str]:
+        try:
+            self.store_config()
+        except ValueError as exc:
+            return [str(exc)]
+        return []
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(redis_url=self.redis_url, cluster_nodes=self.redis_cluster_nodes,
+                           messages_limit=self.messages_limit, messages_ttl_s=self.messages_ttl_s,
+                           key_prefix=self.redis_key_prefix)
+
+
+def _environ(environ: Mapping[str, str] | None) -> dict[str, str]:
+    out = dict(os.environ if environ is None else environ)
+    if "DEVICE_PERSISTENCE_GRPC_PORT" not in out and "GRPC_PORT" in out:
+        out["DEVICE_PERSISTENCE_GRPC_PORT"] = out["GRPC_PORT"]  # tbmq-launcher passes GRPC_PORT
+    return out
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> Settings:
+    return load(Settings, _environ(environ), **overrides)
+
+
+def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> Settings:
+    return load_or_exit(Settings, _environ(environ))

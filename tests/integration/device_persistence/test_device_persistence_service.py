@@ -1,0 +1,350 @@
+"""The device-persistence service as a subprocess (tbmq-launcher Suite) with REAL Kafka and REAL Redis,
+standalone and cluster: PersistedMsg records in, a gRPC client playing the connector, forwards read from
+tbmq.msg.downlink.persisted.<fake connector id>."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+import grpc
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
+from tbmq.v1 import services_pb2_grpc as sgrpc
+from tbmq_launcher.kafka import KafkaBroker
+from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_platform.kafka import make_producer
+from tbmq_platform.topics import MSG_PERSISTED, downlink_persisted_topic
+
+from device_persistence.store import DeviceMsgStore, StoreConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+BOUND = 30.0
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture(scope="module", params=["standalone", "cluster"])
+async def dp(request, kafka, tmp_path_factory):
+    """device-persistence alone (plus Kafka and its own Redis) and handles to talk to it."""
+    suite = Suite(services=["device-persistence"], connectors=0, ports="free", log_format="json",
+                  id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("dp-suite"),
+                  redis_cluster=request.param == "cluster", start_timeout=60, stop_timeout=15,
+                  kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers)
+    await suite.start()
+    h = Handles(suite)
+    try:
+        await h.start()
+        yield h
+    finally:
+        await h.stop()
+        await suite.stop()
+
+
+class Handles:
+    def __init__(self, suite: Suite) -> None:
+        self.suite = suite
+        self.store = DeviceMsgStore(StoreConfig(redis_url=suite.redis_url,
+                                                cluster_nodes=tuple(suite.redis_cluster_nodes or ())))
+        self.producer = make_producer(suite.bootstrap_servers, client_id="dp-test", linger_ms=1)
+        self._channel = None
+        self.stub = None
+
+    async def start(self) -> None:
+        await self.store.start()
+        await self.producer.start()
+        self._channel = grpc.aio.insecure_channel(self.suite.grpc_target("device-persistence"))
+        self.stub = sgrpc.DevicePersistenceStub(self._channel)
+
+    async def stop(self) -> None:
+        await self._channel.close()
+        await self.producer.stop()
+        await self.store.close()
+
+    async def publish(self, client_id: str, seqs, *, flush: bool = True) -> None:
+        futures = []
+        for s in seqs:
+            value = pb.PersistedMsg(client_id=client_id, msg=pb.PublishMsg(
+                topic=f"t/{client_id}", payload=b"%d" % s, qos=1, publisher_id="pub")).SerializeToString()
+            futures.append(await self.producer.send(MSG_PERSISTED, value=value, key=client_id.encode(),
+                                                    headers=[("traceparent", TRACEPARENT)]))
+        if flush:
+            await asyncio.gather(*futures)
+
+    async def stored(self, client_id: str) -> list[int]:
+        """Sequence numbers stored for the client, in serial order (reads without attaching)."""
+        return [int(d.msg.payload) for d in await self.store.fetch_undelivered(client_id)]
+
+    async def wait_stored(self, client_id: str, pred, timeout: float = BOUND) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = await self.stored(client_id)
+            if pred(got):
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stored for {client_id}: {len(got)} messages, condition not met")
+            await asyncio.sleep(0.1)
+
+    async def fake_connector(self) -> str:
+        sid = f"fake-conn-{uuid.uuid4().hex[:8]}"
+        await self.suite.ensure_topics(extra_service_ids=[sid])
+        return sid
+
+
+class Downlink:
+    """Reads tbmq.msg.downlink.persisted.<svc> of fake connectors from their beginning."""
+
+    def __init__(self, bootstrap: str, *service_ids: str) -> None:
+        self.topics = [downlink_persisted_topic(s) for s in service_ids]
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                         auto_offset_reset="earliest")
+        self.records: list = []
+
+    async def __aenter__(self) -> Downlink:
+        await self.consumer.start()
+        tps = []
+        for topic in self.topics:
+            for _ in range(100):
+                parts = self.consumer.partitions_for_topic(topic)
+                if parts:
+                    break
+                await self.consumer._client.force_metadata_update()
+                await asyncio.sleep(0.1)
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_beginning(*tps)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.consumer.stop()
+
+    async def poll(self, timeout_ms: int = 200) -> list:
+        out = []
+        for tp, recs in (await self.consumer.getmany(timeout_ms=timeout_ms)).items():
+            out += [(tp.topic, r) for r in recs]
+        self.records += out
+        return out
+
+    async def wait_count(self, n: int, timeout: float = BOUND) -> list:
+        deadline = time.monotonic() + timeout
+        while len(self.records) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(self.records)} forwards, expected {n}")
+            await self.poll()
+        return self.records
+
+
+def seqs(dms) -> list[int]:
+    return [int(d.msg.payload) for d in dms]
+
+
+async def test_fetch_attach_forward_ack_pubrec_clear(dp):
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    conn_a, conn_b = await dp.fake_connector(), await dp.fake_connector()
+    await dp.publish(cid, range(50))
+    await dp.wait_stored(cid, lambda got: len(got) == 50)
+
+    async with Downlink(dp.suite.bootstrap_servers, conn_a, conn_b) as down:
+        resp = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+            client_id=cid, service_id=conn_a, session_id="s1"))
+        assert seqs(resp.messages) == list(range(50))
+        assert [d.serial for d in resp.messages] == list(range(1, 51))
+        assert [d.packet_id for d in resp.messages] == list(range(1, 51))
+        assert all(d.client_id == cid and d.msg.topic == f"t/{cid}" for d in resp.messages)
+
+        await dp.publish(cid, range(50, 70))  # attached: forwarded to connector A
+        recs = await down.wait_count(20)
+        assert {t for t, _ in recs} == {downlink_persisted_topic(conn_a)}
+        fwd = [pb.DevicePublishMsg.FromString(r.value) for _, r in recs]
+        assert seqs(fwd) == list(range(50, 70))
+        assert [d.serial for d in fwd] == list(range(51, 71))
+        assert [d.packet_id for d in fwd] == list(range(51, 71))
+        assert all(r.key == cid.encode() for _, r in recs)
+        assert all(dict(r.headers).get("traceparent") == TRACEPARENT for _, r in recs)
+
+        for pid in range(1, 11):
+            assert (await dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=pid))).found
+        assert not (await dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=1))).found
+        assert (await dp.stub.MarkPubrec(spb.PacketRequest(client_id=cid, packet_id=11))).found
+
+        # reconnect on connector B before A's Detach arrives
+        resp = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+            client_id=cid, service_id=conn_b, session_id="s2"))
+        assert seqs(resp.messages) == list(range(10, 70))
+        assert resp.messages[0].packet_type == pb.DEVICE_PACKET_TYPE_PUBREL
+        assert resp.messages[1].packet_type == pb.DEVICE_PACKET_TYPE_PUBLISH
+        assert not (await dp.stub.Detach(spb.DetachRequest(client_id=cid, session_id="s1"))).detached
+        await dp.publish(cid, [70])
+        recs = await down.wait_count(21)
+        assert recs[-1][0] == downlink_persisted_topic(conn_b)
+        assert (await dp.stub.Detach(spb.DetachRequest(client_id=cid, session_id="s2"))).detached
+
+        await dp.publish(cid, [71])  # detached: stored only
+        await dp.wait_stored(cid, lambda got: got[-1:] == [71])
+        await down.poll(1000)
+        assert len(down.records) == 21
+
+    assert (await dp.stub.Clear(spb.ClearRequest(client_id=cid))).removed == 62
+    assert (await dp.stub.Clear(spb.ClearRequest(client_id=cid))).removed == 0
+    assert await dp.stored(cid) == []
+
+
+async def test_bad_requests(dp):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await dp.stub.Acknowledge(spb.PacketRequest(client_id="x", packet_id=0))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await dp.stub.MarkPubrec(spb.PacketRequest(client_id="x", packet_id=65536))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id="x", service_id="a|b", session_id="s"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id="x", service_id="a"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_forward_to_missing_connector_topic_does_not_stall(dp):
+    """A client attached to a connector whose topics are gone: its messages stay in Redis and the
+    other clients' batches go on."""
+    gone, alive = f"dev-{uuid.uuid4().hex[:8]}", f"dev-{uuid.uuid4().hex[:8]}"
+    conn = await dp.fake_connector()
+    await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+        client_id=gone, service_id=f"no-such-connector-{uuid.uuid4().hex[:6]}", session_id="s"))
+    await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=alive, service_id=conn, session_id="s"))
+    async with Downlink(dp.suite.bootstrap_servers, conn) as down:
+        await dp.publish(gone, range(5))
+        await dp.publish(alive, range(5))
+        await dp.wait_stored(gone, lambda got: got == list(range(5)), timeout=15)
+        recs = await down.wait_count(5, timeout=15)
+        assert seqs(pb.DevicePublishMsg.FromString(r.value) for _, r in recs) == list(range(5))
+    for c in (gone, alive):
+        await dp.stub.Clear(spb.ClearRequest(client_id=c))
+
+
+async def test_reconnecting_client_gets_everything_once_in_order(dp):
+    """A producer publishes continuously while the client (fake connector) detaches and reattaches,
+    alternating between two connectors. Like the real connector, it delivers the fetch answer, then
+    the forwards that arrived meanwhile and later, dropping any serial it already passed, and
+    acknowledges each delivered message before it detaches. Every message must be delivered exactly
+    once, in order."""
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    conns = [await dp.fake_connector(), await dp.fake_connector()]
+    total = 3000
+    delivered: list[int] = []
+    sessions = 0
+    produced = asyncio.Event()
+
+    async def producer():
+        seq = 0
+        while seq < total:
+            n = min(random.randint(1, 30), total - seq)
+            await dp.publish(cid, range(seq, seq + n), flush=False)
+            seq += n
+            await asyncio.sleep(random.random() * 0.01)
+        await dp.producer.flush()
+        produced.set()
+
+    async with Downlink(dp.suite.bootstrap_servers, *conns) as down:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump():
+            while True:
+                for _, r in await down.poll(50):
+                    queue.put_nowait(pb.DevicePublishMsg.FromString(r.value))
+
+        pump_task = asyncio.create_task(pump())
+        prod_task = asyncio.create_task(producer())
+        try:
+            deadline = time.monotonic() + 120
+            while len(delivered) < total:
+                assert time.monotonic() < deadline, f"{len(delivered)} of {total} delivered"
+                sessions += 1
+                session_id = f"s{sessions}"
+                max_serial = 0
+                acks = []
+
+                def deliver(dm: pb.DevicePublishMsg) -> None:
+                    nonlocal max_serial
+                    if dm.serial <= max_serial:
+                        return
+                    max_serial = dm.serial
+                    delivered.append(int(dm.msg.payload))
+                    acks.append(asyncio.ensure_future(dp.stub.Acknowledge(  # in the background
+                        spb.PacketRequest(client_id=cid, packet_id=dm.packet_id))))
+
+                resp = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+                    client_id=cid, service_id=conns[sessions % 2], session_id=session_id))
+                for dm in resp.messages:
+                    deliver(dm)
+                online_until = time.monotonic() + random.uniform(0.05, 0.6)
+                while time.monotonic() < online_until and len(delivered) < total:
+                    try:
+                        dm = await asyncio.wait_for(queue.get(), 0.05)
+                    except asyncio.TimeoutError:
+                        continue
+                    deliver(dm)
+                results = await asyncio.gather(*acks)  # all acknowledged before the connection closes
+                assert all(r.found for r in results)
+                await dp.stub.Detach(spb.DetachRequest(client_id=cid, session_id=session_id))
+                # offline: whatever arrives now is for a closed connection (dropped; still in Redis)
+                offline_until = time.monotonic() + random.uniform(0.0, 0.3)
+                while time.monotonic() < offline_until:
+                    try:
+                        await asyncio.wait_for(queue.get(), 0.05)
+                    except asyncio.TimeoutError:
+                        pass
+            await asyncio.wait_for(produced.wait(), BOUND)
+        finally:
+            pump_task.cancel()
+            await asyncio.gather(pump_task, prod_task, return_exceptions=True)
+
+    assert sessions >= 3
+    assert delivered == list(range(total)), (
+        f"{len(delivered)} delivered, {len(set(delivered))} distinct; first gap at "
+        f"{next((i for i, s in enumerate(delivered) if s != i), None)}")
+    assert await dp.stored(cid) == []
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+async def test_restart_mid_stream_loses_nothing(dp, how):
+    """Offsets are committed only after the save: a graceful restart stores every message exactly
+    once; a crash (SIGKILL) may store some twice (replayed batch) but loses none, and keeps order."""
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    total = 4000
+
+    async def producer():
+        for start in range(0, total, 100):
+            await dp.publish(cid, range(start, start + 100))
+            await asyncio.sleep(0.02)
+
+    prod = asyncio.create_task(producer())
+    await dp.wait_stored(cid, lambda got: len(got) >= 500)
+    if how == "sigterm":
+        await dp.suite.restart_service("device-persistence")
+    else:
+        await dp.suite.kill_service("device-persistence")
+        await dp.suite.start_service("device-persistence")
+    await prod
+    got = await dp.wait_stored(cid, lambda got: set(got) == set(range(total)), timeout=60)
+    if how == "sigterm":
+        assert got == list(range(total))
+    else:
+        first_seen = list(dict.fromkeys(got))
+        assert first_seen == list(range(total))
+        assert len(got) - total < 2000  # at most a batch or so replayed
+    assert (await dp.stub.Clear(spb.ClearRequest(client_id=cid))).removed == len(got)
+
+
+async def test_thousands_of_concurrent_calls(dp):
+    """grpc core cancels calls queued beyond its pending-request limits (1000/3000 by default); the
+    server raises them, so a burst of background acknowledgements is answered, not CANCELLED."""
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    calls = [dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=i % 65535 + 1)) for i in range(6000)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert not errors, f"{len(errors)} failed, e.g. {errors[0]!r}"
