@@ -14,6 +14,13 @@ from tbmq_platform.tracing import grpc_metadata
 
 log = logging.getLogger(__name__)
 
+# A reconnecting device may have up to 65535 stored messages of up to the maximum packet size each: far
+# more than gRPC's default 4 MB per message, which would fail the fetch and strand the backlog.
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 1024 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+)
+
 
 def pick_target(targets: tuple[str, ...], client_id: str) -> str:
     """A client id is pinned to one app-delivery instance by a stable hash (CRC-32 of its UTF-8)."""
@@ -24,7 +31,7 @@ class DevicePersistenceClient:
     def __init__(self, target: str, timeout: float) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = sgrpc.DevicePersistenceStub(self._channel)
         self._bg: set[asyncio.Task] = set()
 
@@ -79,7 +86,7 @@ class AppDeliveryChannels:
         target = pick_target(self.targets, client_id)
         stub = self._stubs.get(target)
         if stub is None:
-            channel = grpc.aio.insecure_channel(target)
+            channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[target] = sgrpc.AppDeliveryStub(channel)
         return target, stub
