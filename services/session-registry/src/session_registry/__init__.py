@@ -1,0 +1,1 @@
+"""session-registry: the authority on MQTT sessions (docs/session-registry.md)."""

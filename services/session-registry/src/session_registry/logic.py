@@ -1,0 +1,283 @@
+"""The registry's decisions, without I/O: (stored session, request, rules, now) → Outcome.
+
+An Outcome says what to write in the batch's Kafka transaction (the session record, the response, an
+empty subscription set, a disconnect command, an ApplicationRemovedEvent, the APPLICATION backlog's offset
+reset) and which side effects must succeed *before* the transaction (DevicePersistence.Clear, creating the
+APPLICATION topic). When a side effect fails, the I/O layer uses `Outcome.fallback` instead.
+
+Session lifetime (docs/session-registry.md):
+  * SEI = min(requested, max); 0xFFFFFFFF (never) only survives when the max is 0xFFFFFFFF.
+    MQTT 3.x: clean session = false asks for "never", so it gets the max; clean session = true gets 0.
+  * persistent = SEI > 0. v5 SEI 0 ends the session at disconnect even with clean start = false.
+  * A stored session is *alive* when it is connected and persistent, or disconnected, persistent and not
+    expired (disconnected_at + SEI > now). A connected non-persistent session ends when it is taken over;
+    a dead one is cleared by the next connect or by the expiry scan.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform import topics
+
+NEVER_EXPIRES = 0xFFFFFFFF
+DEVICE = pb.CLIENT_TYPE_DEVICE
+APPLICATION = pb.CLIENT_TYPE_APPLICATION
+
+
+@dataclass(frozen=True)
+class Rules:
+    session_expiry_max: int = 604800
+    application_client_id_pattern: str = ""
+    application_username_pattern: str = ""
+    sessions_limit: int = 0
+    application_clients_limit: int = 0
+    request_max_age_ms: int = 0
+
+    @classmethod
+    def from_settings(cls, s) -> "Rules":
+        return cls(s.session_expiry_max, s.application_client_id_pattern, s.application_username_pattern,
+                   s.sessions_limit, s.application_clients_limit, s.request_max_age_ms)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_client_re",
+                           re.compile(self.application_client_id_pattern)
+                           if self.application_client_id_pattern else None)
+        object.__setattr__(self, "_user_re",
+                           re.compile(self.application_username_pattern)
+                           if self.application_username_pattern else None)
+
+    def client_type(self, client_id: str, username: str) -> int:
+        if self._client_re is not None and self._client_re.fullmatch(client_id):
+            return APPLICATION
+        if self._user_re is not None and username and self._user_re.fullmatch(username):
+            return APPLICATION
+        return DEVICE
+
+    def cap(self, requested: int) -> int:
+        return min(requested, self.session_expiry_max)
+
+    def effective_expiry(self, mqtt_version: int, clean_start: bool, requested: int) -> int:
+        if mqtt_version < 5:
+            return self.cap(NEVER_EXPIRES) if not clean_start else 0
+        return self.cap(requested)
+
+
+@dataclass(frozen=True)
+class Counts:
+    sessions: int = 0
+    applications: int = 0
+
+
+@dataclass
+class Outcome:
+    """What one request does. `session` is written when `write_session` (None = delete the record)."""
+
+    kind: str                                   # short label for logs/tests: connected, quota, ignored, ...
+    write_session: bool = False
+    session: pb.SessionInfo | None = None
+    response: pb.SessionEventResponse | None = None
+    response_service_id: str = ""
+    clear_subscriptions: pb.ClientSubscriptions | None = None
+    disconnect: tuple[str, pb.DisconnectCommand] | None = None   # (service id, command)
+    app_removed: pb.ApplicationRemovedEvent | None = None
+    reset_app_offsets: str = ""                 # client id whose APPLICATION backlog is skipped
+    # side effects before the transaction
+    device_clear: str = ""                      # client id for DevicePersistence.Clear
+    ensure_app_topic: str = ""                  # client id whose APPLICATION topic must exist
+    fallback: "Outcome | None" = None           # used when a side effect fails
+    retry_side_effects: bool = False            # retry the side effects for a bounded time first
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_side_effects(self) -> bool:
+        return bool(self.device_clear or self.ensure_app_topic)
+
+
+def is_expired(s: pb.SessionInfo, now_ms: int) -> bool:
+    """A disconnected persistent session past its expiry (never for 0xFFFFFFFF)."""
+    if s.connected or s.session_expiry_interval == NEVER_EXPIRES:
+        return False
+    return s.disconnected_at_ms + s.session_expiry_interval * 1000 <= now_ms
+
+
+def is_alive(s: pb.SessionInfo | None, now_ms: int) -> bool:
+    if s is None or not s.persistent:
+        return False
+    return s.connected or not is_expired(s, now_ms)
+
+
+def needs_cleanup(s: pb.SessionInfo, now_ms: int) -> bool:
+    """What the expiry scan looks for: a disconnected session that is over (expired or not persistent)."""
+    return not s.connected and not is_alive(s, now_ms)
+
+
+def _empty_subscriptions(client_id: str, client_type: int) -> pb.ClientSubscriptions:
+    return pb.ClientSubscriptions(client_id=client_id, client_type=client_type)
+
+
+def _app_removed(client_id: str, now_ms: int) -> pb.ApplicationRemovedEvent:
+    return pb.ApplicationRemovedEvent(client_id=client_id, topic=topics.app_topic_name(client_id),
+                                      removed_at_ms=now_ms)
+
+
+def _answer(req: pb.SessionEventRequest, *, success: bool, failure: int = pb.SESSION_FAILURE_NONE,
+            session_present: bool = False, client_type: int = DEVICE, sei: int = 0) -> pb.SessionEventResponse:
+    return pb.SessionEventResponse(request_id=req.request_id, client_id=req.session.client_id, success=success,
+                                   session_present=session_present, failure=failure, client_type=client_type,
+                                   session_expiry_interval=sei)
+
+
+def _failed(kind: str, req: pb.SessionEventRequest, failure: int, client_type: int = DEVICE,
+            sei: int = 0) -> Outcome:
+    return Outcome(kind, response=_answer(req, success=False, failure=failure, client_type=client_type, sei=sei),
+                   response_service_id=req.session.service_id)
+
+
+def decide(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, rules: Rules, now_ms: int,
+           counts: Counts = Counts()) -> Outcome:
+    if stored is not None and req.request_id and stored.last_request_id == req.request_id:
+        return Outcome("duplicate")  # already applied (and answered) in a committed transaction
+    if req.type == pb.SESSION_EVENT_CONNECTION_REQUEST:
+        return decide_connect(stored, req, rules, now_ms, counts)
+    if req.type == pb.SESSION_EVENT_DISCONNECTION_REQUEST:
+        return decide_disconnect(stored, req, rules, now_ms)
+    if req.type == pb.SESSION_EVENT_CLEAR_SESSION_REQUEST:
+        return decide_clear(stored, req, now_ms)
+    if req.type == pb.SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST:
+        if stored is not None and stored.client_type == APPLICATION:
+            return Outcome("ignored")
+        return Outcome("app-topic-removed", app_removed=_app_removed(req.session.client_id, now_ms))
+    return Outcome("ignored")
+
+
+def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, rules: Rules, now_ms: int,
+                   counts: Counts = Counts()) -> Outcome:
+    conn = req.session
+    cid = conn.client_id
+    client_type = rules.client_type(cid, conn.username)
+    sei = rules.effective_expiry(conn.mqtt_version, conn.clean_start, conn.session_expiry_interval)
+    persistent = sei > 0
+
+    if not cid:
+        return _failed("invalid", req, pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID, client_type, sei)
+    if rules.request_max_age_ms and req.request_time_ms and now_ms - req.request_time_ms > rules.request_max_age_ms:
+        return _failed("too-old", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE, client_type, sei)
+    if stored is not None and stored.connected and stored.session_id == conn.session_id:
+        # the same connection asking twice with another request id: nothing to change (TBMQ fails it)
+        return _failed("same-session", req, pb.SESSION_FAILURE_UNSPECIFIED_ERROR, client_type, sei)
+
+    # quotas: a client that already has a record does not add a session
+    if rules.sessions_limit and stored is None and counts.sessions >= rules.sessions_limit:
+        return _failed("quota", req, pb.SESSION_FAILURE_QUOTA_EXCEEDED, client_type, sei)
+    if (rules.application_clients_limit and client_type == APPLICATION
+            and (stored is None or stored.client_type != APPLICATION)
+            and counts.applications >= rules.application_clients_limit):
+        return _failed("quota", req, pb.SESSION_FAILURE_QUOTA_EXCEEDED, client_type, sei)
+
+    prior = is_alive(stored, now_ms)
+    session_present = prior and not conn.clean_start
+    out = Outcome("connected", write_session=True, response_service_id=conn.service_id)
+    out.retry_side_effects = True
+    out.fallback = _failed("unavailable", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE, client_type, sei)
+
+    if not session_present:
+        # a new session starts empty: whatever the old one subscribed to goes
+        out.clear_subscriptions = _empty_subscriptions(cid, client_type)
+    old_type = stored.client_type if stored is not None else None
+    if old_type == DEVICE and (not session_present or client_type != DEVICE):
+        out.device_clear = cid                       # old DEVICE messages (clean start, dead, or type change)
+    elif old_type is None and client_type == DEVICE and persistent:
+        out.device_clear = cid                       # strays saved after an earlier removal
+    if old_type == APPLICATION and client_type != APPLICATION:
+        out.app_removed = _app_removed(cid, now_ms)  # no longer APPLICATION: its topic goes
+    elif old_type == APPLICATION and not session_present:
+        out.reset_app_offsets = cid                  # same topic, backlog skipped
+    if client_type == APPLICATION:
+        out.ensure_app_topic = cid
+    if stored is not None and stored.connected:
+        out.disconnect = (stored.service_id, pb.DisconnectCommand(
+            client_id=cid, session_id=stored.session_id, new_session_clean_start=conn.clean_start,
+            reason=pb.DISCONNECT_REASON_SESSION_TAKEN_OVER))
+        out.notes.append(f"takeover of {stored.session_id} on {stored.service_id}")
+
+    out.session = pb.SessionInfo(
+        client_id=cid, service_id=conn.service_id, session_id=conn.session_id, client_type=client_type,
+        connected=True, clean_start=conn.clean_start, persistent=persistent, session_expiry_interval=sei,
+        mqtt_version=conn.mqtt_version, keep_alive=conn.keep_alive, connected_at_ms=now_ms,
+        disconnected_at_ms=0, client_address=conn.client_address, username=conn.username,
+        last_request_id=req.request_id)
+    out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei)
+    return out
+
+
+def _removal(kind: str, stored: pb.SessionInfo, now_ms: int) -> Outcome:
+    """Remove a session with its subscriptions and stored messages."""
+    cid = stored.client_id
+    out = Outcome(kind, write_session=True, session=None,
+                  clear_subscriptions=_empty_subscriptions(cid, stored.client_type))
+    if stored.client_type == DEVICE:
+        out.device_clear = cid
+    return out
+
+
+def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, rules: Rules,
+                      now_ms: int) -> Outcome:
+    if stored is None or stored.session_id != req.session.session_id or not stored.connected:
+        return Outcome("stale")
+    sei = stored.session_expiry_interval
+    if stored.mqtt_version >= 5 and req.HasField("disconnect_session_expiry_interval"):
+        # [MQTT-3.14.2-2]: a session that was 0 at CONNECT cannot be given an interval at DISCONNECT
+        if sei > 0:
+            sei = rules.cap(req.disconnect_session_expiry_interval)
+    persistent = sei > 0
+    if persistent:
+        s = pb.SessionInfo()
+        s.CopyFrom(stored)
+        s.connected = False
+        s.disconnected_at_ms = now_ms
+        s.session_expiry_interval = sei
+        s.persistent = True
+        s.last_request_id = req.request_id
+        return Outcome("disconnected", write_session=True, session=s)
+    out = _removal("removed", stored, now_ms)
+    if stored.client_type == APPLICATION:
+        out.reset_app_offsets = stored.client_id   # the backlog of a session that ended
+    # if Clear fails: keep a dead record (disconnected, not persistent) for the expiry scan to retry
+    dead = pb.SessionInfo()
+    dead.CopyFrom(stored)
+    dead.connected = False
+    dead.persistent = False
+    dead.disconnected_at_ms = now_ms
+    dead.session_expiry_interval = 0
+    dead.last_request_id = req.request_id
+    out.fallback = Outcome("removal-deferred", write_session=True, session=dead,
+                           clear_subscriptions=out.clear_subscriptions, reset_app_offsets=out.reset_app_offsets)
+    return out
+
+
+def decide_clear(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now_ms: int) -> Outcome:
+    if stored is None:
+        return Outcome("ignored")
+    if req.session.session_id and stored.session_id != req.session.session_id:
+        return Outcome("ignored")          # reconnected since the request was made
+    if stored.connected and not req.force_cleanup:
+        return Outcome("ignored")
+    out = _removal("cleared", stored, now_ms)
+    if stored.client_type == APPLICATION:
+        out.app_removed = _app_removed(stored.client_id, now_ms)
+    if stored.connected:
+        out.disconnect = (stored.service_id, pb.DisconnectCommand(
+            client_id=stored.client_id, session_id=stored.session_id,
+            reason=pb.DISCONNECT_REASON_ADMINISTRATIVE))
+    out.fallback = Outcome("clear-deferred")   # record kept; the expiry scan asks again
+    return out
+
+
+def clear_request(stored: pb.SessionInfo, request_id: str, now_ms: int) -> pb.SessionEventRequest:
+    """The CLEAR_SESSION_REQUEST the expiry scan sends for an expired session."""
+    s = pb.SessionInfo(client_id=stored.client_id, service_id=stored.service_id, session_id=stored.session_id)
+    return pb.SessionEventRequest(request_id=request_id, type=pb.SESSION_EVENT_CLEAR_SESSION_REQUEST,
+                                  session=s, request_time_ms=now_ms)

@@ -1,0 +1,443 @@
+"""The session registry's I/O: consume session event requests, apply `logic.decide`, and write the results
+with one Kafka transaction per (batch, request partition).
+
+Exactly-once: every request partition has its own transactional producer, transactional id
+`<prefix>-p<partition>` (stable, shared by all instances). The partition's session records, responses,
+subscription clears, disconnect commands and app-removed events are sent in a transaction together with
+the consumed offsets (send_offsets_to_transaction, group `session-registry`). aiokafka 0.14 speaks
+TxnOffsetCommit v0 (no consumer-group generation, KIP-447 is not available), so fencing comes from the
+transactional id: whoever owns partition p after a rebalance or a restart initialises producer
+`<prefix>-p<p>`, which aborts the previous owner's open transaction and fences it (ProducerFenced) should it
+still be alive. Revocation waits for the in-flight batch to finish; assignment initialises the producers
+of the new partitions and then waits for the session view to catch up before any request is processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.partitioner import murmur2
+from opentelemetry import trace
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform import topics
+from tbmq_platform.compacted import CompactedTopicView
+from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.lifecycle import Service
+from tbmq_platform.tracing import kafka_headers, span_from_kafka
+
+from . import logic
+from .device import ClearFailed, DeviceClearer
+from .settings import Settings
+from .state import Batch, SessionStore
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("session_registry")
+
+REQUESTS = topics.SESSION_EVENT_REQUEST
+SEND_TIMEOUT_S = 10.0
+_TYPE_NAMES = {v: k.removeprefix("SESSION_EVENT_") for k, v in pb.SessionEventType.items()}
+_ROUTINE = {"connected", "disconnected", "removed", "duplicate", "stale", "ignored"}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def partition_of(client_id: str, partitions: int) -> int:
+    """The request partition of a client id: aiokafka's (= Java's) default partitioner on the key bytes."""
+    return (murmur2(client_id.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, registry: "SessionRegistry") -> None:
+        self.registry = registry
+
+    async def on_partitions_revoked(self, revoked):
+        await self.registry._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned):
+        await self.registry._on_assigned(assigned)
+
+
+class SessionRegistry(Service):
+    name = "session-registry"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.s = settings
+        self.rules = logic.Rules.from_settings(settings)
+        self.store = SessionStore()
+        self.device = DeviceClearer(settings.device_persistence_target)
+        self.view: CompactedTopicView | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self.meta: AIOKafkaConsumer | None = None          # end offsets of APPLICATION topics
+        self.plain: AIOKafkaProducer | None = None         # the expiry scan's CLEAR_SESSION_REQUESTs
+        self.producers: dict[int, AIOKafkaProducer] = {}
+        self.owned: set[int] = set()
+        self._lock = asyncio.Lock()
+        self._generation = 0
+        self._stopping = False
+        self._svc_topics: set[str] = set()
+        self._app_topics: set[str] = set()
+        self._clear_asked: dict[str, tuple[str, float]] = {}
+        self.stats = {"requests": 0, "transactions": 0, "aborted": 0}
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.s
+        await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
+            REQUESTS, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.SYS_APP_REMOVED)])
+        self.view = CompactedTopicView(s.bootstrap, topics.CLIENT_SESSION, self.store.apply_record,
+                                       client_id=f"{s.instance_id}-sessions", read_committed=True)
+        await self.view.start()
+        log.info("session state rebuilt: %d sessions (%d APPLICATION)", self.store.sessions,
+                 self.store.applications)
+        self.meta = make_consumer(s.bootstrap, group_id=None, client_id=f"{s.instance_id}-meta")
+        await self.meta.start()
+        self.plain = make_producer(s.bootstrap, client_id=f"{s.instance_id}-scan")
+        await self.plain.start()
+        self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
+                                      read_committed=True, max_poll_records=s.batch_max_records,
+                                      session_timeout_ms=6000, heartbeat_interval_ms=2000)
+        await self.consumer.start()
+        self.consumer.subscribe([REQUESTS], listener=_Listener(self))
+        self.spawn(self._consume(), "consume session requests")
+        self.spawn(self._expiry_loop(), "session expiry scan")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        async with self._lock:  # the in-flight batch finishes (and commits) first
+            pass
+        await self.cancel_tasks()
+        if self.consumer is not None:
+            await self.consumer.stop()
+        await asyncio.gather(*(p.stop() for p in self.producers.values()), return_exceptions=True)
+        self.producers.clear()
+        for c in (self.plain, self.meta, self.view):
+            if c is not None:
+                await c.stop()
+        await self.device.close()
+
+    def health_details(self) -> dict:
+        return {"partitions": sorted(self.owned), "sessions": self.store.sessions,
+                "applications": self.store.applications, **self.stats}
+
+    def _fatal(self, exc: BaseException) -> None:
+        log.error("fatal: %s", exc, exc_info=exc)
+        fut = self.failed()
+        if not fut.done():
+            fut.set_exception(exc)
+
+    # -- rebalancing --------------------------------------------------------------------------------
+    async def _on_revoked(self, revoked) -> None:
+        self._generation += 1
+        async with self._lock:       # wait for the in-flight transactions to end
+            self.owned = set()
+        log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+
+    async def _on_assigned(self, assigned) -> None:
+        try:
+            async with self._lock:
+                parts = {tp.partition for tp in assigned if tp.topic == REQUESTS}
+                for p in [p for p in self.producers if p not in parts]:
+                    producer = self.producers.pop(p)
+                    await producer.stop()
+                # initialising producer <prefix>-p<n> aborts a previous owner's open transaction
+                await asyncio.gather(*(self._producer(p) for p in parts if p not in self.producers))
+                await self.view.wait_caught_up()
+                self.store.drop_overlay()
+                self.owned = parts
+                self._generation += 1
+                self.consumer.resume(*[tp for tp in assigned if tp.topic == REQUESTS])
+            log.info("partitions assigned: %s", sorted(parts))
+        except Exception as exc:  # without producers or state this instance must not serve
+            self._fatal(exc)
+            raise
+
+    async def _producer(self, partition: int) -> AIOKafkaProducer:
+        producer = make_producer(self.s.bootstrap, client_id=f"{self.s.instance_id}-p{partition}",
+                                 transactional_id=f"{self.s.transactional_id_prefix}-p{partition}")
+        await producer.start()
+        self.producers[partition] = producer
+        return producer
+
+    # -- consuming ----------------------------------------------------------------------------------
+    async def _consume(self) -> None:
+        assert self.consumer is not None
+        while not self._stopping:
+            batches = await self.consumer.getmany(timeout_ms=200, max_records=self.s.batch_max_records)
+            if not batches:
+                continue
+            generation = self._generation
+            async with self._lock:
+                if self._stopping:
+                    for tp, records in batches.items():
+                        self._rewind(tp, records[0].offset)
+                    return
+                if generation != self._generation:
+                    # a rebalance happened since the fetch: start again from what is committed
+                    await self._reset_to_committed(list(batches))
+                    continue
+                for tp, records in batches.items():
+                    if tp.partition not in self.owned:
+                        self._rewind(tp, records[0].offset)
+                await asyncio.gather(*(self._process(tp, records) for tp, records in batches.items()
+                                       if tp.partition in self.owned))
+
+    async def _reset_to_committed(self, tps) -> None:
+        assigned = self.consumer.assignment()
+        for tp in tps:
+            if tp in assigned:
+                committed = await self.consumer.committed(tp)
+                if committed is None:
+                    await self.consumer.seek_to_beginning(tp)
+                else:
+                    self.consumer.seek(tp, committed)
+
+    def _rewind(self, tp: TopicPartition, offset: int, pause: bool = False) -> None:
+        """Fetch from `offset` again (nothing of the batch is committed); a no-op when tp was revoked."""
+        try:
+            self.consumer.seek(tp, offset)
+            if pause:
+                self.consumer.pause(tp)
+        except Exception:
+            log.debug("cannot rewind %s", tp, exc_info=True)
+
+    async def _process(self, tp: TopicPartition, records) -> None:
+        producer = self.producers.get(tp.partition)
+        if producer is None:
+            try:
+                producer = await self._producer(tp.partition)
+            except Exception:
+                log.exception("cannot start the producer of partition %d", tp.partition)
+                self._rewind(tp, records[0].offset)
+                await asyncio.sleep(0.5)
+                return
+        batch = Batch(self.store)
+        sends: list[tuple[str, bytes, bytes | None, list]] = []
+        offsets: list[tuple[TopicPartition, int, str]] = []
+        try:
+            for record in records:
+                await self._handle(record, batch, sends, offsets)
+        except Exception:
+            log.exception("partition %d: batch at offset %d failed before its transaction; retrying",
+                          tp.partition, records[0].offset)
+            self._rewind(tp, records[0].offset)
+            await asyncio.sleep(0.5)
+            return
+        try:
+            # APPLICATION backlogs skipped: aiokafka allows one consumer group per transaction, so each
+            # reset is a transaction of its own before the batch's (idempotent: a retry resets again)
+            for app_tp, offset, group in offsets:
+                await producer.begin_transaction()
+                await producer.send_offsets_to_transaction({app_tp: offset}, group)
+                await producer.commit_transaction()
+            await self._known_leaders(producer, {topic for topic, *_ in sends})
+            await producer.begin_transaction()
+            futures = [await producer.send(topic, value, key=key, headers=headers)
+                       for topic, key, value, headers in sends]
+            # bounded: a producer whose metadata lacks a leader would otherwise sit out request_timeout_ms
+            await asyncio.wait_for(asyncio.gather(*futures), SEND_TIMEOUT_S)
+            await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, self.s.group_id)
+            await producer.commit_transaction()
+        except ProducerFenced:
+            log.warning("partition %d: producer fenced (another instance owns it now)", tp.partition)
+            self.stats["aborted"] += 1
+            await self._drop_producer(tp.partition)
+            # until the group hands the partition out again, it is not ours: paused, not re-fenced
+            self.owned.discard(tp.partition)
+            self._rewind(tp, records[0].offset, pause=True)
+            return
+        except Exception:
+            log.exception("partition %d: transaction of offsets %d..%d failed; retrying", tp.partition,
+                          records[0].offset, records[-1].offset)
+            self.stats["aborted"] += 1
+            try:
+                await asyncio.wait_for(producer.abort_transaction(), 5)
+            except Exception:
+                log.debug("abort failed", exc_info=True)
+            # a fresh producer (new epoch, sequence numbers from 0): aiokafka's idempotence state of a
+            # failed batch is not reliable (OutOfOrderSequenceNumber forever after a NotLeader, say)
+            await self._drop_producer(tp.partition)
+            self._rewind(tp, records[0].offset)
+            await asyncio.sleep(0.5)
+            return
+        batch.commit_to_store()
+        self.stats["transactions"] += 1
+        self.stats["requests"] += len(records)
+
+    @staticmethod
+    async def _known_leaders(producer: AIOKafkaProducer, names: set[str], timeout_s: float = 5.0) -> None:
+        """Make sure the producer's metadata has a leader for every output partition (our outputs are
+        single-partition topics, except none): a brand-new topic or a fresh cluster may not have one yet."""
+        client = producer.client
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = [n for n in names
+                       if client.cluster.leader_for_partition(TopicPartition(n, 0)) in (None, -1)]
+            if not missing or time.monotonic() > deadline:
+                return
+            for n in missing:
+                client.add_topic(n)
+            await client.force_metadata_update()
+            await asyncio.sleep(0.05)
+
+    async def _drop_producer(self, partition: int) -> None:
+        producer = self.producers.pop(partition, None)
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.stop(), 5)
+            except Exception:  # the next owner of the transactional id aborts whatever is left
+                log.debug("stopping producer %d", partition, exc_info=True)
+
+    async def _handle(self, record, batch: Batch, sends: list, offsets: list) -> None:
+        try:
+            req = pb.SessionEventRequest.FromString(record.value or b"")
+        except Exception:
+            log.error("unreadable session request at %s/%d offset %d: skipped", record.topic, record.partition,
+                      record.offset)
+            return
+        cid = req.session.client_id or (record.key or b"").decode("utf-8", "replace")
+        if not req.session.client_id:
+            req.session.client_id = cid
+        kind = _TYPE_NAMES.get(req.type, str(req.type))
+        with span_from_kafka(tracer, f"session-registry {kind}", record.headers, client_id=cid,
+                             request_id=req.request_id):
+            stored = batch.get(cid)
+            out = logic.decide(stored, req, self.rules, now_ms(), batch.counts())
+            out = await self._side_effects(out)
+            headers = kafka_headers()
+            if out.write_session:
+                batch.put(cid, out.session)
+                sends.append((topics.CLIENT_SESSION, cid.encode(),
+                              None if out.session is None else out.session.SerializeToString(), headers))
+            if out.clear_subscriptions is not None:
+                sends.append((topics.CLIENT_SUBSCRIPTIONS, cid.encode(),
+                              out.clear_subscriptions.SerializeToString(), headers))
+            if out.app_removed is not None:
+                sends.append((topics.SYS_APP_REMOVED, cid.encode(), out.app_removed.SerializeToString(), headers))
+            if out.disconnect is not None:
+                svc, cmd = out.disconnect
+                await self._ensure_service_topics(svc)
+                sends.append((topics.disconnect_topic(svc), cid.encode(), cmd.SerializeToString(), headers))
+            if out.response is not None:
+                await self._ensure_service_topics(out.response_service_id)
+                sends.append((topics.response_topic(out.response_service_id), cid.encode(),
+                              out.response.SerializeToString(), headers))
+            if out.reset_app_offsets:
+                reset = await self._app_end_offset(out.reset_app_offsets)
+                if reset is not None:
+                    offsets.append((*reset, f"app-delivery.{out.reset_app_offsets}"))
+            level = logging.DEBUG if out.kind in _ROUTINE and not out.notes else logging.INFO
+            log.log(level, "%s %s (%s) -> %s%s", kind, cid, req.request_id, out.kind,
+                    f" [{'; '.join(out.notes)}]" if out.notes else "")
+
+    async def _side_effects(self, out: logic.Outcome) -> logic.Outcome:
+        if not out.has_side_effects:
+            return out
+        try:
+            if out.device_clear:
+                budget = self.s.device_clear_timeout_ms / 1000 if out.retry_side_effects else 0.0
+                await self.device.clear(out.device_clear, retry_for_s=budget)
+            if out.ensure_app_topic:
+                await self._ensure_app_topic(out.ensure_app_topic)
+            return out
+        except (ClearFailed, KafkaError, OSError, RuntimeError) as exc:
+            log.warning("side effect of %s failed (%s): %s", out.kind, exc,
+                        out.fallback.kind if out.fallback else "nothing done")
+            return out.fallback or logic.Outcome("deferred")
+
+    async def _ensure_service_topics(self, service_id: str) -> None:
+        if service_id and service_id not in self._svc_topics:
+            specs = topics.service_topics(service_id)
+            await ensure_topics(self.s.bootstrap, specs)
+            await self._wait_for_topics([topics.response_topic(service_id), topics.disconnect_topic(service_id)])
+            self._svc_topics.add(service_id)
+
+    async def _wait_for_topics(self, names: list[str], timeout_s: float = 10.0) -> None:
+        """Until the cluster metadata has a leader for every partition of the topics (just created ones
+        need a moment; producing earlier fails the transaction with NotLeaderForPartition)."""
+        assert self.meta is not None
+        client = self.meta._client
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cluster = client.cluster
+            ok = True
+            for name in names:
+                parts = cluster.partitions_for_topic(name)
+                if not parts or any(cluster.leader_for_partition(TopicPartition(name, p)) in (None, -1)
+                                    for p in parts):
+                    ok = False
+                    break
+            if ok or time.monotonic() > deadline:
+                return
+            await client.force_metadata_update()
+            await asyncio.sleep(0.05)
+
+    async def _ensure_app_topic(self, client_id: str) -> None:
+        name = topics.app_topic_name(client_id)
+        if name not in self._app_topics:
+            await ensure_topics(self.s.bootstrap, [topics.app_topic(client_id)])
+            await self._wait_for_topics([name])
+            self._app_topics.add(name)
+
+    async def _app_end_offset(self, client_id: str) -> tuple[TopicPartition, int] | None:
+        """The end of a client's APPLICATION topic (None when the topic does not exist)."""
+        assert self.meta is not None
+        name = topics.app_topic_name(client_id)
+        parts = self.meta.partitions_for_topic(name)
+        if not parts:
+            await self.meta._client.force_metadata_update()
+            parts = self.meta.partitions_for_topic(name)
+            if not parts:
+                return None
+        tp = TopicPartition(name, 0)
+        ends = await self.meta.end_offsets([tp])
+        return tp, ends[tp]
+
+    # -- expiry -------------------------------------------------------------------------------------
+    async def _expiry_loop(self) -> None:
+        interval = self.s.expiry_check_interval_ms / 1000
+        while not self._stopping:
+            await asyncio.sleep(interval)
+            try:
+                await self.scan_expired()
+            except Exception:
+                log.exception("expiry scan failed")
+
+    async def scan_expired(self) -> int:
+        """Ask for the clean-up of every over session of the partitions this instance owns, through the
+        request topic so that it is serialised with the client's own events."""
+        assert self.consumer is not None and self.plain is not None
+        owned = set(self.owned)
+        parts = self.consumer.partitions_for_topic(REQUESTS)
+        if not owned or not parts:
+            return 0
+        n_parts = len(parts)
+        now = now_ms()
+        t = time.monotonic()
+        resend_after = max(10.0, 3 * self.s.expiry_check_interval_ms / 1000)
+        futures = []
+        for cid, s in self.store.items():
+            if not logic.needs_cleanup(s, now) or partition_of(cid, n_parts) not in owned:
+                continue
+            asked = self._clear_asked.get(cid)
+            if asked is not None and asked[0] == s.session_id and t - asked[1] < resend_after:
+                continue
+            self._clear_asked[cid] = (s.session_id, t)
+            req = logic.clear_request(s, f"expiry-{uuid.uuid4().hex}", now)
+            with tracer.start_as_current_span("session-registry expiry", attributes={"client_id": cid}):
+                futures.append(await self.plain.send(REQUESTS, req.SerializeToString(), key=cid.encode(),
+                                                     headers=kafka_headers()))
+        if futures:
+            await asyncio.gather(*futures)
+            log.info("expiry scan: clean-up asked for %d sessions", len(futures))
+        for cid in [c for c, (_, at) in self._clear_asked.items() if t - at > resend_after]:
+            del self._clear_asked[cid]
+        return len(futures)

@@ -1,0 +1,58 @@
+"""Settings of the session registry (environment variables, parsed once)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tbmq_platform.settings import CommonSettings, env, integer, nonempty, port
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+def _regex(raw: str) -> str:
+    raw = raw.strip()
+    if raw:
+        try:
+            re.compile(raw)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+    return raw
+
+
+@dataclass(frozen=True)
+class Settings(CommonSettings):
+    service_name: str = "session-registry"
+    health_port: int = env("HEALTH_PORT", 8083, parse=port, doc="health/readiness HTTP port (0 = any)")
+
+    session_expiry_max: int = env(
+        "MQTT_CLIENT_SESSION_EXPIRY_MAX_EXPIRY_INTERVAL", 604800, parse=integer(0, NEVER_EXPIRES),
+        doc="cap (s) on the Session Expiry Interval; also the expiry of 3.x clean-session=false sessions; "
+            "4294967295 lets 0xFFFFFFFF (never) through; 0 makes every session end at disconnect")
+    application_client_id_pattern: str = env(
+        "TBMQ_APPLICATION_CLIENT_ID_PATTERNS", "", parse=_regex,
+        doc="regex (full match) on the client id that makes a client APPLICATION; empty = none")
+    application_username_pattern: str = env(
+        "TBMQ_APPLICATION_USERNAME_PATTERNS", "", parse=_regex,
+        doc="regex (full match) on the username that makes a client APPLICATION; empty = none")
+    sessions_limit: int = env("MQTT_SESSIONS_LIMIT", 0, parse=integer(0),
+                              doc="maximum number of sessions (0 = unlimited)")
+    application_clients_limit: int = env("MQTT_APPLICATION_CLIENTS_LIMIT", 0, parse=integer(0),
+                                         doc="maximum number of APPLICATION sessions (0 = unlimited)")
+    device_persistence_target: str = env("DEVICE_PERSISTENCE_GRPC_TARGET", "localhost:50061", parse=nonempty,
+                                         doc="gRPC address of device-persistence (DevicePersistence.Clear)")
+    device_clear_timeout_ms: int = env(
+        "DEVICE_PERSISTENCE_CLEAR_TIMEOUT_MS", 5000, parse=integer(100),
+        doc="how long a CONNECT retries DevicePersistence.Clear before it is answered SERVER_UNAVAILABLE")
+    expiry_check_interval_ms: int = env("TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS", 5000, parse=integer(50),
+                                        doc="period of the session expiry scan")
+    request_max_age_ms: int = env(
+        "TBMQ_SESSION_REQUEST_MAX_AGE_MS", 120000, parse=integer(0),
+        doc="a CONNECTION_REQUEST older than this is answered SERVER_UNAVAILABLE unprocessed (0 = no limit)")
+    batch_max_records: int = env("TBMQ_SESSION_REGISTRY_BATCH_MAX_RECORDS", 500, parse=integer(1),
+                                 doc="requests per poll (each partition's share is one transaction)")
+    transactional_id_prefix: str = env(
+        "TBMQ_SESSION_REGISTRY_TRANSACTIONAL_ID_PREFIX", "session-registry", parse=nonempty,
+        doc="transactional ids are <prefix>-p<request partition>: stable per partition, shared by instances")
+    group_id: str = env("TBMQ_SESSION_REGISTRY_GROUP_ID", "session-registry", parse=nonempty,
+                        doc="consumer group of tbmq.client.session.event.request")

@@ -1,0 +1,248 @@
+"""The session registry against a real Kafka, driven by fake connectors: connect, session present, clean
+start, takeover, stale disconnect, expiry, client types, APPLICATION backlog, quotas."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import TopicPartition
+from session_registry_harness import eventually
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform import topics
+from tbmq_platform.kafka import make_consumer, make_producer
+
+pytestmark = pytest.mark.integration
+
+DEVICE, APPLICATION = pb.CLIENT_TYPE_DEVICE, pb.CLIENT_TYPE_APPLICATION
+
+
+def subs_cleared(watch, client_id):
+    for r in watch.of_key(client_id):
+        cs = pb.ClientSubscriptions.FromString(r.value) if r.value is not None else pb.ClientSubscriptions()
+        if not cs.subscriptions:
+            return True
+    return False
+
+
+async def test_connect_saves_session_and_answers(registry, connectors, sessions, cid):
+    (c,) = await connectors(1)
+    client = cid()
+    resp, sid = await c.connect(client, sei=120, keep_alive=45)
+    assert resp.success and not resp.session_present and resp.client_id == client
+    assert resp.client_type == DEVICE and resp.session_expiry_interval == 120
+    s = await eventually(lambda: sessions.get(client), what="session record")
+    assert s.connected and s.service_id == c.service_id and s.session_id == sid and s.persistent
+    assert s.session_expiry_interval == 120 and s.keep_alive == 45 and s.mqtt_version == 5
+    assert s.connected_at_ms > 0 and s.client_type == DEVICE
+
+
+async def test_session_present_and_clean_start(registry, connectors, fake_dp, watch, cid):
+    (c,) = await connectors(1)
+    subs = await watch(topics.CLIENT_SUBSCRIPTIONS)
+    client = cid()
+    resp, sid = await c.connect(client, clean_start=True, sei=300)
+    assert not resp.session_present
+    await c.disconnect(client, sid)
+    resp, sid = await c.connect(client, clean_start=False, sei=300)
+    assert resp.session_present                       # [MQTT-3.2.2-3]
+    await c.disconnect(client, sid)
+    n_clear = fake_dp.cleared.count(client)
+    subs.records.clear()
+    resp, _ = await c.connect(client, clean_start=True, sei=300)
+    assert not resp.session_present                   # [MQTT-3.2.2-2]
+    assert fake_dp.cleared.count(client) == n_clear + 1   # stored DEVICE messages cleared
+    await eventually(lambda: subs_cleared(subs, client), what="empty subscription set")
+
+
+async def test_v5_sei_zero_ends_session_at_disconnect(registry, connectors, sessions, fake_dp, watch, cid):
+    (c,) = await connectors(1)
+    subs = await watch(topics.CLIENT_SUBSCRIPTIONS)
+    client = cid()
+    resp, sid = await c.connect(client, clean_start=False, sei=0)
+    assert resp.success
+    await eventually(lambda: sessions.get(client), what="session")
+    subs.records.clear()
+    await c.disconnect(client, sid)
+    await eventually(lambda: client in sessions.sessions and sessions.get(client) is None, what="removal")
+    await eventually(lambda: subs_cleared(subs, client), what="subscriptions removed")
+    await eventually(lambda: client in fake_dp.cleared, what="Clear")
+    resp, _ = await c.connect(client, clean_start=False, sei=0)
+    assert not resp.session_present                   # TBMQ would say present; MQTT 5 says not
+
+
+async def test_mqtt311_persistent_session(registry, connectors, sessions, cid):
+    (c,) = await connectors(1)
+    client = cid()
+    resp, sid = await c.connect(client, version=4, clean_start=False)
+    assert resp.success and not resp.session_present
+    await c.disconnect(client, sid)
+    await eventually(lambda: sessions.get(client) and not sessions.get(client).connected, what="disconnected")
+    resp, sid = await c.connect(client, version=4, clean_start=False)
+    assert resp.session_present
+    resp, sid = await c.connect(client, version=4, clean_start=True)   # takes over its own session
+    assert not resp.session_present
+    await c.disconnect(client, sid)
+    await eventually(lambda: client in sessions.sessions and sessions.get(client) is None,
+                     what="clean session removed at disconnect")
+
+
+async def test_takeover_across_connectors(registry, connectors, sessions, cid):
+    a, b = await connectors(2)
+    client = cid()
+    resp, sid_a = await a.connect(client, sei=300)
+    assert resp.success
+    resp, sid_b = await b.connect(client, sei=300, clean_start=False)
+    assert resp.success and resp.session_present
+    cmds = await eventually(lambda: [d for d in a.all_disconnects() if d.client_id == client], what="disconnect")
+    assert len(cmds) == 1
+    assert cmds[0].session_id == sid_a and cmds[0].reason == pb.DISCONNECT_REASON_SESSION_TAKEN_OVER
+    assert not cmds[0].new_session_clean_start
+    assert not [d for d in b.all_disconnects() if d.client_id == client]
+    s = await eventually(lambda: (x := sessions.get(client)) and x.session_id == sid_b and x, what="new owner")
+    assert s.service_id == b.service_id and s.connected
+
+    # the old connection's disconnect arrives late: stale, nothing changes
+    await a.disconnect(client, sid_a)
+    # and a takeover on the same connector also disconnects the older connection
+    resp, sid_b2 = await b.connect(client, sei=300, clean_start=True)
+    assert resp.success and not resp.session_present
+    cmds_b = await eventually(lambda: [d for d in b.all_disconnects() if d.client_id == client], what="same-svc")
+    assert cmds_b[0].session_id == sid_b and cmds_b[0].new_session_clean_start
+    s = await eventually(lambda: (x := sessions.get(client)) and x.session_id == sid_b2 and x, what="owner b2")
+    assert s.connected            # the stale disconnect of sid_a did not disconnect the newest session
+
+
+async def test_stale_disconnect_after_takeover(registry, connectors, sessions, cid):
+    a, b = await connectors(2)
+    client = cid()
+    _, sid_a = await a.connect(client, sei=0)
+    _, sid_b = await b.connect(client, sei=0)
+    await a.disconnect(client, sid_a)               # stale: non-persistent, yet must not remove the session
+    # a later request of the same client is processed after it (same partition): use it as a barrier
+    probe = cid()
+    await a.connect(probe)
+    await asyncio.sleep(0.3)
+    s = sessions.get(client)
+    assert s is not None and s.connected and s.session_id == sid_b and s.service_id == b.service_id
+
+
+async def test_disconnect_with_new_expiry_and_expiry_scan(registry, connectors, sessions, fake_dp, watch, cid):
+    (c,) = await connectors(1)
+    subs = await watch(topics.CLIENT_SUBSCRIPTIONS)
+    client = cid()
+    _, sid = await c.connect(client, sei=3600)
+    await c.disconnect(client, sid, sei=1)           # DISCONNECT changes the interval to 1 s
+    s = await eventually(lambda: (x := sessions.get(client)) and not x.connected and x, what="disconnected")
+    assert s.session_expiry_interval == 1 and s.persistent
+    # expired within ~1 s + the 300 ms scan: session, subscriptions, stored messages gone
+    await eventually(lambda: client in sessions.sessions and sessions.get(client) is None, timeout=10,
+                     what="expiry")
+    await eventually(lambda: subs_cleared(subs, client), what="subscriptions cleared")
+    assert client in fake_dp.cleared
+    resp, _ = await c.connect(client, sei=60)
+    assert not resp.session_present
+
+
+async def test_reconnect_before_expiry_keeps_session(registry, connectors, sessions, cid):
+    (c,) = await connectors(1)
+    client = cid()
+    _, sid = await c.connect(client, sei=2)
+    await c.disconnect(client, sid)
+    await asyncio.sleep(0.5)
+    resp, sid2 = await c.connect(client, sei=2)
+    assert resp.session_present
+    await asyncio.sleep(3)                           # well past the old expiry: connected, so never expires
+    s = sessions.get(client)
+    assert s is not None and s.connected and s.session_id == sid2
+
+
+async def test_application_type_topic_and_expiry(registry, connectors, sessions, watch, kafka, cid):
+    (c,) = await connectors(1)
+    removed = await watch(topics.SYS_APP_REMOVED)
+    client = cid("app")
+    resp, sid = await c.connect(client, sei=1)
+    assert resp.success and resp.client_type == APPLICATION
+    s = await eventually(lambda: sessions.get(client), what="session")
+    assert s.client_type == APPLICATION
+    probe = make_consumer(kafka.bootstrap_servers, group_id=None, client_id="probe")
+    await probe.start()
+    try:
+        await probe._client.force_metadata_update()
+        assert probe.partitions_for_topic(topics.app_topic_name(client)), "APPLICATION topic created"
+    finally:
+        await probe.stop()
+    # by username too
+    resp, _ = await c.connect(cid("dev"), username="appuser")
+    assert resp.client_type == APPLICATION
+    resp, _ = await c.connect(cid("dev"), username="someone")
+    assert resp.client_type == DEVICE
+    # expiry of an APPLICATION session: the topic is to be removed
+    await c.disconnect(client, sid)
+    ev = await eventually(lambda: removed.of_key(client), timeout=10, what="app removed")
+    e = pb.ApplicationRemovedEvent.FromString(ev[0].value)
+    assert e.client_id == client and e.topic == topics.app_topic_name(client) and e.removed_at_ms > 0
+
+
+async def test_type_change_clears_old_type_store(registry, connectors, fake_dp, watch, cid):
+    (c,) = await connectors(1)
+    removed = await watch(topics.SYS_APP_REMOVED)
+    client = cid("typ")
+    _, sid = await c.connect(client, sei=600, username="appuser")       # APPLICATION by username
+    await c.disconnect(client, sid)
+    resp, sid = await c.connect(client, sei=600, username="plain")      # now DEVICE
+    assert resp.client_type == DEVICE and resp.session_present
+    await eventually(lambda: removed.of_key(client), what="APPLICATION -> DEVICE: topic removed")
+    await c.disconnect(client, sid)
+    before = fake_dp.cleared.count(client)
+    resp, _ = await c.connect(client, sei=600, username="appuser")      # DEVICE -> APPLICATION
+    assert resp.client_type == APPLICATION
+    assert fake_dp.cleared.count(client) == before + 1
+
+
+async def test_application_clean_start_skips_backlog(registry, connectors, kafka, cid):
+    (c,) = await connectors(1)
+    client = cid("app")
+    _, sid = await c.connect(client, sei=600)
+    name = topics.app_topic_name(client)
+    producer = make_producer(kafka.bootstrap_servers, client_id="backlog")
+    await producer.start()
+    try:
+        for i in range(5):
+            await producer.send_and_wait(name, b"m%d" % i, key=b"t")
+    finally:
+        await producer.stop()
+    await c.disconnect(client, sid)
+    resp, _ = await c.connect(client, sei=600, clean_start=False)
+    assert resp.session_present
+    group = f"app-delivery.{client}"
+    tp = TopicPartition(name, 0)
+    probe = make_consumer(kafka.bootstrap_servers, group_id=group, client_id="probe")
+    await probe.start()
+    try:
+        probe.assign([tp])
+        assert await probe.committed(tp) is None          # resumed session: backlog untouched
+        resp, _ = await c.connect(client, sei=600, clean_start=True)
+        assert resp.success and not resp.session_present
+        end = (await probe.end_offsets([tp]))[tp]
+        assert end >= 5
+        assert await probe.committed(tp) == end           # clean start: backlog skipped
+    finally:
+        await probe.stop()
+
+
+async def test_device_persistence_down_fails_connect(registry, connectors, fake_dp, sessions, cid):
+    (c,) = await connectors(1)
+    client = cid()
+    _, sid = await c.connect(client, sei=600)
+    await c.disconnect(client, sid)
+    fake_dp.fail = True
+    try:
+        resp, sid2 = await c.connect(client, sei=600, clean_start=True)
+        assert not resp.success and resp.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+        s = sessions.get(client)
+        assert s is not None and s.session_id == sid and not s.connected   # nothing changed
+        resp, _ = await c.connect(client, sei=600, clean_start=False)      # resuming needs no Clear
+        assert resp.success and resp.session_present
+    finally:
+        fake_dp.fail = False

@@ -1,0 +1,298 @@
+"""session_registry.logic: the registry's decisions without Kafka."""
+
+from __future__ import annotations
+
+import pytest
+from tbmq.v1 import messages_pb2 as pb
+
+from session_registry import logic
+from session_registry.logic import APPLICATION, DEVICE, NEVER_EXPIRES, Counts, Rules
+from session_registry.state import Batch, SessionStore
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_700_000_000_000
+RULES = Rules(session_expiry_max=604800)
+
+
+def conn_req(cid="c1", *, svc="conn-1", sid="s1", clean=False, sei=0, v=5, rid="r1", user="", t=NOW):
+    return pb.SessionEventRequest(
+        request_id=rid, type=pb.SESSION_EVENT_CONNECTION_REQUEST, request_time_ms=t,
+        session=pb.SessionInfo(client_id=cid, service_id=svc, session_id=sid, clean_start=clean,
+                               session_expiry_interval=sei, mqtt_version=v, keep_alive=60, username=user,
+                               client_address="127.0.0.1:5000"))
+
+
+def disc_req(cid="c1", *, sid="s1", rid="d1", sei=None):
+    r = pb.SessionEventRequest(request_id=rid, type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,
+                               session=pb.SessionInfo(client_id=cid, session_id=sid), graceful=True)
+    if sei is not None:
+        r.disconnect_session_expiry_interval = sei
+    return r
+
+
+def stored(cid="c1", *, svc="conn-1", sid="s0", connected=True, persistent=True, sei=3600, v=5,
+           ctype=DEVICE, disconnected_at=0, rid="old"):
+    return pb.SessionInfo(client_id=cid, service_id=svc, session_id=sid, connected=connected, persistent=persistent,
+                          session_expiry_interval=sei, mqtt_version=v, client_type=ctype,
+                          disconnected_at_ms=disconnected_at, last_request_id=rid)
+
+
+# -- expiry interval and persistence -------------------------------------------------------------------
+
+@pytest.mark.parametrize("v,clean,sei,max_,exp_sei,exp_persistent", [
+    (5, False, 0, 604800, 0, False),            # v5 SEI 0 ends at disconnect even without clean start
+    (5, True, 0, 604800, 0, False),
+    (5, False, 100, 604800, 100, True),
+    (5, True, 100, 604800, 100, True),          # clean start + SEI > 0: new session that outlives the conn
+    (5, False, 10**6, 604800, 604800, True),    # capped
+    (5, False, NEVER_EXPIRES, 604800, 604800, True),
+    (5, False, NEVER_EXPIRES, NEVER_EXPIRES, NEVER_EXPIRES, True),
+    (4, False, 0, 604800, 604800, True),        # 3.1.1 clean session false: the max
+    (4, True, 0, 604800, 0, False),
+    (3, False, 0, NEVER_EXPIRES, NEVER_EXPIRES, True),
+    (4, False, 0, 0, 0, False),                 # max 0: no session outlives its connection
+])
+def test_expiry_and_persistence(v, clean, sei, max_, exp_sei, exp_persistent):
+    out = logic.decide(None, conn_req(clean=clean, sei=sei, v=v), Rules(session_expiry_max=max_), NOW)
+    assert out.response.success
+    assert out.response.session_expiry_interval == exp_sei
+    assert out.session.session_expiry_interval == exp_sei
+    assert out.session.persistent is exp_persistent
+
+
+def test_new_session_fields_and_response():
+    out = logic.decide(None, conn_req(sei=30), RULES, NOW)
+    s = out.session
+    assert out.write_session and s.connected and s.service_id == "conn-1" and s.session_id == "s1"
+    assert s.connected_at_ms == NOW and s.last_request_id == "r1" and s.keep_alive == 60 and s.mqtt_version == 5
+    assert out.response_service_id == "conn-1"
+    r = out.response
+    assert (r.request_id, r.client_id, r.success, r.session_present) == ("r1", "c1", True, False)
+    assert out.disconnect is None
+    assert out.clear_subscriptions is not None and not out.clear_subscriptions.subscriptions
+    assert out.device_clear == "c1"  # a new persistent DEVICE session starts with an empty store
+    non_persistent = logic.decide(None, conn_req(sei=0), RULES, NOW)
+    assert non_persistent.device_clear == ""  # no device-persistence call for a session that stores nothing
+
+
+# -- session present -----------------------------------------------------------------------------------
+
+def test_session_present_when_prior_persistent_and_not_clean():
+    prior = stored(connected=False, disconnected_at=NOW - 1000, sei=3600)
+    out = logic.decide(prior, conn_req(clean=False, sei=3600), RULES, NOW)
+    assert out.response.session_present
+    assert out.clear_subscriptions is None and out.device_clear == ""
+
+
+def test_clean_start_clears_old_session():
+    prior = stored(connected=False, disconnected_at=NOW - 1000)
+    out = logic.decide(prior, conn_req(clean=True, sei=3600), RULES, NOW)
+    assert not out.response.session_present
+    assert out.clear_subscriptions.client_id == "c1" and not out.clear_subscriptions.subscriptions
+    assert out.device_clear == "c1"
+    assert out.retry_side_effects
+    assert out.fallback.response.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+    assert not out.fallback.write_session
+
+
+def test_expired_session_is_not_present():
+    prior = stored(connected=False, disconnected_at=NOW - 3601_000, sei=3600)
+    out = logic.decide(prior, conn_req(clean=False, sei=3600), RULES, NOW)
+    assert not out.response.session_present
+    assert out.device_clear == "c1" and out.clear_subscriptions is not None
+
+
+def test_never_expiring_session_stays_present():
+    prior = stored(connected=False, disconnected_at=NOW - 10**12, sei=NEVER_EXPIRES)
+    assert logic.decide(prior, conn_req(sei=10), RULES, NOW).response.session_present
+
+
+def test_takeover_of_connected_session():
+    prior = stored(svc="conn-A", sid="old", connected=True, persistent=True)
+    out = logic.decide(prior, conn_req(svc="conn-B", sid="new", clean=False, sei=60), RULES, NOW)
+    svc, cmd = out.disconnect
+    assert svc == "conn-A"
+    assert (cmd.client_id, cmd.session_id, cmd.new_session_clean_start, cmd.reason) == (
+        "c1", "old", False, pb.DISCONNECT_REASON_SESSION_TAKEN_OVER)
+    assert out.response.session_present
+    assert out.session.service_id == "conn-B" and out.session.session_id == "new"
+
+
+def test_takeover_on_same_connector_and_of_non_persistent_session():
+    prior = stored(svc="conn-1", sid="old", connected=True, persistent=False, sei=0)
+    out = logic.decide(prior, conn_req(svc="conn-1", sid="new", clean=False, sei=60), RULES, NOW)
+    assert out.disconnect[0] == "conn-1" and out.disconnect[1].session_id == "old"
+    assert not out.response.session_present          # a SEI 0 session ends with its connection
+    assert out.clear_subscriptions is not None
+
+
+def test_same_session_twice_fails_without_change():
+    prior = stored(sid="s1", connected=True)
+    out = logic.decide(prior, conn_req(sid="s1", rid="other"), RULES, NOW)
+    assert not out.response.success and not out.write_session
+
+
+def test_duplicate_request_is_skipped():
+    prior = stored(rid="r1")
+    out = logic.decide(prior, conn_req(rid="r1"), RULES, NOW)
+    assert out.kind == "duplicate" and out.response is None and not out.write_session
+
+
+def test_too_old_request():
+    rules = Rules(request_max_age_ms=1000)
+    out = logic.decide(None, conn_req(t=NOW - 5000), rules, NOW)
+    assert not out.response.success and out.response.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+    assert not out.write_session
+
+
+# -- client type ---------------------------------------------------------------------------------------
+
+def test_client_type_rules():
+    rules = Rules(application_client_id_pattern=r"app-.*", application_username_pattern=r"svc|backend")
+    assert rules.client_type("app-1", "") == APPLICATION
+    assert rules.client_type("xapp-1", "") == DEVICE   # full match
+    assert rules.client_type("dev", "backend") == APPLICATION
+    assert rules.client_type("dev", "backend2") == DEVICE
+    assert Rules().client_type("app-1", "svc") == DEVICE
+    out = logic.decide(None, conn_req("app-1", sei=60), rules, NOW)
+    assert out.response.client_type == APPLICATION and out.session.client_type == APPLICATION
+    assert out.ensure_app_topic == "app-1" and out.device_clear == ""
+
+
+def test_type_change_device_to_application_clears_device_store():
+    rules = Rules(application_client_id_pattern="c1")
+    prior = stored(ctype=DEVICE, connected=False, disconnected_at=NOW - 1)
+    out = logic.decide(prior, conn_req(sei=60), rules, NOW)
+    assert out.response.session_present           # the session itself (subscriptions) continues
+    assert out.device_clear == "c1" and out.app_removed is None and out.ensure_app_topic == "c1"
+
+
+def test_type_change_application_to_device_removes_topic():
+    prior = stored(ctype=APPLICATION, connected=False, disconnected_at=NOW - 1)
+    out = logic.decide(prior, conn_req(sei=60), RULES, NOW)
+    assert out.app_removed.client_id == "c1" and out.app_removed.topic == "tbmq.msg.app.c1"
+    assert out.reset_app_offsets == "" and out.device_clear == ""
+
+
+def test_application_clean_start_resets_backlog():
+    rules = Rules(application_client_id_pattern="c1")
+    prior = stored(ctype=APPLICATION, connected=False, disconnected_at=NOW - 1)
+    out = logic.decide(prior, conn_req(clean=True, sei=60), rules, NOW)
+    assert out.reset_app_offsets == "c1" and out.app_removed is None
+    resumed = logic.decide(prior, conn_req(clean=False, sei=60), rules, NOW)
+    assert resumed.reset_app_offsets == "" and resumed.response.session_present
+
+
+# -- quotas --------------------------------------------------------------------------------------------
+
+def test_sessions_quota():
+    rules = Rules(sessions_limit=2)
+    out = logic.decide(None, conn_req(), rules, NOW, Counts(sessions=2))
+    assert not out.response.success and out.response.failure == pb.SESSION_FAILURE_QUOTA_EXCEEDED
+    assert not out.write_session
+    # an existing client reconnecting does not add a session
+    assert logic.decide(stored(connected=False, disconnected_at=NOW), conn_req(), rules, NOW,
+                        Counts(sessions=2)).response.success
+    assert logic.decide(None, conn_req(), rules, NOW, Counts(sessions=1)).response.success
+
+
+def test_application_quota():
+    rules = Rules(application_clients_limit=1, application_client_id_pattern="app.*")
+    out = logic.decide(None, conn_req("app2"), rules, NOW, Counts(sessions=5, applications=1))
+    assert out.response.failure == pb.SESSION_FAILURE_QUOTA_EXCEEDED
+    assert logic.decide(None, conn_req("dev"), rules, NOW, Counts(sessions=5, applications=1)).response.success
+
+
+# -- disconnect ----------------------------------------------------------------------------------------
+
+def test_disconnect_persistent_keeps_session():
+    prior = stored(sid="s1", sei=100)
+    out = logic.decide(prior, disc_req(sid="s1"), RULES, NOW)
+    assert out.kind == "disconnected" and out.write_session
+    assert not out.session.connected and out.session.disconnected_at_ms == NOW and out.session.persistent
+    assert out.clear_subscriptions is None and out.device_clear == "" and out.response is None
+
+
+def test_disconnect_non_persistent_removes_session():
+    prior = stored(sid="s1", sei=0, persistent=False)
+    out = logic.decide(prior, disc_req(sid="s1"), RULES, NOW)
+    assert out.write_session and out.session is None
+    assert out.clear_subscriptions is not None and out.device_clear == "c1"
+    # Clear failing: a dead record stays for the expiry scan
+    assert out.fallback.session is not None and not out.fallback.session.persistent
+    assert logic.needs_cleanup(out.fallback.session, NOW)
+
+
+def test_disconnect_changes_expiry():
+    prior = stored(sid="s1", sei=100)
+    to_zero = logic.decide(prior, disc_req(sid="s1", sei=0), RULES, NOW)
+    assert to_zero.session is None and to_zero.write_session
+    longer = logic.decide(prior, disc_req(sid="s1", sei=10**7), RULES, NOW)
+    assert longer.session.session_expiry_interval == 604800
+    # a session that was 0 at CONNECT cannot be extended at DISCONNECT [MQTT-3.14.2-2]
+    zero = stored(sid="s1", sei=0, persistent=False)
+    assert logic.decide(zero, disc_req(sid="s1", sei=50), RULES, NOW).session is None
+    # 3.x has no DISCONNECT properties
+    v4 = stored(sid="s1", sei=604800, v=4)
+    assert logic.decide(v4, disc_req(sid="s1", sei=0), RULES, NOW).session.persistent
+
+
+def test_stale_disconnect_is_ignored():
+    prior = stored(sid="new")
+    out = logic.decide(prior, disc_req(sid="old"), RULES, NOW)
+    assert out.kind == "stale" and not out.write_session and out.clear_subscriptions is None
+    assert logic.decide(None, disc_req(), RULES, NOW).kind == "stale"
+
+
+# -- clear / expiry ------------------------------------------------------------------------------------
+
+def test_expiry_rules():
+    s = stored(connected=False, sei=10, disconnected_at=NOW - 9_000)
+    assert not logic.needs_cleanup(s, NOW) and logic.needs_cleanup(s, NOW + 1_000)
+    assert not logic.needs_cleanup(stored(connected=True, sei=10), NOW + 10**9)
+    assert not logic.needs_cleanup(stored(connected=False, sei=NEVER_EXPIRES), NOW + 10**12)
+
+
+def test_clear_request_rules():
+    s = stored(connected=False, sei=10, disconnected_at=NOW - 20_000, ctype=APPLICATION, sid="s9")
+    req = logic.clear_request(s, "x1", NOW)
+    out = logic.decide(s, req, RULES, NOW)
+    assert out.kind == "cleared" and out.write_session and out.session is None
+    assert out.app_removed.topic == "tbmq.msg.app.c1" and out.clear_subscriptions is not None
+    assert out.device_clear == ""
+    # reconnected meanwhile: another session id
+    assert logic.decide(stored(sid="s10"), req, RULES, NOW).kind == "ignored"
+    # connected and no force: ignored; with force: removed and disconnected
+    live = stored(sid="s9", connected=True)
+    assert logic.decide(live, req, RULES, NOW).kind == "ignored"
+    req.force_cleanup = True
+    forced = logic.decide(live, req, RULES, NOW)
+    assert forced.kind == "cleared" and forced.disconnect[1].reason == pb.DISCONNECT_REASON_ADMINISTRATIVE
+    assert forced.device_clear == "c1"
+
+
+# -- state ---------------------------------------------------------------------------------------------
+
+def test_store_overlay_and_counts():
+    st = SessionStore()
+    a = stored("a", ctype=APPLICATION)
+    st.apply_record(b"a", a.SerializeToString())
+    assert st.counts() == Counts(1, 1)
+    b = Batch(st)
+    b.put("b", stored("b"))
+    assert b.counts() == Counts(2, 1) and st.counts() == Counts(1, 1)
+    b.put("a", None)
+    assert b.get("a") is None and b.counts() == Counts(1, 0)
+    b.commit_to_store()
+    assert st.get("a") is None and st.get("b").client_id == "b" and st.counts() == Counts(1, 0)
+    # the view reads our writes back: overlay entries go
+    st.apply_record(b"b", stored("b").SerializeToString())
+    st.apply_record(b"a", None)
+    assert not st.overlay and st.counts() == Counts(1, 0)
+    # the view sees a record before we noted the commit: the overlay stays correct, cleared on assignment
+    st.apply_record(b"c", stored("c").SerializeToString())
+    st.committed("c", stored("c"))
+    assert st.get("c").client_id == "c" and st.counts() == Counts(2, 0)
+    st.drop_overlay()
+    assert st.get("c").client_id == "c" and st.counts() == Counts(2, 0) and not st.pending
