@@ -23,8 +23,10 @@ Apply = Callable[[bytes, bytes | None], None]
 
 
 class CompactedTopicView:
+    # read_committed by default: the session-registry writes sessions and subscription clears in Kafka
+    # transactions, and a view must never apply a record of a transaction that was aborted.
     def __init__(self, bootstrap: str, topic: str, apply: Apply, *, client_id: str,
-                 read_committed: bool = False):
+                 read_committed: bool = True):
         self.topic = topic
         self._apply = apply
         self._consumer: AIOKafkaConsumer = make_consumer(

@@ -107,7 +107,10 @@ class ConnectorService(Service):
                                             client_id=f"{self.service_id}-subscriptions")
         self.session_view = CompactedTopicView(bootstrap, CLIENT_SESSION, self.wills.on_session_record,
                                                client_id=f"{self.service_id}-sessions")
-        self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control")
+        # Responses and disconnect commands are written in the registry's transactions: never act on an
+        # aborted one.
+        self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
+                                     read_committed=True)
         self.data = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-downlink",
                                   max_poll_records=5000)
         await self.producer.start()
