@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tbmq.v1 import messages_pb2 as tbmq_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tbmq/v1/services.proto\x12\x07tbmq.v1\x1a\x16tbmq/v1/messages.proto\"T\n\x17\x46\x65tchUndeliveredRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nservice_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"6\n\rDetachRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\"\n\x0e\x44\x65tachResponse\x12\x10\n\x08\x64\x65tached\x18\x01 \x01(\x08\"G\n\x18\x46\x65tchUndeliveredResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\"5\n\rPacketRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tpacket_id\x18\x02 \x01(\r\"\x1f\n\x0ePacketResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"!\n\x0c\x43learRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\" \n\rClearResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"A\n\x15\x41ppSharedSubscription\x12\x12\n\nshare_name\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\"y\n\x07\x41ppOpen\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x17\n\x0freceive_maximum\x18\x03 \x01(\r\x12.\n\x06shared\x18\x04 \x03(\x0b\x32\x1e.tbmq.v1.AppSharedSubscription\"@\n\x0c\x41ppRecordRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\",\n\x06\x41ppAck\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\"W\n\x0b\x41ppUpstream\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.tbmq.v1.AppOpenH\x00\x12\x1e\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0f.tbmq.v1.AppAckH\x00\x42\x06\n\x04kind\"e\n\tAppRecord\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\x12 \n\x03msg\x18\x02 \x01(\x0b\x32\x13.tbmq.v1.PublishMsg\x12\x12\n\nredelivery\x18\x03 \x01(\x08\"=\n\rAppDownstream\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x12.tbmq.v1.AppRecordH\x00\x42\x06\n\x04kind2\xde\x02\n\x11\x44\x65vicePersistence\x12W\n\x10\x46\x65tchUndelivered\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse\x12\x39\n\x06\x44\x65tach\x12\x16.tbmq.v1.DetachRequest\x1a\x17.tbmq.v1.DetachResponse\x12>\n\x0b\x41\x63knowledge\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12=\n\nMarkPubrec\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12\x36\n\x05\x43lear\x12\x15.tbmq.v1.ClearRequest\x1a\x16.tbmq.v1.ClearResponse2J\n\x0b\x41ppDelivery\x12;\n\x07\x44\x65liver\x12\x14.tbmq.v1.AppUpstream\x1a\x16.tbmq.v1.AppDownstream(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tbmq/v1/services.proto\x12\x07tbmq.v1\x1a\x16tbmq/v1/messages.proto\"T\n\x17\x46\x65tchUndeliveredRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nservice_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"6\n\rDetachRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\"\n\x0e\x44\x65tachResponse\x12\x10\n\x08\x64\x65tached\x18\x01 \x01(\x08\"G\n\x18\x46\x65tchUndeliveredResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\"5\n\rPacketRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tpacket_id\x18\x02 \x01(\r\"\x1f\n\x0ePacketResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"!\n\x0c\x43learRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\" \n\rClearResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"[\n\x15\x41ppSharedSubscription\x12\x12\n\nshare_name\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x10\n\x03qos\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_qos\"y\n\x07\x41ppOpen\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x17\n\x0freceive_maximum\x18\x03 \x01(\r\x12.\n\x06shared\x18\x04 \x03(\x0b\x32\x1e.tbmq.v1.AppSharedSubscription\"@\n\x0c\x41ppRecordRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\",\n\x06\x41ppAck\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\"W\n\x0b\x41ppUpstream\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.tbmq.v1.AppOpenH\x00\x12\x1e\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0f.tbmq.v1.AppAckH\x00\x42\x06\n\x04kind\"e\n\tAppRecord\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\x12 \n\x03msg\x18\x02 \x01(\x0b\x32\x13.tbmq.v1.PublishMsg\x12\x12\n\nredelivery\x18\x03 \x01(\x08\"=\n\rAppDownstream\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x12.tbmq.v1.AppRecordH\x00\x42\x06\n\x04kind2\xde\x02\n\x11\x44\x65vicePersistence\x12W\n\x10\x46\x65tchUndelivered\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse\x12\x39\n\x06\x44\x65tach\x12\x16.tbmq.v1.DetachRequest\x1a\x17.tbmq.v1.DetachResponse\x12>\n\x0b\x41\x63knowledge\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12=\n\nMarkPubrec\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12\x36\n\x05\x43lear\x12\x15.tbmq.v1.ClearRequest\x1a\x16.tbmq.v1.ClearResponse2J\n\x0b\x41ppDelivery\x12;\n\x07\x44\x65liver\x12\x14.tbmq.v1.AppUpstream\x1a\x16.tbmq.v1.AppDownstream(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,21 +49,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLEARRESPONSE']._serialized_start=433
   _globals['_CLEARRESPONSE']._serialized_end=465
   _globals['_APPSHAREDSUBSCRIPTION']._serialized_start=467
-  _globals['_APPSHAREDSUBSCRIPTION']._serialized_end=532
-  _globals['_APPOPEN']._serialized_start=534
-  _globals['_APPOPEN']._serialized_end=655
-  _globals['_APPRECORDREF']._serialized_start=657
-  _globals['_APPRECORDREF']._serialized_end=721
-  _globals['_APPACK']._serialized_start=723
-  _globals['_APPACK']._serialized_end=767
-  _globals['_APPUPSTREAM']._serialized_start=769
-  _globals['_APPUPSTREAM']._serialized_end=856
-  _globals['_APPRECORD']._serialized_start=858
-  _globals['_APPRECORD']._serialized_end=959
-  _globals['_APPDOWNSTREAM']._serialized_start=961
-  _globals['_APPDOWNSTREAM']._serialized_end=1022
-  _globals['_DEVICEPERSISTENCE']._serialized_start=1025
-  _globals['_DEVICEPERSISTENCE']._serialized_end=1375
-  _globals['_APPDELIVERY']._serialized_start=1377
-  _globals['_APPDELIVERY']._serialized_end=1451
+  _globals['_APPSHAREDSUBSCRIPTION']._serialized_end=558
+  _globals['_APPOPEN']._serialized_start=560
+  _globals['_APPOPEN']._serialized_end=681
+  _globals['_APPRECORDREF']._serialized_start=683
+  _globals['_APPRECORDREF']._serialized_end=747
+  _globals['_APPACK']._serialized_start=749
+  _globals['_APPACK']._serialized_end=793
+  _globals['_APPUPSTREAM']._serialized_start=795
+  _globals['_APPUPSTREAM']._serialized_end=882
+  _globals['_APPRECORD']._serialized_start=884
+  _globals['_APPRECORD']._serialized_end=985
+  _globals['_APPDOWNSTREAM']._serialized_start=987
+  _globals['_APPDOWNSTREAM']._serialized_end=1048
+  _globals['_DEVICEPERSISTENCE']._serialized_start=1051
+  _globals['_DEVICEPERSISTENCE']._serialized_end=1401
+  _globals['_APPDELIVERY']._serialized_start=1403
+  _globals['_APPDELIVERY']._serialized_end=1477
 # @@protoc_insertion_point(module_scope)

@@ -64,12 +64,14 @@ class ClearResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class AppSharedSubscription(_message.Message):
-    __slots__ = ("share_name", "topic_filter")
+    __slots__ = ("share_name", "topic_filter", "qos")
     SHARE_NAME_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FILTER_FIELD_NUMBER: _ClassVar[int]
+    QOS_FIELD_NUMBER: _ClassVar[int]
     share_name: str
     topic_filter: str
-    def __init__(self, share_name: _Optional[str] = ..., topic_filter: _Optional[str] = ...) -> None: ...
+    qos: int
+    def __init__(self, share_name: _Optional[str] = ..., topic_filter: _Optional[str] = ..., qos: _Optional[int] = ...) -> None: ...
 
 class AppOpen(_message.Message):
     __slots__ = ("client_id", "session_id", "receive_maximum", "shared")

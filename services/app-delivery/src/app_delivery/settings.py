@@ -1,0 +1,58 @@
+"""app-delivery settings: environment variables parsed once (tbmq_platform.settings)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tbmq_platform.settings import CommonSettings, env, integer, load, load_or_exit, number, port
+
+
+@dataclass(frozen=True)
+class AppDeliverySettings(CommonSettings):
+    service_name: str = "app-delivery"
+    health_port: int = env("HEALTH_PORT", 8085, parse=port, doc="health/readiness HTTP port (0 = any)")
+
+    grpc_port: int = env("APP_DELIVERY_GRPC_PORT", 50062, parse=port,
+                         doc="gRPC port of the AppDelivery service (0 = any free port); when unset, the "
+                             "launcher's GRPC_PORT is used")
+    grpc_host: str = env("APP_DELIVERY_GRPC_HOST", "0.0.0.0", doc="gRPC bind address")
+    commit_interval_ms: int = env("APP_DELIVERY_COMMIT_INTERVAL_MS", 500, parse=integer(10, 60_000),
+                                  doc="how often a stream commits its acknowledged prefix")
+    max_poll_records: int = env("APP_DELIVERY_MAX_POLL_RECORDS", 500, parse=integer(1, 100_000),
+                                doc="records fetched per poll (also the DUP-mark reservation granularity)")
+    max_outstanding: int = env("APP_DELIVERY_MAX_OUTSTANDING", 65535, parse=integer(1, 1_000_000),
+                               doc="unacknowledged records per stream when AppOpen.receive_maximum is 0; "
+                                   "also the upper cap of receive_maximum")
+    shared_session_timeout_ms: int = env(
+        "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS", 10000, parse=integer(6000, 300_000),
+        doc="Kafka session timeout of shared-subscription group members (how long a crashed instance "
+            "keeps its partitions)")
+    shared_heartbeat_ms: int = env("APP_DELIVERY_SHARED_HEARTBEAT_MS", 1000, parse=integer(100, 100_000),
+                                   doc="heartbeat interval of shared-subscription group members")
+    removed_group: str = env("APP_DELIVERY_REMOVED_GROUP", "app-delivery",
+                             doc="consumer group of tbmq.sys.app.removed")
+    shutdown_grace_s: float = env("APP_DELIVERY_SHUTDOWN_GRACE_S", 5.0, parse=number(0),
+                                  doc="seconds given to open streams to finish at shutdown")
+
+    def validate(self) -> list[str]:
+        if self.shared_heartbeat_ms * 3 > self.shared_session_timeout_ms:
+            return ["APP_DELIVERY_SHARED_HEARTBEAT_MS must be at most a third of "
+                    "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS"]
+        return []
+
+
+def _environ(environ: Mapping[str, str] | None) -> dict[str, str]:
+    out = dict(os.environ if environ is None else environ)
+    if "APP_DELIVERY_GRPC_PORT" not in out and "GRPC_PORT" in out:
+        out["APP_DELIVERY_GRPC_PORT"] = out["GRPC_PORT"]  # tbmq-launcher passes GRPC_PORT
+    return out
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> AppDeliverySettings:
+    return load(AppDeliverySettings, _environ(environ), **overrides)
+
+
+def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> AppDeliverySettings:
+    return load_or_exit(AppDeliverySettings, _environ(environ))

@@ -1,0 +1,522 @@
+"""One AppDelivery.Deliver stream: the Kafka consumers of one connected APPLICATION client.
+
+A `StreamSession` owns
+* a `ClientSource`: the client's own topic tbmq.msg.app.<client> (1 partition), manually assigned,
+  offsets committed in group `app-delivery.<client id>`;
+* one `SharedSource` per share name of its shared subscriptions: a member of consumer group
+  `app-delivery.shared.<share name>` subscribed to tbmq.msg.app.shared.<filter> of each of its filters,
+  so the members of a share name split the partitions;
+* the window: at most `receive_maximum` records streamed and not acknowledged, over all sources.
+
+Offsets: see tracking.py (acknowledged prefix; DUP mark reserved in the commit metadata before streaming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+from opentelemetry import trace
+from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
+from tbmq_platform import topics
+from tbmq_platform.kafka import ensure_topics, make_consumer
+from tbmq_platform.tracing import context_from_kafka
+
+from .settings import AppDeliverySettings
+from .tracking import (NO_MARK, AckTracker, SharedFilters, decode_mark, encode_mark, is_redelivery,
+                       needs_reservation, remaining_expiry)
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("app_delivery")
+
+RefKey = tuple[str, int, int]
+
+
+class StreamClosed(Exception):
+    pass
+
+
+class OffsetsReset(Exception):
+    """Someone else (the session registry's clean start) moved the client's committed offset."""
+
+
+def client_group(client_id: str) -> str:
+    return f"app-delivery.{client_id}"
+
+
+def shared_group(share_name: str) -> str:
+    return f"app-delivery.shared.{share_name}"
+
+
+@dataclass
+class PartState:
+    """What a source knows about one partition it owns."""
+
+    tp: TopicPartition
+    prev_mark: int                  # DUP mark found at assignment: offsets <= it are redeliveries
+    reserved: int                   # DUP mark committed so far (>= prev_mark)
+    committed: int | None           # offset last committed (by us) or found at assignment
+    tracker: AckTracker = field(default_factory=AckTracker)
+
+    def point(self) -> int | None:
+        p = self.tracker.commit_point()
+        return self.committed if p is None else p
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Source:
+    """A Kafka consumer feeding one stream. Subclasses own their partitions' PartStates."""
+
+    kind = "source"
+
+    def __init__(self, session: "StreamSession") -> None:
+        self.session = session
+        self.s: AppDeliverySettings = session.settings
+        self.consumer = None
+        self.parts: dict[TopicPartition, PartState] = {}
+        self.topics: set[str] = set()
+        self.commit_lock = asyncio.Lock()  # the pump's reservations and the periodic commits
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            consumer, self.consumer = self.consumer, None
+            try:
+                await consumer.stop()
+            except Exception:
+                log.exception("%s of %s: consumer did not stop cleanly", self.kind, self.session.client_id)
+
+    def on_ack(self, key: RefKey) -> bool:
+        part = self.parts.get(TopicPartition(key[0], key[1]))
+        return part is not None and part.tracker.ack(key[2])
+
+    # -- record handling --------------------------------------------------------------------------
+    def prepare(self, part: PartState, record) -> pb.PublishMsg | None:
+        """The receiver copy to stream, or None when the record is skipped (counts as acknowledged)."""
+        try:
+            msg = pb.PublishMsg.FromString(record.value or b"")
+        except Exception:
+            log.error("%s: unreadable record at %s/%d@%d skipped", self.session.client_id, record.topic,
+                      record.partition, record.offset)
+            return None
+        if msg.HasField("message_expiry_interval"):
+            created = msg.created_at_ms if msg.created_at_ms > 0 else record.timestamp
+            left = remaining_expiry(created, msg.message_expiry_interval, now_ms())
+            if left is None:
+                self.session.expired += 1
+                return None
+            msg.message_expiry_interval = left
+        return self.filter(record, msg)
+
+    def filter(self, record, msg: pb.PublishMsg) -> pb.PublishMsg | None:
+        return msg
+
+    async def pump(self) -> None:
+        """Stream records in order, within the window, until cancelled."""
+        session = self.session
+        while True:
+            consumer = self.consumer
+            if consumer is None:
+                return
+            batches = await consumer.getmany(timeout_ms=1000, max_records=self.s.max_poll_records)
+            for tp, records in batches.items():
+                part = self.parts.get(tp)
+                if part is None or not records:
+                    continue  # revoked since the fetch
+                if needs_reservation(records[-1].offset, part.reserved):
+                    if not await self.reserve(part, records[0].offset, records[-1].offset):
+                        continue
+                for record in records:
+                    await session.acquire()
+                    if self.parts.get(tp) is not part:
+                        break  # revoked (shared) while waiting: the new owner streams the rest
+                    seen = part.tracker.last_seen
+                    if seen is not None and record.offset <= seen:
+                        continue  # fetched again after a rebalance that gave the partition back
+                    msg = self.prepare(part, record)
+                    if msg is None:
+                        part.tracker.skipped(record.offset)
+                        continue
+                    ref = spb.AppRecordRef(topic=tp.topic, partition=tp.partition, offset=record.offset)
+                    out = spb.AppDownstream(record=spb.AppRecord(
+                        ref=ref, msg=msg, redelivery=is_redelivery(record.offset, part.prev_mark)))
+                    part.tracker.sent(record.offset)
+                    with tracer.start_as_current_span(
+                            "app-delivery deliver", context=context_from_kafka(record.headers),
+                            kind=trace.SpanKind.CONSUMER,
+                            attributes={"client_id": session.client_id, "topic": tp.topic,
+                                        "offset": record.offset}):
+                        await session.write(out, (tp.topic, tp.partition, record.offset))
+
+    async def reserve(self, part: PartState, first: int, last: int) -> bool:
+        """Commit the DUP mark `last` before streaming up to it. False: the partition is no longer ours."""
+        raise NotImplementedError
+
+    async def commit(self, final: bool = False) -> None:
+        raise NotImplementedError
+
+
+class ClientSource(Source):
+    kind = "client topic"
+
+    def __init__(self, session: "StreamSession") -> None:
+        super().__init__(session)
+        self.topic = topics.app_topic_name(session.client_id)
+        self.group = client_group(session.client_id)
+        self.topics = {self.topic}
+        self.tp = TopicPartition(self.topic, 0)
+
+    async def start(self) -> None:
+        s = self.s
+        # The registry creates it on connect; creating it here too is idempotent and spares a race.
+        await ensure_topics(s.bootstrap, [topics.app_topic(self.session.client_id)])
+        self.consumer = make_consumer(s.bootstrap, group_id=self.group,
+                                      client_id=f"{s.instance_id}-{self.session.client_id}",
+                                      auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
+        await self.consumer.start()
+        self.consumer.assign([self.tp])
+        found = await self._fetch_committed()
+        if found is not None:
+            self.consumer.seek(self.tp, found.offset)
+            mark = decode_mark(found.metadata)
+            self.parts[self.tp] = PartState(self.tp, mark, mark, found.offset)
+        else:
+            await self.consumer.seek_to_beginning(self.tp)
+            self.parts[self.tp] = PartState(self.tp, NO_MARK, NO_MARK, None)
+        part = self.parts[self.tp]
+        log.info("%s: streaming %s from %s (DUP up to %d)", self.session.client_id, self.topic,
+                 part.committed if part.committed is not None else "the beginning", part.prev_mark)
+
+    async def _fetch_committed(self) -> OffsetAndMetadata | None:
+        assert self.consumer is not None
+        found = await self.consumer._coordinator.fetch_committed_offsets([self.tp])
+        return found.get(self.tp)
+
+    async def _commit(self, part: PartState, batch: tuple[int, int] | None = None) -> None:
+        """Commit the acknowledged prefix; `batch` = (first, last) offsets about to be streamed: `last`
+        becomes the DUP mark. Computed under the lock so that a mark never goes backwards."""
+        async with self.commit_lock:
+            point, mark = part.tracker.commit_point(), part.reserved
+            if batch is not None:
+                mark = max(mark, batch[1])
+                if point is None:
+                    point = batch[0]
+            if point is None:
+                point = part.committed
+            if point is None or (point == part.committed and mark == part.reserved):
+                return
+            current = await self._fetch_committed()
+            if current is not None and (part.committed is None or current.offset > part.committed):
+                raise OffsetsReset(f"committed offset of {self.group} moved to {current.offset} by someone "
+                                   f"else (ours {part.committed}); not committing {point}")
+            await self.consumer.commit({part.tp: OffsetAndMetadata(point, encode_mark(mark))})
+            part.committed, part.reserved = point, mark
+
+    async def reserve(self, part: PartState, first: int, last: int) -> bool:
+        await self._commit(part, (first, last))
+        return True
+
+    async def commit(self, final: bool = False) -> None:
+        part = self.parts.get(self.tp)
+        if part is not None and self.consumer is not None:
+            await self._commit(part)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, source: "SharedSource") -> None:
+        self.source = source
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.source.revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        await self.source.assigned(list(assigned))
+
+
+class SharedSource(Source):
+    kind = "shared subscription"
+
+    def __init__(self, session: "StreamSession", share_name: str,
+                 filters: list[tuple[str, int | None]]) -> None:
+        super().__init__(session)
+        self.share_name = share_name
+        self.group = shared_group(share_name)
+        by_topic: dict[str, list[tuple[str, int | None]]] = {}
+        for topic_filter, qos in filters:
+            by_topic.setdefault(topics.shared_app_topic_name(topic_filter), []).append((topic_filter, qos))
+        self.filters = {t: SharedFilters(session.client_id, fs) for t, fs in by_topic.items()}
+        self.topics = set(self.filters)
+        self._limbo: dict[TopicPartition, PartState] = {}
+        self.assignments = 0
+
+    async def start(self) -> None:
+        s = self.s
+        specs = {}
+        for fs in self.filters.values():
+            for f in fs.filters:
+                spec = topics.shared_app_topic(f)
+                specs[spec.name] = spec
+        await ensure_topics(s.bootstrap, specs.values())
+        self.consumer = make_consumer(
+            s.bootstrap, group_id=self.group, client_id=f"{s.instance_id}-{self.session.client_id}",
+            auto_offset_reset="earliest", max_poll_records=s.max_poll_records,
+            session_timeout_ms=s.shared_session_timeout_ms, heartbeat_interval_ms=s.shared_heartbeat_ms)
+        await self.consumer.start()
+        self.consumer.subscribe(topics=sorted(self.topics), listener=_Listener(self))
+        log.info("%s: joined %s on %s", self.session.client_id, self.group, ", ".join(sorted(self.topics)))
+
+    def filter(self, record, msg: pb.PublishMsg) -> pb.PublishMsg | None:
+        qos = self.filters[record.topic].delivery_qos(msg.topic, msg.qos)
+        if qos is None:
+            return None  # another filter's copy on a colliding Kafka topic name
+        msg.qos = qos
+        return msg
+
+    # -- rebalance --------------------------------------------------------------------------------
+    async def revoked(self, tps: list[TopicPartition]) -> None:
+        """Stop streaming them and commit their acknowledged prefixes (eager protocol: every rebalance
+        revokes everything; what comes back unchanged is resumed from `_limbo` without redelivery)."""
+        gone = [self.parts.pop(tp) for tp in tps if tp in self.parts]
+        if not gone:
+            return
+        try:
+            await self._commit_parts(gone)
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("%s: commit on revocation of %s failed (%r): their unacknowledged records will be "
+                        "redelivered", self.session.client_id, [str(p.tp) for p in gone], exc)
+            return
+        for part in gone:
+            self._limbo[part.tp] = part
+
+    async def assigned(self, tps: list[TopicPartition]) -> None:
+        self.assignments += 1
+        consumer = self.consumer
+        limbo, self._limbo = self._limbo, {}
+        if consumer is None or not tps:
+            return
+        found = await consumer._coordinator.fetch_committed_offsets(tps)
+        for tp in tps:
+            c = found.get(tp)
+            mark = decode_mark(c.metadata) if c is not None else NO_MARK
+            old = limbo.get(tp)
+            if old is not None and c is not None and c.offset == old.committed and old.tracker.last_seen is not None:
+                # nobody moved it since we let it go: keep streaming after what we already sent
+                if mark > old.reserved:  # another member streamed it meanwhile
+                    old.prev_mark = old.reserved = mark
+                self.parts[tp] = old
+                consumer.seek(tp, old.tracker.last_seen + 1)
+                continue
+            if c is not None:
+                consumer.seek(tp, c.offset)
+                self.parts[tp] = PartState(tp, mark, mark, c.offset)
+            else:
+                self.parts[tp] = PartState(tp, NO_MARK, NO_MARK, None)
+        log.info("%s: %s assigned %s", self.session.client_id, self.group,
+                 ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(tps)))
+
+    # -- commits ----------------------------------------------------------------------------------
+    async def _commit_parts(self, parts: list[PartState],
+                            reserve: dict[TopicPartition, tuple[int, int]] | None = None) -> None:
+        """Commit the acknowledged prefixes of `parts`; `reserve`: tp -> (first, last) offsets of a batch
+        about to be streamed, whose last offset becomes the DUP mark. Computed under the lock so that a
+        mark never goes backwards."""
+        reserve = reserve or {}
+        async with self.commit_lock:
+            offsets = {}
+            for part in parts:
+                point, mark = part.tracker.commit_point(), part.reserved
+                if part.tp in reserve:
+                    first, last = reserve[part.tp]
+                    mark = max(mark, last)
+                    if point is None:
+                        point = first
+                if point is None:
+                    point = part.committed
+                if point is None or (point == part.committed and mark == part.reserved):
+                    continue
+                offsets[part.tp] = (part, point, mark)
+            if not offsets or self.consumer is None:
+                return
+            await self.consumer.commit({tp: OffsetAndMetadata(point, encode_mark(mark))
+                                        for tp, (_, point, mark) in offsets.items()})
+            for part, point, mark in offsets.values():
+                part.committed, part.reserved = point, mark
+
+    async def reserve(self, part: PartState, first: int, last: int) -> bool:
+        try:
+            await self._commit_parts([part], {part.tp: (first, last)})
+            return self.parts.get(part.tp) is part
+        except (CommitFailedError, KafkaError, IllegalStateError) as exc:
+            log.info("%s: reservation on %s/%d failed (%r); partition being rebalanced",
+                     self.session.client_id, part.tp.topic, part.tp.partition, exc)
+            if self.parts.get(part.tp) is part and self.consumer is not None:
+                try:
+                    self.consumer.seek(part.tp, first)  # read the batch again if we keep it
+                except IllegalStateError:
+                    pass
+            return False
+
+    async def commit(self, final: bool = False) -> None:
+        try:
+            await self._commit_parts(list(self.parts.values()))
+        except (CommitFailedError, KafkaError) as exc:
+            log.info("%s: commit of %s failed (%r); a rebalance will retry it", self.session.client_id,
+                     self.group, exc)
+
+
+class StreamSession:
+    """One Deliver stream. `run()` returns when the stream is over (closed by either side)."""
+
+    def __init__(self, settings: AppDeliverySettings, opening: spb.AppOpen, context,
+                 on_closed: Callable[["StreamSession"], None] | None = None) -> None:
+        self.settings = settings
+        self.opening = opening
+        self.client_id = opening.client_id
+        self.session_id = opening.session_id
+        self.context = context
+        rm = opening.receive_maximum or settings.max_outstanding
+        self.window = max(1, min(rm, settings.max_outstanding))
+        self.outstanding: dict[RefKey, int] = {}
+        self._window_open = asyncio.Event()
+        self._window_open.set()
+        self._write_lock = asyncio.Lock()
+        self.sources: list[Source] = [ClientSource(self)]
+        by_share: dict[str, list[tuple[str, int | None]]] = {}
+        for sub in opening.shared:
+            by_share.setdefault(sub.share_name, []).append(
+                (sub.topic_filter, sub.qos if sub.HasField("qos") else None))
+        for share_name, filters in by_share.items():
+            self.sources.append(SharedSource(self, share_name, filters))
+        self._by_topic: dict[str, list[Source]] = {}
+        for src in self.sources:
+            for t in src.topics:
+                self._by_topic.setdefault(t, []).append(src)
+        self._tasks: list[asyncio.Task] = []
+        self._closed = asyncio.Event()
+        self._close_task: asyncio.Task | None = None
+        self.close_reason = ""
+        self.on_closed = on_closed
+        self.sent = 0
+        self.acked = 0
+        self.expired = 0
+
+    # -- window and writes --------------------------------------------------------------------------
+    async def acquire(self) -> None:
+        while len(self.outstanding) >= self.window:
+            self._window_open.clear()
+            await self._window_open.wait()
+        if self._closed.is_set():
+            raise StreamClosed()
+
+    async def write(self, out: spb.AppDownstream, key: RefKey) -> None:
+        self.outstanding[key] = self.outstanding.get(key, 0) + 1
+        async with self._write_lock:
+            await self.context.write(out)
+        self.sent += 1
+
+    def on_ack(self, ref: spb.AppRecordRef) -> None:
+        key = (ref.topic, ref.partition, ref.offset)
+        self.acked += 1
+        for src in self._by_topic.get(ref.topic, ()):
+            src.on_ack(key)  # every source holding it (two share names on one filter share a ref)
+        if self.outstanding.pop(key, None) is not None and len(self.outstanding) < self.window:
+            self._window_open.set()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for src in self.sources:
+            await src.start()
+
+    async def run(self) -> None:
+        self._tasks = [asyncio.create_task(self._reader(), name=f"acks {self.client_id}"),
+                       asyncio.create_task(self._committer(), name=f"commits {self.client_id}")]
+        for src in self.sources:
+            self._tasks.append(asyncio.create_task(self._guard(src.pump(), f"{src.kind}"),
+                                                   name=f"pump {self.client_id} {src.kind}"))
+        await self._closed.wait()
+
+    async def _guard(self, coro, what: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except StreamClosed:
+            pass
+        except OffsetsReset as exc:
+            log.info("%s: %s", self.client_id, exc)
+            self.request_close("offsets reset (clean start)")
+        except Exception as exc:
+            if not self._closed.is_set():
+                log.warning("%s: %s failed: %r", self.client_id, what, exc,
+                            exc_info=not isinstance(exc, (grpc.RpcError, KafkaError, asyncio.InvalidStateError)))
+            self.request_close(f"{what} failed")
+
+    async def _reader(self) -> None:
+        try:
+            while True:
+                up = await self.context.read()
+                if up is grpc.aio.EOF:
+                    self.request_close("stream ended by the connector")
+                    return
+                if up.HasField("ack"):
+                    self.on_ack(up.ack.ref)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.request_close(f"stream broken ({type(exc).__name__})")
+
+    async def _committer(self) -> None:
+        interval = self.settings.commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._guard(self._commit_all(), "commit")
+
+    async def _commit_all(self, final: bool = False) -> None:
+        for src in self.sources:
+            await src.commit(final)
+
+    def request_close(self, reason: str) -> asyncio.Task:
+        if self._close_task is None:
+            self.close_reason = reason
+            self._close_task = asyncio.get_running_loop().create_task(self._close(), name=f"close {self.client_id}")
+        return self._close_task
+
+    async def close(self, reason: str) -> None:
+        await asyncio.shield(self.request_close(reason))
+
+    async def _close(self) -> None:
+        self._closed.set()
+        self._window_open.set()
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self._commit_all(final=True)
+        except OffsetsReset as exc:
+            log.info("%s: %s", self.client_id, exc)
+        except Exception:
+            log.exception("%s: final commit failed; unacknowledged records will be redelivered", self.client_id)
+        for src in self.sources:
+            await src.stop()
+        log.info("%s: stream closed (%s): %d sent, %d acked, %d outstanding, %d expired dropped",
+                 self.client_id, self.close_reason, self.sent, self.acked, len(self.outstanding), self.expired)
+        if self.on_closed is not None:
+            self.on_closed(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()

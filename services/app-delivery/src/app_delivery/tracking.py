@@ -1,0 +1,157 @@
+"""Pure delivery logic of app-delivery: no I/O, no asyncio.
+
+* ``AckTracker``: per Kafka partition, which offsets were streamed and which acknowledged; the commit
+  point is the end of the longest acknowledged prefix, never past an unacknowledged record (TBMQ #320).
+* DUP marks: the highest offset that *may* have been streamed is written into the committed offset's
+  metadata BEFORE anything beyond it is streamed (``reserve``); on the next assignment every record at
+  or below that mark is flagged ``redelivery`` (MQTT DUP=1). Writing the mark ahead of sending makes the
+  scheme crash-safe: a record streamed before a crash is always at or below a mark already in Kafka.
+  The price is over-flagging: records of a reserved batch that were never streamed also carry DUP=1
+  after a crash or disconnect (DUP is "may have been sent before", so this is allowed).
+* Message expiry: drop expired records, hand the remaining interval on.
+* Shared subscriptions: QoS cap at the member's granted QoS; the record's MQTT topic must match one of
+  the member's filters (several filters can map to one Kafka topic).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from tbmq_routing.trie import Subscription, SubscriptionTrie
+
+METADATA_PREFIX = "dup:"
+NO_MARK = -1
+
+
+class AckTracker:
+    """Offsets of one partition in the order they were taken from Kafka.
+
+    ``sent(o)``: streamed, awaiting acknowledgement. ``skipped(o)``: consumed but not streamed (expired,
+    topic mismatch): counts as acknowledged. ``ack(o)``: acknowledgement from the connector.
+    ``commit_point()``: the offset to commit (Kafka semantics: the next offset to read), or None while
+    nothing is known. Offsets must be fed in increasing order (gaps are fine: transaction markers,
+    compaction, retention).
+    """
+
+    __slots__ = ("_order", "_acked", "_next", "_outstanding")
+
+    def __init__(self) -> None:
+        self._order: deque[int] = deque()   # offsets not yet part of the acknowledged prefix
+        self._acked: dict[int, bool] = {}   # offset -> acknowledged, for offsets in _order
+        self._next: int | None = None       # offset after the last one seen
+        self._outstanding = 0               # sent and not acknowledged
+
+    def _push(self, offset: int, acked: bool) -> None:
+        if self._next is not None and offset < self._next:
+            raise ValueError(f"offset {offset} after {self._next - 1}: offsets must increase")
+        self._next = offset + 1
+        if acked and not self._order:
+            return  # extends the acknowledged prefix directly
+        self._order.append(offset)
+        self._acked[offset] = acked
+        if not acked:
+            self._outstanding += 1
+
+    def sent(self, offset: int) -> None:
+        self._push(offset, False)
+
+    def skipped(self, offset: int) -> None:
+        self._push(offset, True)
+
+    def ack(self, offset: int) -> bool:
+        """True when `offset` was outstanding (an unknown or repeated ack changes nothing)."""
+        if self._acked.get(offset) is not False:
+            return False
+        self._acked[offset] = True
+        self._outstanding -= 1
+        order, acked = self._order, self._acked
+        while order and acked[order[0]]:
+            del acked[order.popleft()]
+        return True
+
+    def commit_point(self) -> int | None:
+        if self._order:
+            return self._order[0]
+        return self._next
+
+    @property
+    def outstanding(self) -> int:
+        return self._outstanding
+
+    @property
+    def last_seen(self) -> int | None:
+        return None if self._next is None else self._next - 1
+
+    def is_outstanding(self, offset: int) -> bool:
+        return self._acked.get(offset) is False
+
+
+# ------------------------------------------------------------------------------------------ DUP marks
+
+def encode_mark(mark: int) -> str:
+    """Committed-offset metadata carrying the highest offset that may have been streamed."""
+    return f"{METADATA_PREFIX}{mark}"
+
+
+def decode_mark(metadata: str | None) -> int:
+    """NO_MARK (-1) for anything that is not ours (e.g. the registry's clean-start reset writes '')."""
+    if not metadata or not metadata.startswith(METADATA_PREFIX):
+        return NO_MARK
+    try:
+        return int(metadata[len(METADATA_PREFIX):])
+    except ValueError:
+        return NO_MARK
+
+
+def is_redelivery(offset: int, mark: int) -> bool:
+    """May the record at `offset` have been streamed before (by an earlier stream or owner)?"""
+    return offset <= mark
+
+
+def needs_reservation(last_offset: int, reserved: int) -> bool:
+    """A batch ending at `last_offset` must be reserved (mark committed) before it is streamed."""
+    return last_offset > reserved
+
+
+# ------------------------------------------------------------------------------------- message expiry
+
+def remaining_expiry(created_at_ms: int, interval_s: int, now_ms: int) -> int | None:
+    """Remaining Message Expiry Interval in whole seconds (rounded up, so at least 1), or None when the
+    message has expired and must be dropped [MQTT-3.3.2-5]."""
+    left_ms = created_at_ms + interval_s * 1000 - now_ms
+    if left_ms <= 0:
+        return None
+    return -(-left_ms // 1000)
+
+
+# --------------------------------------------------------------------------------- shared subscriptions
+
+class SharedFilters:
+    """The filters (with granted QoS) a member subscribed under one share name; answers, for a record of
+    a shared topic, whether it is ours and at which QoS."""
+
+    def __init__(self, client_id: str, filters: Iterable[tuple[str, int | None]]) -> None:
+        self._trie = SubscriptionTrie()
+        self._qos: dict[str, int | None] = {}
+        for topic_filter, qos in filters:
+            self._qos[topic_filter] = qos
+            self._trie.add(topic_filter, Subscription(client_id, qos=qos if qos is not None else 2))
+
+    @property
+    def filters(self) -> list[str]:
+        return list(self._qos)
+
+    def delivery_qos(self, mqtt_topic: str, record_qos: int) -> int | None:
+        """None when the topic matches none of the filters (another filter's copy on a colliding Kafka
+        topic name); else the QoS to deliver: min(record QoS, best granted QoS of the matching filters);
+        a filter without a known granted QoS does not cap."""
+        matches = self._trie.match(mqtt_topic)
+        if not matches:
+            return None
+        best = 0
+        for topic_filter, _sub in matches:
+            granted = self._qos.get(topic_filter)
+            cap = record_qos if granted is None else min(record_qos, granted)
+            best = max(best, cap)
+        return best

@@ -1,0 +1,174 @@
+"""Helpers of app-delivery's integration tests: a fake connector (the gRPC client of AppDelivery.Deliver),
+a producer of receiver copies, and the app-delivery subprocess started by the launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
+from tbmq.v1 import services_pb2_grpc as sgrpc
+from tbmq_launcher.kafka import KafkaBroker
+from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_platform import topics
+from tbmq_platform.kafka import ensure_topics, make_producer
+
+NO_REDIS = "redis://127.0.0.1:1/0"  # app-delivery does not use Redis; keeps the Suite from starting one
+
+
+def app_delivery_suite(kafka, run_dir, env: dict | None = None, instances: int = 1) -> Suite:
+    return Suite(services=["app-delivery"], instances={"app-delivery": instances}, ports="free",
+                 log_format="json", id_tag=new_tag(), run_dir=run_dir, redis_url=NO_REDIS,
+                 kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers,
+                 service_env={"app-delivery": {"APP_DELIVERY_COMMIT_INTERVAL_MS": "200", **(env or {})}},
+                 start_timeout=60.0, stop_timeout=15.0)
+
+
+def publish_msg(i: int, topic: str = "t/x", qos: int = 1, **kw) -> pb.PublishMsg:
+    return pb.PublishMsg(publisher_id="pub", topic=topic, payload=str(i).encode(), qos=qos,
+                         created_at_ms=kw.pop("created_at_ms", int(time.time() * 1000)),
+                         publisher_mqtt_version=5, **kw)
+
+
+class Producer:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.p = make_producer(bootstrap, client_id="test-producer", linger_ms=20)
+
+    async def __aenter__(self) -> "Producer":
+        await self.p.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.p.stop()
+
+    async def to_client(self, client_id: str, msgs) -> None:
+        await ensure_topics(self.bootstrap, [topics.app_topic(client_id)])
+        name = topics.app_topic_name(client_id)
+        futs = [await self.p.send(name, m.SerializeToString(), key=m.topic.encode()) for m in msgs]
+        await asyncio.gather(*futs)
+
+    async def to_shared(self, topic_filter: str, msgs, partition_of=None) -> None:
+        await ensure_topics(self.bootstrap, [topics.shared_app_topic(topic_filter)])
+        name = topics.shared_app_topic_name(topic_filter)
+        futs = []
+        for i, m in enumerate(msgs):
+            part = partition_of(i) if partition_of else None
+            futs.append(await self.p.send(name, m.SerializeToString(), key=m.topic.encode(), partition=part))
+        await asyncio.gather(*futs)
+
+
+class FakeStream:
+    """One Deliver stream, as the connector holds it."""
+
+    def __init__(self, stub: sgrpc.AppDeliveryStub, opening: spb.AppOpen, auto_ack=False) -> None:
+        """auto_ack: True, or a predicate of the AppRecord: acknowledge on receipt."""
+        self.opening = opening
+        self.auto_ack = auto_ack
+        self.up: asyncio.Queue = asyncio.Queue()
+        self.up.put_nowait(spb.AppUpstream(open=opening))
+        self.records: asyncio.Queue = asyncio.Queue()
+        self.all: list[spb.AppRecord] = []
+        self.ended = asyncio.Event()
+        self.error: BaseException | None = None
+        self.call = stub.Deliver(self._requests())
+        self.task = asyncio.create_task(self._read())
+
+    async def _requests(self):
+        while True:
+            item = await self.up.get()
+            if item is None:
+                return
+            yield item
+
+    async def _read(self) -> None:
+        try:
+            async for down in self.call:
+                rec = down.record
+                self.all.append(rec)
+                self.records.put_nowait(rec)
+                if self.auto_ack is True or (callable(self.auto_ack) and self.auto_ack(rec)):
+                    self.ack(rec)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                self.error = exc
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.ended.set()
+
+    def ack(self, rec_or_ref) -> None:
+        ref = rec_or_ref.ref if isinstance(rec_or_ref, spb.AppRecord) else rec_or_ref
+        self.up.put_nowait(spb.AppUpstream(ack=spb.AppAck(ref=ref)))
+
+    async def take(self, n: int, timeout: float = 30.0) -> list[spb.AppRecord]:
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"got {len(out)} of {n} records in {timeout}s")
+            out.append(await asyncio.wait_for(self.records.get(), left))
+        return out
+
+    async def nothing_for(self, seconds: float) -> bool:
+        try:
+            rec = await asyncio.wait_for(self.records.get(), seconds)
+        except asyncio.TimeoutError:
+            return True
+        self.records.put_nowait(rec)
+        return False
+
+    async def half_close(self) -> None:
+        """End the upstream (the connector closing the stream politely) and wait for the server's end."""
+        self.up.put_nowait(None)
+        await asyncio.wait_for(self.ended.wait(), 20)
+
+    async def cancel(self) -> None:
+        """The connector dropping the stream (client disconnect, connector crash)."""
+        self.call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+class FakeConnector:
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = sgrpc.AppDeliveryStub(self.channel)
+        self.streams: list[FakeStream] = []
+
+    def open(self, client_id: str, receive_maximum: int = 100, shared=(), auto_ack=False,
+             session_id: str = "s") -> FakeStream:
+        opening = spb.AppOpen(client_id=client_id, session_id=session_id, receive_maximum=receive_maximum,
+                              shared=[spb.AppSharedSubscription(share_name=s[0], topic_filter=s[1],
+                                                                **({"qos": s[2]} if len(s) > 2 else {}))
+                                      for s in shared])
+        st = FakeStream(self.stub, opening, auto_ack)
+        self.streams.append(st)
+        return st
+
+    async def close(self) -> None:
+        for st in self.streams:
+            if not st.ended.is_set():
+                st.call.cancel()
+        await self.channel.close()
+
+
+def payload_ints(records) -> list[int]:
+    return [int(r.msg.payload) for r in records]
+
+
+async def wait_for(cond, timeout: float = 20.0, step: float = 0.1, what="condition") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = cond()
+        if asyncio.iscoroutine(res):
+            res = await res
+        if res:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what() if callable(what) else what} not met within {timeout}s")
+        await asyncio.sleep(step)

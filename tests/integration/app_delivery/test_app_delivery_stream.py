@@ -1,0 +1,117 @@
+"""app-delivery against a real Kafka, with a fake connector: order, flow control, acknowledged prefix,
+redelivery with DUP, takeover, expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from app_delivery_harness import payload_ints, publish_msg
+
+pytestmark = pytest.mark.integration
+
+
+def cid(unique) -> str:
+    return unique("c").replace("-", "")[:60]  # [A-Za-z0-9]+: plain topic name
+
+
+async def test_in_order_partial_ack_reopen_redelivers_with_dup(connector, producer, unique):
+    client = cid(unique)
+    await producer.to_client(client, [publish_msg(i) for i in range(20)])
+    st = connector.open(client, receive_maximum=100)
+    got = await st.take(20)
+    assert payload_ints(got) == list(range(20))
+    assert [r.ref.offset for r in got] == list(range(20))
+    assert not any(r.redelivery for r in got)
+    for r in got[:10]:
+        st.ack(r)
+    st.ack(got[15])  # out of order: the commit must stay at 10
+    await st.half_close()
+
+    st2 = connector.open(client, receive_maximum=100)
+    again = await st2.take(10)
+    assert payload_ints(again) == list(range(10, 20))
+    assert all(r.redelivery for r in again), "records streamed before must carry DUP"
+    for r in again:
+        st2.ack(r)
+    await producer.to_client(client, [publish_msg(i) for i in range(20, 25)])
+    fresh = await st2.take(5)
+    assert payload_ints(fresh) == list(range(20, 25))
+    assert not any(r.redelivery for r in fresh)
+    for r in fresh:
+        st2.ack(r)
+    await asyncio.sleep(0.5)  # acks in flight when the stream drops are lost: let them arrive
+    await st2.cancel()  # an abrupt end commits the acknowledged prefix too
+
+    st3 = connector.open(client, receive_maximum=100)
+    assert await st3.nothing_for(1.5), "everything was acknowledged"
+    await producer.to_client(client, [publish_msg(25)])
+    last = await st3.take(1)
+    assert payload_ints(last) == [25] and not last[0].redelivery
+
+
+async def test_receive_maximum_limits_outstanding(connector, producer, unique):
+    client = cid(unique)
+    await producer.to_client(client, [publish_msg(i) for i in range(30)])
+    st = connector.open(client, receive_maximum=5)
+    first = await st.take(5)
+    assert payload_ints(first) == [0, 1, 2, 3, 4]
+    assert await st.nothing_for(1.0), "no more than receive_maximum outstanding"
+    st.ack(first[3])  # any ack frees one slot
+    st.ack(first[0])
+    more = await st.take(2)
+    assert payload_ints(more) == [5, 6]
+    assert await st.nothing_for(0.5)
+    for r in first + more:
+        st.ack(r)
+    rest = await st.take(5)
+    assert payload_ints(rest) == [7, 8, 9, 10, 11]
+    await st.cancel()
+
+
+async def test_takeover_closes_the_first_stream_after_committing(connector, producer, unique):
+    client = cid(unique)
+    await producer.to_client(client, [publish_msg(i) for i in range(10)])
+    st = connector.open(client, receive_maximum=100, session_id="one")
+    got = await st.take(10)
+    for r in got[:4]:
+        st.ack(r)
+    await asyncio.sleep(0.3)  # let the acks reach app-delivery before the takeover
+    st2 = connector.open(client, receive_maximum=100, session_id="two")
+    await asyncio.wait_for(st.ended.wait(), 10)
+    again = await st2.take(6)
+    assert payload_ints(again) == list(range(4, 10))
+    assert all(r.redelivery for r in again)
+    await st2.cancel()
+
+
+async def test_expired_messages_are_dropped_and_the_interval_counts_down(connector, producer, unique):
+    client = cid(unique)
+    now = int(time.time() * 1000)
+    await producer.to_client(client, [
+        publish_msg(0, message_expiry_interval=5, created_at_ms=now - 10_000),   # expired
+        publish_msg(1, message_expiry_interval=100, created_at_ms=now - 30_500),  # 69.5 s left
+        publish_msg(2),
+    ])
+    st = connector.open(client, receive_maximum=10)
+    got = await st.take(2)
+    assert payload_ints(got) == [1, 2]
+    assert got[0].msg.message_expiry_interval in (69, 70)
+    assert not got[1].msg.HasField("message_expiry_interval")
+    for r in got:
+        st.ack(r)
+    await st.half_close()
+    st2 = connector.open(client, receive_maximum=10)
+    assert await st2.nothing_for(1.0), "the expired record counts as done: the commit passed it"
+    await st2.cancel()
+
+
+async def test_non_alphanumeric_client_id_uses_the_hashed_topic(connector, producer, unique):
+    client = unique("client-with/odd:chars")
+    await producer.to_client(client, [publish_msg(i) for i in range(3)])
+    st = connector.open(client, receive_maximum=10, auto_ack=True)
+    got = await st.take(3)
+    assert payload_ints(got) == [0, 1, 2]
+    assert got[0].ref.topic.startswith("tbmq.msg.app.") and len(got[0].ref.topic) == len("tbmq.msg.app.") + 64
+    await st.cancel()

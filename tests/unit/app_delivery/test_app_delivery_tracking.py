@@ -1,0 +1,129 @@
+"""Pure logic of app-delivery: acknowledged prefix, DUP marks, expiry, shared filters, settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from app_delivery.settings import load_settings
+from app_delivery.tracking import (NO_MARK, AckTracker, SharedFilters, decode_mark, encode_mark, is_redelivery,
+                                   needs_reservation, remaining_expiry)
+from tbmq_platform.settings import SettingsError
+
+pytestmark = pytest.mark.unit
+
+
+def test_nothing_seen_has_no_commit_point():
+    t = AckTracker()
+    assert t.commit_point() is None
+    assert t.outstanding == 0
+
+
+def test_commit_point_is_the_first_unacknowledged():
+    t = AckTracker()
+    for o in range(10, 15):
+        t.sent(o)
+    assert t.commit_point() == 10
+    assert t.ack(11) and t.ack(12)
+    assert t.commit_point() == 10  # never past the unacknowledged 10 (TBMQ #320)
+    assert t.ack(10)
+    assert t.commit_point() == 13
+    assert t.ack(14)
+    assert t.commit_point() == 13
+    assert t.ack(13)
+    assert t.commit_point() == 15
+    assert t.outstanding == 0
+
+
+def test_skipped_records_count_as_acknowledged_and_gaps_are_fine():
+    t = AckTracker()
+    t.skipped(0)
+    assert t.commit_point() == 1
+    t.sent(1)
+    t.skipped(2)
+    t.sent(5)  # offsets 3, 4: transaction markers / compacted
+    assert t.commit_point() == 1
+    t.ack(1)
+    assert t.commit_point() == 5
+    t.ack(5)
+    assert t.commit_point() == 6
+    assert t.last_seen == 5
+
+
+def test_unknown_and_repeated_acks_change_nothing():
+    t = AckTracker()
+    t.sent(3)
+    assert not t.ack(2)
+    assert not t.ack(4)
+    assert t.ack(3)
+    assert not t.ack(3)
+    assert t.commit_point() == 4
+
+
+def test_offsets_must_increase():
+    t = AckTracker()
+    t.sent(5)
+    with pytest.raises(ValueError):
+        t.sent(5)
+
+
+def test_out_of_order_acks_random():
+    import random
+
+    rnd = random.Random(7)
+    t = AckTracker()
+    offsets = list(range(1000))
+    for o in offsets:
+        t.sent(o)
+    order = offsets[:]
+    rnd.shuffle(order)
+    acked = set()
+    for o in order:
+        t.ack(o)
+        acked.add(o)
+        expect = next((x for x in offsets if x not in acked), 1000)
+        assert t.commit_point() == expect
+        assert t.outstanding == 1000 - len(acked)
+
+
+def test_marks_round_trip_and_foreign_metadata():
+    assert decode_mark(encode_mark(41)) == 41
+    assert decode_mark("") == NO_MARK          # the registry's clean-start reset
+    assert decode_mark(None) == NO_MARK
+    assert decode_mark("dup:xyz") == NO_MARK
+    assert decode_mark("something else") == NO_MARK
+
+
+def test_redelivery_decision():
+    assert is_redelivery(5, 5)
+    assert is_redelivery(0, 5)
+    assert not is_redelivery(6, 5)
+    assert not is_redelivery(0, NO_MARK)
+    assert needs_reservation(10, 9)
+    assert not needs_reservation(10, 10)
+
+
+def test_remaining_expiry():
+    assert remaining_expiry(1000, 10, 1000) == 10
+    assert remaining_expiry(1000, 10, 2500) == 9      # 8.5 s left -> 9 (rounded up)
+    assert remaining_expiry(1000, 10, 10_999) == 1
+    assert remaining_expiry(1000, 10, 11_000) is None
+    assert remaining_expiry(1000, 0, 1000) is None
+
+
+def test_shared_filters_match_and_cap():
+    f = SharedFilters("c", [("a/+/c", 1), ("a/#", 0), ("x/y", None)])
+    assert f.delivery_qos("a/b/c", 2) == 1           # best of the matching filters
+    assert f.delivery_qos("a/b", 2) == 0
+    assert f.delivery_qos("x/y", 2) == 2             # unknown granted QoS: no cap
+    assert f.delivery_qos("z", 1) is None            # colliding topic name, not ours
+    assert f.delivery_qos("$SYS/a", 1) is None
+
+
+def test_settings_defaults_and_launcher_port():
+    s = load_settings({})
+    assert (s.grpc_port, s.health_port, s.service_name) == (50062, 8085, "app-delivery")
+    assert load_settings({"GRPC_PORT": "6000"}).grpc_port == 6000
+    assert load_settings({"GRPC_PORT": "6000", "APP_DELIVERY_GRPC_PORT": "7000"}).grpc_port == 7000
+    with pytest.raises(SettingsError) as e:
+        load_settings({"APP_DELIVERY_GRPC_PORT": "x", "APP_DELIVERY_COMMIT_INTERVAL_MS": "1"})
+    assert len(e.value.problems) == 2
