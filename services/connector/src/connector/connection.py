@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from tbmq.v1 import messages_pb2 as pb
@@ -667,12 +668,34 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------------------------- persistent DEVICE
     async def _fetch_stored(self) -> None:
         svc = self.svc
-        try:
-            stored = await svc.device.fetch(self.client_id, svc.service_id, self.session_id)
-        except Exception as exc:
-            log.warning("client %r: FetchUndelivered failed (%r); stored messages come on the next connect",
-                        self.client_id, exc)
-            stored = []
+        # Retried while the connection lives when device-persistence is unavailable (restarting after a
+        # crash, or slow): FetchUndelivered is also what ATTACHES this session, so giving up would leave
+        # a connected client with neither its stored messages nor any new one (device-persistence keeps
+        # forwarding them to the previous attachment) until it happens to reconnect. Safe to retry.
+        backoff = 0.5
+        while True:
+            try:
+                stored = await svc.device.fetch(self.client_id, svc.service_id, self.session_id)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if self.state != CONNECTED:
+                    return
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    log.warning("client %r: FetchUndelivered failed (%s); stored messages come on the next "
+                                "connect", self.client_id, exc.code().name)
+                    stored = []
+                    break
+                log.warning("client %r: FetchUndelivered failed (%s); retrying in %.1fs",
+                            self.client_id, exc.code().name, backoff)
+            except Exception as exc:
+                log.warning("client %r: FetchUndelivered failed (%r); stored messages come on the next connect",
+                            self.client_id, exc)
+                stored = []
+                break
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            if self.state != CONNECTED:
+                return
         if self.state != CONNECTED:
             return
         self.fetching = False
@@ -702,7 +725,8 @@ class Connection(asyncio.Protocol):
     def _open_app_stream(self) -> None:
         from .grpc_clients import AppStream
 
-        shared = [spb.AppSharedSubscription(share_name=t.share_name, topic_filter=t.topic_filter)
+        # qos: the member's granted QoS; app-delivery caps the group's copy at it [MQTT-3.8.4-8]
+        shared = [spb.AppSharedSubscription(share_name=t.share_name, topic_filter=t.topic_filter, qos=t.qos)
                   for t in self.subs.values() if t.share_name]
         opening = spb.AppOpen(client_id=self.client_id, session_id=self.session_id,
                               receive_maximum=self.out.window, shared=shared)
