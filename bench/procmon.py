@@ -1,0 +1,146 @@
+"""CPU and RSS of labelled processes (broker processes, generator workers), sampled with psutil.
+
+Each label is a root pid; its descendants are included (a service that forks counts as one). CPU is the
+cpu_times() delta (user+system, seconds) over a window; RSS is the peak of the samples taken by a
+background thread every `interval` seconds (sum over the process tree).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p] + p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+class ProcMonitor:
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.labels: dict[str, int] = {}
+        self._peak: dict[str, int] = {}
+        self._dead_cpu: dict[str, float] = {}  # cpu of children seen earlier that have exited
+        self._last_cpu: dict[tuple[str, int], float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, label: str, pid: int | None) -> None:
+        if pid:
+            with self._lock:
+                self.labels[label] = pid
+
+    def remove_prefix(self, prefix: str) -> None:
+        with self._lock:
+            for k in [k for k in self.labels if k.startswith(prefix)]:
+                del self.labels[k]
+
+    def start(self) -> "ProcMonitor":
+        self._thread = threading.Thread(target=self._run, name="procmon", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> dict[str, tuple[float, int]]:
+        """label → (cpu seconds so far, rss bytes now); updates peaks."""
+        out = {}
+        with self._lock:
+            items = list(self.labels.items())
+        for label, pid in items:
+            cpu = 0.0
+            rss = 0
+            for p in _tree(pid):
+                try:
+                    t = p.cpu_times()
+                    c = t.user + t.system
+                    rss += p.memory_info().rss
+                except psutil.Error:
+                    continue
+                self._last_cpu[(label, p.pid)] = c
+                cpu += c
+            # include the last known cpu of processes of this label that are gone
+            alive = {p.pid for p in _tree(pid)}
+            gone = [k for k in self._last_cpu if k[0] == label and k[1] not in alive]
+            for k in gone:
+                self._dead_cpu[label] = self._dead_cpu.get(label, 0.0) + self._last_cpu.pop(k)
+            cpu += self._dead_cpu.get(label, 0.0)
+            with self._lock:
+                if rss > self._peak.get(label, 0):
+                    self._peak[label] = rss
+            out[label] = (cpu, rss)
+        return out
+
+    def window_start(self) -> dict:
+        with self._lock:
+            self._peak = {}
+        snap = self.sample()
+        return {"t": time.monotonic(), "cpu": {k: v[0] for k, v in snap.items()}}
+
+    def window_end(self, start: dict) -> dict:
+        """→ {label: {cpu_s, cpu_pct, rss_mb}} for the window since `start` (cpu_pct: % of one core)."""
+        snap = self.sample()
+        wall = max(time.monotonic() - start["t"], 1e-6)
+        with self._lock:
+            peaks = dict(self._peak)
+        res = {}
+        for label, (cpu, rss) in snap.items():
+            d = cpu - start["cpu"].get(label, cpu)
+            res[label] = {"cpu_s": round(d, 3), "cpu_pct": round(100.0 * d / wall, 1),
+                          "rss_mb": round(max(peaks.get(label, 0), rss) / 2**20, 1)}
+        return res
+
+
+def set_affinity_tree(pid: int, cpus: set[int]) -> int:
+    """Pin every thread of `pid` and of its descendants (sched_setaffinity acts per thread). → threads pinned."""
+    n = 0
+    for p in _tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p.pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
+def cpu_layout(n_cpus: int | None = None) -> tuple[set[int] | None, set[int] | None]:
+    """(broker cpus, generator cpus): split the cpus we may use in two halves; None when only one cpu."""
+    try:
+        avail = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return None, None
+    if n_cpus:
+        avail = avail[:n_cpus]
+    if len(avail) < 2:
+        return None, None
+    half = len(avail) // 2
+    return set(avail[:half]), set(avail[half:])
+
+
+def renice_tree(pid: int, nice: int) -> None:
+    """Set the nice value of `pid` and its descendants (negative values need root)."""
+    for p in _tree(pid):
+        try:
+            p.nice(nice)
+        except psutil.Error:
+            pass

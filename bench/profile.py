@@ -1,0 +1,230 @@
+"""`python -m bench profile`: py-spy profile of every Python process of a broker under steady p2p load.
+
+For each process: a flame graph (SVG) and collapsed stacks (raw), and a summary of the top costs —
+"self" (the leaf function on the CPU) and "inclusive" (on the stack) — as a markdown file. py-spy runs with
+--nonblocking (the target is not paused) and without --idle (samples of waiting threads are dropped, so
+the percentages are shares of the process's busy time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+
+from .brokers import BROKERS, BrokerUnavailable, make_workdir
+from .gen import Generator
+from .procmon import ProcMonitor, cpu_layout
+from .scenarios import Profile, Runner
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+def py_spy() -> str:
+    exe = Path(sys.executable).parent / "py-spy"
+    return str(exe) if exe.exists() else (shutil.which("py-spy") or "py-spy")
+
+
+def is_python(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return "python" in os.path.basename(p.exe()) or "python" in " ".join(p.cmdline()[:1])
+    except psutil.Error:
+        return False
+
+
+def _short(frame: str) -> str:
+    """'handle (/x/y/site-packages/pkg/mod.py:12)' → 'handle (pkg/mod.py:12)'."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    f = m.group("file")
+    for marker in ("site-packages/", "/src/", "/lib/python3"):
+        if marker in f:
+            f = f.split(marker, 1)[1]
+            break
+    line = m.group("line")
+    return f"{m.group('func')} ({f}{':' + line if line else ''})"
+
+
+def _strip_line(frame: str) -> str:
+    return re.sub(r":\d+\)$", ")", frame)
+
+
+# leaf functions that mean "waiting", not working (py-spy's idle detection misses some under --nonblocking)
+IDLE_LEAVES = ("select (selectors.py)", "EpollSelector.select (selectors.py)", "poll (selectors.py)",
+               "select (", "EpollSelector.select (", "poll (",
+               "sleep (", "wait (threading.py)", "Condition.wait (threading.py)", "_wait_for_tstate_lock (")
+# frames that are on every stack of an asyncio program: left out of the inclusive list
+ROOT_FILES = ("asyncio/base_events.py)", "asyncio/events.py)", "asyncio/runners.py)", "click/core.py)",
+              "typer/main.py)", "typer/core.py)", "runpy.py)", "threading.py)", "__main__.py)", "_script.py)",
+              "<frozen runpy>)")
+
+
+# leaves meaning "inside the C event loop (uvloop): epoll wait or socket I/O, not attributable from Python"
+LOOP_LEAVES = ("Runner.run (asyncio/runners.py)", "run_until_complete (", "BaseEventLoop.run_until_complete (",
+               "run_forever (", "Loop.run_forever (")
+
+
+def _is_loop(frame: str) -> bool:
+    return frame.startswith(LOOP_LEAVES)
+
+
+def _is_idle(frame: str) -> bool:
+    return any(frame.startswith(x) for x in IDLE_LEAVES)
+
+
+def _is_root(frame: str) -> bool:
+    return frame.startswith("<module> ") or frame.endswith(ROOT_FILES)
+
+
+def summarize_collapsed(text: str, top: int = 12) -> dict:
+    """Collapsed stacks ('a;b;c N' per line) → {samples, idle_samples, self: [(frame, pct)],
+    inclusive: [(frame, pct)]}. Frames are grouped per function (line numbers dropped); samples whose leaf
+    is a wait (select, sleep) are counted as idle, samples whose leaf is the event loop's entry (uvloop runs
+    in C: epoll wait or socket I/O) as loop_samples, and both are left out; the event loop's own frames are
+    left out of the inclusive list. Percentages are of the remaining samples (Python code running)."""
+    self_c: Counter = Counter()
+    incl: Counter = Counter()
+    total = 0
+    idle = 0
+    loop = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        stack, _, n = line.rpartition(" ")
+        try:
+            count = int(n)
+        except ValueError:
+            continue
+        frames = [_strip_line(_short(f)) for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        if _is_idle(frames[-1]):
+            idle += count
+            continue
+        if _is_loop(frames[-1]):
+            loop += count
+            continue
+        total += count
+        self_c[frames[-1]] += count
+        for f in set(frames):
+            if not _is_root(f):
+                incl[f] += count
+    pct = lambda c: [(f, round(100.0 * n / total, 1)) for f, n in c.most_common(top)] if total else []  # noqa: E731
+    return {"samples": total, "idle_samples": idle, "loop_samples": loop, "self": pct(self_c),
+            "inclusive": pct(incl)}
+
+
+def profile(args) -> int:
+    bcls = BROKERS[args.broker]
+    if args.broker == "mosquitto":
+        print("mosquitto is C: py-spy profiles Python processes only (use perf for mosquitto)")
+        return 2
+    bcpus, gcpus = (None, None) if args.no_pin else cpu_layout()
+    n_workers = args.workers or max(2, len(gcpus or ()))
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    outdir = args.out / f"profile-{args.broker}-{stamp}"
+    outdir.mkdir(parents=True, exist_ok=True)
+    if gcpus:
+        os.sched_setaffinity(0, gcpus)
+    workdir = make_workdir()
+    broker = bcls(workdir, cpus=bcpus)
+    try:
+        broker.start()
+    except BrokerUnavailable as e:
+        print(f"{args.broker} unavailable: {e}")
+        return 3
+    mon = ProcMonitor().start()
+    gen = Generator(n_workers, gcpus)
+    try:
+        targets = {k: v for k, v in broker.pids().items() if is_python(v)}
+        print(f"broker {args.broker} on :{broker.port}; python processes: {targets}; "
+              f"others (not profiled): {[k for k in broker.pids() if k not in targets]}")
+        for k, v in {**broker.pids(), **gen.pids()}.items():
+            mon.add(k, v)
+        prof = Profile(duration=args.seconds + 2, warmup=1.0, drain=10.0, pairs=args.pairs,
+                       rates={"p2p": args.rate}, search=())
+        runner = Runner(broker, gen, mon, prof, log=lambda *a: None)
+        t = args.token if hasattr(args, "token") else None  # noqa: F841
+        n = prof.pairs
+        w = len(gen)
+        tok = runner.token
+        subs = [{"id": i, "client_id": f"bench-dev-{tok}-s{i}", "filter": f"bench/{tok}/p2p/{i}", "qos": 1,
+                 "clean": False, "session_expiry": 3600, "expects": [i], "worker": i % w} for i in range(n)]
+        if args.mode == "publish":  # publishers only: the ingestion path (PUBLISH → PUBACK), nobody subscribed
+            subs = []
+        elif args.mode == "p2p-clean":  # non-persistent subscribers (no device persistence on the path)
+            for s in subs:
+                s["clean"] = True
+        pubs = [{"id": i, "client_id": f"bench-{tok}-p{i}", "topic": f"bench/{tok}/p2p/{i}", "qos": 1,
+                 "worker": i % w} for i in range(n)]
+        runner._setup(subs, pubs)
+        result: dict = {}
+        th = threading.Thread(target=lambda: result.update(runner.step(args.rate)), daemon=True)
+        th.start()
+        time.sleep(1.5)  # past the warm-up
+        procs = []
+        for label, pid in targets.items():
+            for fmt, ext in (("raw", "txt"), ("flamegraph", "svg")):
+                cmd = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(args.seconds)),
+                       "--rate", str(args.rate_hz), "--nonblocking", "--subprocesses", "--format", fmt,
+                       "-o", str(outdir / f"{label}.{ext}")]
+                procs.append((label, fmt, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+        for label, fmt, p in procs:
+            out, _ = p.communicate(timeout=args.seconds + 60)
+            if p.returncode != 0:
+                print(f"py-spy {label} ({fmt}) failed: {out.decode(errors='replace')[-500:]}")
+        th.join(args.seconds + 60)
+        runner._cleanup()
+    finally:
+        gen.close()
+        mon.stop()
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    what = {"p2p": f"{args.pairs} pairs (persistent subscribers)",
+            "p2p-clean": f"{args.pairs} pairs (clean-session subscribers)",
+            "publish": f"{args.pairs} publishers, no subscribers"}[args.mode]
+    lines = [f"# py-spy profile of {args.broker} under {args.mode} load ({stamp})", "",
+             f"Load: {what}, QoS 1, {prof.payload} B, {args.rate:.0f} msg/s in; py-spy "
+             f"{args.rate_hz} Hz for {args.seconds:.0f} s, --nonblocking, busy samples only.", ""]
+    if result:
+        e = result["e2e_ms"]
+        lines += [f"During the profile: in {result['in_rate']:.0f}/s, out {result['out_rate']:.0f}/s, "
+                  f"e2e p50 {e['p50']:.1f} ms p99 {e['p99']:.1f} ms, lost {result['lost']}.", ""]
+        lines += ["| process | CPU % (1 core=100) | RSS MB |", "|---|---:|---:|"]
+        lines += [f"| {k} | {v['cpu_pct']} | {v['rss_mb']} |" for k, v in result["processes"].items()]
+        lines.append("")
+    summaries = {}
+    for label in targets:
+        raw = outdir / f"{label}.txt"
+        if not raw.exists():
+            continue
+        s = summarize_collapsed(raw.read_text(), args.top)
+        summaries[label] = s
+        lines += [f"## {label}", "",
+                  f"{s['samples']} samples in Python code (the percentages below are of these), "
+                  f"{s['loop_samples']} inside the C event loop (uvloop: epoll/socket I/O, or waiting), "
+                  f"{s['idle_samples']} waiting in select/sleep.", "",
+                  "| self % | function | | inclusive % | function |",
+                  "|---:|---|---|---:|---|"]
+        for i in range(max(len(s["self"]), len(s["inclusive"]))):
+            a = s["self"][i] if i < len(s["self"]) else ("", "")
+            b = s["inclusive"][i] if i < len(s["inclusive"]) else ("", "")
+            lines.append(f"| {a[1]} | `{a[0]}` | | {b[1]} | `{b[0]}` |")
+        lines.append("")
+    md = "\n".join(lines)
+    (outdir / "summary.md").write_text(md)
+    print(md)
+    print(f"\nprofile files: {outdir}")
+    return 0

@@ -1,0 +1,325 @@
+"""The scenarios (TBMQ's published ones, scaled to one machine) and the runner that measures them."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from array import array
+from dataclasses import dataclass, field
+
+from .gen import Generator
+from .procmon import ProcMonitor
+from .stats import judge, latency_summary, merge_ranges, merge_us, search_max_rate
+
+SCENARIOS = ("p2p", "fan-in", "fan-out-q0", "fan-out-q1", "backlog", "connect")
+ALIASES = {"fan-out": ("fan-out-q0", "fan-out-q1"), "fanout": ("fan-out-q0", "fan-out-q1"),
+           "fanin": ("fan-in",), "storm": ("connect",), "connect-storm": ("connect",), "all": SCENARIOS}
+
+
+def expand(names: str) -> list[str]:
+    out: list[str] = []
+    for n in [x.strip() for x in names.split(",") if x.strip()]:
+        for s in ALIASES.get(n, (n,)):
+            if s not in SCENARIOS:
+                raise ValueError(f"unknown scenario {n!r}; known: {', '.join(SCENARIOS)}, fan-out, all")
+            if s not in out:
+                out.append(s)
+    return out
+
+
+@dataclass
+class Profile:
+    """Sizes and times of a run. `quick()` is the CI smoke profile (seconds per scenario)."""
+    duration: float = 10.0        # measured seconds per step
+    warmup: float = 2.0
+    drain: float = 10.0           # after publishing stops, how long deliveries may still arrive
+    pairs: int = 100              # p2p
+    fanin_pubs: int = 200
+    fanout_subs: int = 1000
+    backlog: int = 10_000
+    payload: int = 62
+    # fixed in-rates (msg/s); a search starts from the same rate
+    rates: dict = field(default_factory=lambda: {"p2p": 1000, "fan-in": 1000, "fan-out-q0": 10, "fan-out-q1": 10})
+    search: tuple = ("p2p", "fan-in", "fan-out-q0", "fan-out-q1")
+    search_steps: int = 7
+    p99_limit_ms: float = 100.0
+    storm_rates: tuple = (250, 500, 1000, 2000, 4000, 8000)
+    storm_step: float = 1.0
+    mqtt_version: int = 4
+
+    @classmethod
+    def quick(cls) -> "Profile":
+        return cls(duration=2.0, warmup=0.5, drain=3.0, pairs=10, fanin_pubs=20, fanout_subs=100, backlog=1000,
+                   rates={"p2p": 500, "fan-in": 500, "fan-out-q0": 10, "fan-out-q1": 10},
+                   search=("p2p",),
+                   search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0)
+
+
+class Runner:
+    """Runs scenarios against one broker that is already started."""
+
+    def __init__(self, broker, gen: Generator, mon: ProcMonitor, prof: Profile, log=print) -> None:
+        self.broker = broker
+        self.gen = gen
+        self.mon = mon
+        self.prof = prof
+        self.log = log
+        self.token = uuid.uuid4().hex[:6]
+        self.step_no = 0
+        self.cfg = {"host": broker.host, "port": broker.port, "payload_size": prof.payload,
+                    "version": broker.client_cfg.get("version") or prof.mqtt_version,
+                    "username": broker.client_cfg.get("username")}
+        self.broker_labels = list(broker.pids())
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _split(self, items: list[dict]) -> list[list[dict]]:
+        n = len(self.gen)
+        out: list[list[dict]] = [[] for _ in range(n)]
+        for i, it in enumerate(items):
+            out[it.get("worker", i % n)].append(it)
+        return out
+
+    def _setup(self, subs: list[dict], pubs: list[dict]) -> None:
+        s, p = self._split(subs), self._split(pubs)
+        t0 = time.monotonic()
+        rs = self.gen.call("setup", [{"cfg": self.cfg, "subs": s[i], "pubs": p[i]} for i in range(len(self.gen))],
+                           timeout=200)
+        retried = sum(r.get("retried", 0) for r in rs)
+        self.log(f"    connected {len(subs)} subscribers + {len(pubs)} publishers in {time.monotonic() - t0:.1f}s"
+                 + (f" ({retried} connects retried after a timeout)" if retried else ""))
+        self._pub_share = [len(x) / max(len(pubs), 1) for x in p]
+
+    def _cleanup(self) -> None:
+        try:
+            self.gen.call("cleanup", {}, timeout=60, check=False)
+        except Exception as e:  # a broken broker must not stop the run
+            self.log(f"    cleanup: {e}")
+
+    def _procs(self, win: dict) -> dict:
+        return win
+
+    def _broker_cpu(self, procs: dict) -> tuple[float, float, float]:
+        """(cpu seconds, cpu % of one core, peak RSS MB) summed over the broker's processes."""
+        labels = [k for k in procs if not k.startswith("generator-")]
+        return (sum(procs[k]["cpu_s"] for k in labels), sum(procs[k]["cpu_pct"] for k in labels),
+                sum(procs[k]["rss_mb"] for k in labels))
+
+    # -- a fixed-rate step -----------------------------------------------------------------------------
+    def step(self, rate: float, *, label: str = "") -> dict:
+        p = self.prof
+        self.step_no += 1
+        step = self.step_no & 0x7FFF
+        start_ns = time.monotonic_ns() + int(0.3e9)
+        args = [{"rate": rate * share, "start_ns": start_ns, "warmup": p.warmup, "duration": p.duration,
+                 "step": step, "ack_timeout": p.drain} for share in self._pub_share]
+        self.gen.send("run", args)
+        # CPU/RSS window = the measured part of the step
+        w0 = start_ns / 1e9 + p.warmup
+        time.sleep(max(w0 - time.monotonic(), 0))
+        win = self.mon.window_start()
+        time.sleep(max(w0 + p.duration - time.monotonic(), 0))
+        procs = self.mon.window_end(win)
+        runs = self.gen.recv(p.warmup + p.duration + p.drain + 30)
+        ranges = merge_ranges(runs)
+        cols = self.gen.call("collect", {"ranges": ranges, "timeout": p.drain}, timeout=p.drain + 30)
+        lat = merge_us(c["lat_us"] for c in cols)
+        pa = merge_us(r["puback_us"] for r in runs)
+        e2e = latency_summary(lat)
+        puback = latency_summary(pa)
+        sent_w = sum(r["sent_window"] for r in runs)
+        out_w = sum(c["in_window"] for c in cols)
+        lost = sum(c["missing"] for c in cols)
+        dups = sum(c["dups"] for c in cols)
+        disc = sum(r["disconnects"] for r in runs)
+        cpu_s, cpu_pct, rss = self._broker_cpu(procs)
+        gen_pct = sum(v["cpu_pct"] for k, v in procs.items() if k.startswith("generator-"))
+        achieved = sent_w / p.duration
+        res = {
+            "rate": rate, "in_rate": round(achieved, 1), "out_rate": round(out_w / p.duration, 1),
+            "e2e_ms": e2e, "puback_ms": puback, "sent": sum(r["sent"] for r in runs),
+            "expected": sum(c["expected"] for c in cols), "lost": lost, "dup": dups,
+            "late": sum(c["late"] for c in cols), "unacked": sum(r["unacked"] for r in runs),
+            "throttled": sum(r["throttled"] for r in runs), "disconnects": disc,
+            "broker_cpu_pct": round(cpu_pct, 1), "broker_rss_mb": round(rss, 1),
+            "broker_us_per_msg": round(cpu_s * 1e6 / out_w, 1) if out_w else math.nan,
+            "generator_cpu_pct": round(gen_pct, 1), "processes": procs,
+        }
+        # rate × duration is not an integer: allow one message per publishing worker of rounding
+        slack = sum(1 for share in self._pub_share if share > 0) / p.duration
+        res["achieved_for_judge"] = min(rate, achieved + slack)
+        ok = judge(rate, e2e["p99"], lost, res["achieved_for_judge"], p99_limit_ms=p.p99_limit_ms,
+                   disconnects=disc)
+        res["ok"], res["reason"] = ok.ok, ok.reason
+        if not ok.ok:  # an overloaded broker may still be delivering: let it go quiet before the next step
+            q = self.gen.call("quiesce", {"quiet": 1.0, "timeout": 30.0}, timeout=60)
+            res["quiesce_s"] = round(max(x["waited_s"] for x in q), 1)
+            res["stragglers"] = sum(x["stragglers"] for x in q)
+        # the generator must not be the bottleneck: flag steps where it used ≥85% of its cpus
+        gen_cpus = getattr(self.gen, "cpus", None)
+        res["generator_saturated"] = gen_pct >= 85.0 * (len(gen_cpus) if gen_cpus else (os.cpu_count() or 1))
+        self.log(f"    {label}rate {rate:8.0f}/s  in {res['in_rate']:8.0f}/s out {res['out_rate']:9.0f}/s  "
+                 f"p50 {e2e['p50']:7.1f} p99 {e2e['p99']:7.1f} ms  lost {lost} dup {dups}  "
+                 f"broker {cpu_pct:5.0f}% gen {gen_pct:4.0f}%{' (SATURATED)' if res['generator_saturated'] else ''}  "
+                 f"{'PASS' if ok.ok else 'FAIL: ' + ok.reason}"
+                 + (f" (then {res['stragglers']} late deliveries over {res['quiesce_s']}s)"
+                    if res.get("stragglers") else ""))
+        return res
+
+    def _rate_scenario(self, name: str, subs: list[dict], pubs: list[dict], out_factor: float, search: bool) -> dict:
+        p = self.prof
+        self._setup(subs, pubs)
+        result: dict = {"params": {"subscribers": len(subs), "publishers": len(pubs), "payload": p.payload,
+                                   "duration": p.duration, "warmup": p.warmup, "out_per_in": out_factor}}
+        try:
+            result["fixed"] = self.step(p.rates[name], label="fixed ")
+            if search:
+                fixed = result["fixed"]
+
+                def probe(rate):
+                    # the fixed-rate step doubles as the search's first step when the rates agree
+                    r = fixed if rate == fixed["rate"] else self.step(rate, label="search ")
+                    return judge(rate, r["e2e_ms"]["p99"], r["lost"], r["achieved_for_judge"],
+                                 p99_limit_ms=p.p99_limit_ms,
+                                 disconnects=r["disconnects"], extra={k: r[k] for k in (
+                                     "in_rate", "out_rate", "e2e_ms", "broker_cpu_pct", "generator_cpu_pct",
+                                     "broker_us_per_msg", "lost", "dup")})
+
+                best, steps = search_max_rate(probe, p.rates[name], factor=2.0, max_steps=p.search_steps,
+                                              resolution=0.15)
+                result["search"] = {"best_in": best, "best_in_out": (best * (1 + out_factor)) if best else None,
+                                    "unbounded": bool(steps) and all(s.ok for s in steps),
+                                    "steps": [s.to_dict() for s in steps]}
+        finally:
+            self._cleanup()
+        return result
+
+    # -- scenarios -------------------------------------------------------------------------------------
+    def p2p(self, search: bool) -> dict:
+        t = self.token
+        n = self.prof.pairs
+        w = len(self.gen)
+        subs = [{"id": i, "client_id": f"bench-dev-{t}-s{i}", "filter": f"bench/{t}/p2p/{i}", "qos": 1,
+                 "clean": False, "session_expiry": 3600, "expects": [i], "worker": i % w} for i in range(n)]
+        pubs = [{"id": i, "client_id": f"bench-{t}-p{i}", "topic": f"bench/{t}/p2p/{i}", "qos": 1, "worker": i % w}
+                for i in range(n)]
+        return self._rate_scenario("p2p", subs, pubs, 1.0, search)
+
+    def fan_in(self, search: bool) -> dict:
+        t = self.token
+        n = self.prof.fanin_pubs
+        subs = [{"id": 0, "client_id": f"bench-app-{t}-fanin", "filter": f"bench/{t}/fanin/+", "qos": 1,
+                 "clean": False, "session_expiry": 3600, "expects": "all", "worker": 0}]
+        pubs = [{"id": i, "client_id": f"bench-{t}-fi{i}", "topic": f"bench/{t}/fanin/{i}", "qos": 1}
+                for i in range(n)]
+        return self._rate_scenario("fan-in", subs, pubs, 1.0, search)
+
+    def fan_out(self, qos: int, search: bool) -> dict:
+        t = self.token
+        n = self.prof.fanout_subs
+        subs = [{"id": i, "client_id": f"bench-{t}-fo{qos}-s{i}", "filter": f"bench/{t}/fanout{qos}", "qos": qos,
+                 "clean": True, "expects": [0]} for i in range(n)]
+        pubs = [{"id": 0, "client_id": f"bench-{t}-fo{qos}-p", "topic": f"bench/{t}/fanout{qos}", "qos": qos,
+                 "worker": 0}]
+        return self._rate_scenario(f"fan-out-q{qos}", subs, pubs, float(n), search)
+
+    def backlog(self) -> dict:
+        p = self.prof
+        t = self.token
+        sub = {"id": 0, "client_id": f"bench-dev-{t}-backlog", "filter": f"bench/{t}/backlog", "qos": 1,
+               "clean": False, "session_expiry": 3600, "expects": [0], "worker": 0}
+        pub = {"id": 0, "client_id": f"bench-{t}-backlog-p", "topic": f"bench/{t}/backlog", "qos": 1, "worker": 0}
+        self._setup([sub], [pub])
+        only0 = lambda a, rest=None: [a] + [rest if rest is not None else {}] * (len(self.gen) - 1)  # noqa: E731
+        try:
+            self.gen.call("disconnect", {}, timeout=30)
+            time.sleep(1.0)  # amqtt can lose a session reconnected < ~1 s after its first connect
+            self.step_no += 1
+            step = self.step_no
+            b = self.gen.call("burst", only0({"count": p.backlog, "step": step}, {"count": 0, "step": step}),
+                              timeout=p.backlog / 100 + 120)
+            ranges = merge_ranges(b)
+            time.sleep(0.5)
+            win = self.mon.window_start()
+            rc = self.gen.call("reconnect", {"step": step}, timeout=60)
+            cols = self.gen.call("collect", {"ranges": ranges, "timeout": max(60.0, p.backlog / 200)},
+                                 timeout=max(60.0, p.backlog / 200) + 30)
+            procs = self.mon.window_end(win)
+            start_ns = rc[0]["start_ns"]
+            last = max(c["last_recv_ns"] for c in cols)
+            lost = sum(c["missing"] for c in cols)
+            cpu_s, cpu_pct, rss = self._broker_cpu(procs)
+            delivered = sum(c["received"] for c in cols)
+            res = {
+                "params": {"messages": p.backlog, "qos": 1, "payload": p.payload},
+                "publish_s": round(b[0]["publish_s"], 3), "publish_rate": round(p.backlog / b[0]["publish_s"], 1),
+                "unacked": sum(x["unacked"] for x in b), "session_present": rc[0]["session_present"],
+                "drain_s": round((last - start_ns) / 1e9, 4) if last > start_ns else math.nan,
+                "delivered": delivered, "lost": lost, "dup": sum(c["dups"] for c in cols),
+                "e2e_ms": latency_summary(merge_us(c["lat_us"] for c in cols)),
+                "broker_cpu_s": round(cpu_s, 3), "broker_rss_mb": rss, "processes": procs,
+            }
+            self.log(f"    backlog {p.backlog}: published in {res['publish_s']:.2f}s, session_present="
+                     f"{res['session_present']}, drained in {res['drain_s']:.3f}s, lost {lost} dup {res['dup']}")
+            return res
+        finally:
+            self._cleanup()
+
+    def connect_storm(self) -> dict:
+        p = self.prof
+        self.gen.call("setup", {"cfg": self.cfg, "subs": [], "pubs": []}, timeout=30)
+        steps = []
+        best = None
+        rates = list(p.storm_rates)
+        i = 0
+        while i < len(rates):
+            rate = rates[i]
+            i += 1
+            start_ns = time.monotonic_ns() + int(0.3e9)
+            win = None
+            self.gen.send("storm", [{"rate": rate / len(self.gen), "start_ns": start_ns, "duration": p.storm_step,
+                                     "prefix": f"bench-{self.token}-c{rate}-w{w}"} for w in range(len(self.gen))])
+            time.sleep(0.3)
+            win = self.mon.window_start()
+            rs = self.gen.recv(p.storm_step + 60)
+            procs = self.mon.window_end(win)
+            lat = latency_summary(x for r in rs for x in r["lat_us"])
+            started = sum(r["started"] for r in rs)
+            okc = sum(r["ok_count"] for r in rs)
+            errs = sum(r["errors"] for r in rs)
+            cpu_s, cpu_pct, rss = self._broker_cpu(procs)
+            ok = errs == 0 and lat["p99"] <= 1000.0
+            st = {"rate": rate, "started": started, "connected": okc, "errors": errs,
+                  "error_samples": [e for r in rs for e in r["error_samples"]][:3],
+                  "achieved": round(okc / p.storm_step, 1), "connect_ms": lat, "ok": ok,
+                  "broker_cpu_pct": round(cpu_pct, 1), "broker_rss_mb": rss}
+            steps.append(st)
+            self.log(f"    connect {rate:6d}/s: {okc}/{started} ok, errors {errs}, p50 {lat['p50']:.1f} "
+                     f"p99 {lat['p99']:.1f} ms, broker {cpu_pct:.0f}%  {'PASS' if ok else 'FAIL'}")
+            if not ok:
+                if best is None and rate // 2 >= 10 and len(steps) < 8:
+                    rates.insert(i, rate // 2)  # the first rate already fails: walk down
+                    time.sleep(2.0)
+                    continue
+                break
+            best = rate
+            if any(not x["ok"] for x in steps):
+                break  # walked down from a failing first rate: this is the answer
+            time.sleep(1.0)  # let the broker close the sockets
+        self._cleanup()
+        return {"params": {"step_s": p.storm_step, "rates": list(p.storm_rates)}, "best_rate": best,
+                "steps": steps}
+
+    def run(self, scenario: str, search: bool) -> dict:
+        if scenario == "p2p":
+            return self.p2p(search)
+        if scenario == "fan-in":
+            return self.fan_in(search)
+        if scenario.startswith("fan-out-q"):
+            return self.fan_out(int(scenario[-1]), search)
+        if scenario == "backlog":
+            return self.backlog()
+        if scenario == "connect":
+            return self.connect_storm()
+        raise ValueError(scenario)

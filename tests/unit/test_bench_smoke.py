@@ -1,0 +1,47 @@
+"""One quick end-to-end run of the harness: p2p for ~2 s against a real Mosquitto started by the bench.
+
+It checks the harness, not performance: nothing lost or duplicated, every message accounted for, numbers
+that are internally consistent, and the JSON + PNG written. No timing thresholds on the broker."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.cli import main  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists(),
+                                reason="mosquitto is not installed")
+
+
+@pytest.mark.timeout(120)
+def test_p2p_smoke_against_mosquitto(tmp_path, capsys):
+    rc = main(["--brokers", "mosquitto", "--scenarios", "p2p", "--quick", "--search", "none",
+               "--duration", "2", "--pairs", "5", "--rate", "p2p=200", "--out", str(tmp_path)])
+    assert rc == 0
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 1 and files[0].with_suffix(".png").exists()
+    doc = json.loads(files[0].read_text())
+    r = doc["results"]["p2p"]["mosquitto"]
+    assert "error" not in r, r
+    f = r["fixed"]
+    assert f["lost"] == 0 and f["dup"] == 0 and f["disconnects"] == 0 and f["unacked"] == 0
+    assert f["sent"] == f["expected"] > 0
+    # 200/s for 2 s (+ warm-up): the generator really sent about that, and all of it came out
+    assert 150 <= f["in_rate"] <= 250
+    assert 150 <= f["out_rate"] <= 250
+    e2e = f["e2e_ms"]
+    assert e2e["count"] > 300
+    assert 0 <= e2e["p50"] <= e2e["p95"] <= e2e["p99"] <= e2e["max"]
+    assert not math.isnan(f["puback_ms"]["p99"])
+    assert "mosquitto" in f["processes"] and any(k.startswith("generator-") for k in f["processes"])
+    assert f["processes"]["mosquitto"]["rss_mb"] > 0
+    out = capsys.readouterr().out
+    assert "e2e p99 ms" in out and "mosquitto" in out
