@@ -7,11 +7,17 @@ Start-up order (a Faust ``Worker`` starts its services in order, then the app):
    state is rebuilt.
 2. The Faust app joins consumer group ``router`` on tbmq.msg.all; /readyz turns 200 once it is started.
 
-Commit semantics: the agent iterates with ``stream.noack()``; every record produced for an event is
-sent without waiting, and a done-callback acks the event only when Kafka acknowledged ALL of them
-(idempotent producer, acks=all). Faust commits, per partition, only the highest offset below which
-every event was acked. A failed send stops the process (exit 70) without acking: the record is
-routed again by whoever owns the partition next (at-least-once). See docs/router.md.
+Batches: Faust's consumer normally hands every record to the agent as one event (a task pair, a lock,
+an Event object and a queue round trip per record: most of the router's CPU). ``BatchConsumer``
+keeps Faust's fetcher, rebalancing, flow control and commit bookkeeping, but delivers the records of
+tbmq.msg.all fetched by one poll as ONE ``RecordBatch`` into the agent's stream; the agent routes the
+whole batch and produces its records through the aiokafka producer.
+
+Commit semantics: nothing is acked by the stream (``noack``); every record produced for a batch is
+sent without waiting, and a done-callback acks every offset of the batch only when Kafka acknowledged
+ALL of them (idempotent producer, acks=all). Faust commits, per partition, only the highest offset below
+which every offset was acked. A failed send stops the process (exit 70) without acking: the records
+are routed again by whoever owns the partition next (at-least-once). See docs/router.md.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from functools import partial
 
 import faust
+from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types.tuples import ack_lock
 from google.protobuf.message import DecodeError
 from mode import Service
+from mode.utils.futures import notify
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -46,6 +56,153 @@ tracer = trace.get_tracer("router")
 EXIT_SEND_FAILED = 70
 
 
+# ------------------------------------------------------------------------------ batch consumption
+class RecordBatch:
+    """The tbmq.msg.all records of one poll (``records``: partition -> aiokafka ConsumerRecords in
+    offset order), delivered to the agent as one stream value.
+
+    While the agent works on it, it stands in Faust's set of unacknowledged messages (``acked``,
+    ``refcount``, weak-referenceable), so a rebalance or shutdown waits for it like for an event."""
+
+    __slots__ = ("records", "generation_id", "acked", "refcount", "__weakref__")
+
+    def __init__(self, records: dict, generation_id: int):
+        self.records = records
+        self.generation_id = generation_id
+        self.acked = False
+        self.refcount = 1
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.records.values())
+
+    def __repr__(self) -> str:
+        return f"<RecordBatch {len(self)} records of {sorted(tp.partition for tp in self.records)}>"
+
+
+class BatchConsumer(faust_aiokafka.Consumer):
+    """Faust's aiokafka consumer, delivering the records of ``batch_topic`` in batches.
+
+    ``_drain_messages`` (Faust's fetch loop) is the same as Faust's, but per POLL rather than per
+    record: flow control, generation check, read offsets, gap tracking and ``broker_commit_every``
+    are applied as Faust does, then the records of ``batch_topic`` go to ``deliver_batch`` (the
+    runtime puts them into the agent's stream) in one call. Records of any other topic (none: the
+    router subscribes to tbmq.msg.all only) take Faust's per-event path.
+
+    ``ack_batch`` is ``Consumer.ack`` for every offset of a batch at once.
+    """
+
+    @property
+    def batch_topic(self) -> str | None:
+        return getattr(self.app, "batch_topic", None)
+
+    def track_batch(self, batch: RecordBatch) -> None:
+        self._unacked_messages.add(batch)
+
+    def ack_batch(self, batch: RecordBatch) -> int:
+        with ack_lock:
+            if batch.acked:
+                return 0
+            batch.acked = True
+            self._unacked_messages.discard(batch)
+            n = 0
+            if self.app.topics.acks_enabled_for(self.batch_topic):
+                committed_offsets, acked_index, acked = self._committed_offset, self._acked_index, self._acked
+                for tp, recs in batch.records.items():
+                    committed = committed_offsets[tp]
+                    index = acked_index[tp]
+                    add, append = index.add, acked[tp].append
+                    for rec in recs:
+                        off = rec.offset
+                        if (committed is None or off >= committed) and off not in index:
+                            add(off)
+                            append(off)
+                            n += 1
+                self._n_acked += n
+            notify(self._waiting_for_ack)
+            return n
+
+    async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - needs a broker
+        deliver = getattr(self.app, "deliver_batch", None)  # RouterApp: RouterRuntime.deliver
+        if deliver is None:
+            return await super()._drain_messages(fetcher)
+        batch_topic = self.batch_topic
+        callback = self.callback
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        get_read_offset = self._read_offset.__getitem__
+        set_read_offset = self._read_offset.__setitem__
+        set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        suspend_flow = self.suspend_flow
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                set_flag("FETCHING")
+                try:
+                    records, active = await self._wait_next_records(1.0)
+                    await self.sleep(0)
+                    if not records or self.should_stop:
+                        continue
+                    if not self.flow_active:
+                        # fetched while a rebalance started: drop, read again from the committed offsets
+                        try:
+                            await self.perform_seek()
+                        except Exception as exc:
+                            self.log.warning("exception performing seek when flow not active %r", exc)
+                        continue
+                    generation_id = self.app.consumer_generation_id
+                    buffered = self._buffered_partitions
+                    batch: dict = {}
+                    for tp, recs in records.items():
+                        if active is not None and tp not in active and tp not in buffered:
+                            continue
+                        r_offset = get_read_offset(tp)
+                        if tp.topic != batch_topic:
+                            for rec in recs:  # Faust's per-event path
+                                if r_offset is None or rec.offset >= r_offset:
+                                    await self.wait_first(callback(self._to_message(tp, rec)), suspend_flow.wait())
+                                    set_read_offset(tp, rec.offset)
+                            continue
+                        first = recs[0].offset
+                        if recs[-1].offset - first == len(recs) - 1 and (r_offset is None or first == r_offset + 1):
+                            keep = recs  # contiguous and following the last delivered record
+                        else:
+                            # re-delivered records or offset gaps (control records, compaction):
+                            # per record, as Faust does
+                            keep = []
+                            acks = acks_enabled_for(tp.topic)
+                            for rec in recs:
+                                off = rec.offset
+                                if r_offset is None or off >= r_offset:
+                                    if r_offset and off - r_offset > 1 and acks:
+                                        await self._add_gap(tp, r_offset + 1, off)
+                                    keep.append(rec)
+                                    r_offset = off
+                        if keep:
+                            batch[tp] = keep
+                    if batch:
+                        if self._commit_every is not None and self._n_acked >= self._commit_every:
+                            self._n_acked = 0
+                            await self.commit()
+                        await self.wait_first(deliver(RecordBatch(batch, generation_id)), suspend_flow.wait())
+                        for tp, keep in batch.items():
+                            set_read_offset(tp, keep[-1].offset)
+                finally:
+                    unset_flag("FETCHING")
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+
+
 # ------------------------------------------------------------------------------ idempotent producer
 class IdempotentProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer with enable_idempotence=True and acks=all (Faust only turns
@@ -54,12 +211,20 @@ class IdempotentProducer(faust_aiokafka.Producer):
     def _settings_extra(self):
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
+    def aiokafka_producer(self):
+        """The started ``AIOKafkaProducer`` (the router sends through it directly)."""
+        return self._ensure_producer()
+
 
 class IdempotentTransport(faust_aiokafka.Transport):
+    Consumer = BatchConsumer
     Producer = IdempotentProducer
 
 
 class RouterApp(faust.App):
+    batch_topic: str | None = None  # records of this topic are delivered in batches...
+    deliver_batch = None  # ...to this coroutine function (RecordBatch) -> None
+
     def _new_transport(self):
         return IdempotentTransport(self.conf.broker_consumer, self)
 
@@ -67,14 +232,39 @@ class RouterApp(faust.App):
         return IdempotentTransport(self.conf.broker_producer, self)
 
 
+class KeyPartitioner:
+    """aiokafka's DefaultPartitioner (murmur2 of the key, modulo the partition count) with the
+    hash of each key cached: the same MQTT topics and client ids come back again and again."""
+
+    __slots__ = ("_cluster", "_hashes")
+
+    def __init__(self, cluster):
+        self._cluster = cluster
+        self._hashes: dict[bytes, int] = {}
+
+    def __call__(self, topic: str, key: bytes | None) -> int | None:
+        parts = self._cluster.partitions_for_topic(topic)
+        if not parts or key is None:
+            return None  # unknown topic yet (aiokafka waits for its metadata) / no key: aiokafka decides
+        h = self._hashes.get(key)
+        if h is None:
+            if len(self._hashes) >= 200_000:
+                self._hashes.clear()
+            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        n = len(parts)
+        if n - 1 in parts:  # partitions 0..n-1, as Kafka numbers them
+            return h % n
+        return sorted(parts)[h % n]
+
+
 # ------------------------------------------------------------------------------ sending
 class _Pending:
-    """One tbmq.msg.all event waiting for the acknowledgement of every record produced for it."""
+    """Events (one, or a batch) waiting for the acknowledgement of every record produced for them."""
 
-    __slots__ = ("event", "left", "pipeline")
+    __slots__ = ("ack", "events", "left", "pipeline")
 
-    def __init__(self, event, left: int, pipeline: "Pipeline"):
-        self.event, self.left, self.pipeline = event, left, pipeline
+    def __init__(self, ack, events: int, left: int, pipeline: "Pipeline"):
+        self.ack, self.events, self.left, self.pipeline = ack, events, left, pipeline
 
     def done(self, fut: asyncio.Future) -> None:
         if fut.cancelled():
@@ -84,15 +274,18 @@ class _Pending:
             return self.pipeline.failed(exc)
         self.left -= 1
         if self.left == 0:
-            self.pipeline.acked(self.event)
+            self.pipeline.completed(self)
 
 
 class Pipeline:
-    """Sends the records of successive events without waiting, acks each event once all its
-    records are acknowledged, and keeps at most ``max_inflight`` events unacknowledged."""
+    """Sends the records of successive events (or batches of events) without waiting, acks them once
+    all their records are acknowledged, and keeps at most ``max_inflight`` events unacknowledged.
+
+    ``send(topic, key, value, headers)``: awaitable -> Future of the record's acknowledgement.
+    """
 
     def __init__(self, send, ensure, max_inflight: int, on_failure):
-        self._send = send  # async (topic, key, value, headers) -> Future[RecordMetadata]
+        self._send = send
         self._ensure = ensure  # async (specs) -> None: creates missing topics
         self.max_inflight = max_inflight
         self._on_failure = on_failure
@@ -107,29 +300,63 @@ class Pipeline:
         self.failure: BaseException | None = None
 
     async def submit(self, event, records: list[OutRecord], headers) -> None:
+        """One event: acked (``event.ack()``) once every record of ``records`` is acknowledged."""
+        await self.submit_batch(event.ack, 1, records, headers)
+
+    async def submit_batch(self, ack, events: int, records: list[OutRecord], headers) -> None:
+        """``events`` events whose records are ``records`` (all with ``headers``); ``ack()`` is
+        called once every one of them is acknowledged."""
+        await self._submit(ack, events, records, headers, False)
+
+    async def submit_pairs(self, ack, events: int, pairs: list) -> None:
+        """Like ``submit_batch`` with ``pairs`` = [(OutRecord, headers), ...]."""
+        await self._submit(ack, events, pairs, None, True)
+
+    async def _submit(self, ack, events: int, items: list, headers, paired: bool) -> None:
         if self.failure is not None:
             raise RuntimeError("router pipeline failed") from self.failure
-        missing = [r.spec for r in records if r.spec is not None and r.topic not in self.known_topics]
+        known = self.known_topics
+        missing = None
+        for it in items:
+            r = it[0] if paired else it
+            if r.spec is not None and r.topic not in known:
+                if missing is None:
+                    missing = {}
+                missing[r.topic] = r.spec
         if missing:
-            unique = {s.name: s for s in missing}
-            await self._ensure(list(unique.values()))
-            self.known_topics.update(unique)
-        if not records:
-            self.acked(event, counted=False)
+            await self._ensure(list(missing.values()))
+            known.update(missing)
+        if not items:
+            ack()
+            self.acked_events += events
             return
-        pending = _Pending(event, len(records), self)
-        self.inflight += 1
+        pending = _Pending(ack, events, len(items), self)
+        self.inflight += events
         self._empty.clear()
         if self.inflight >= self.max_inflight:
             self._room.clear()
-        for r in records:
-            fut = await self._send(r.topic, r.key, r.value, headers)
-            fut.add_done_callback(pending.done)
-        self.produced += len(records)
+        send, done = self._send, pending.done
+        if paired:
+            for r, h in items:
+                (await send(r.topic, r.key, r.value, h)).add_done_callback(done)
+        else:
+            for r in items:
+                (await send(r.topic, r.key, r.value, headers)).add_done_callback(done)
+        self.produced += len(items)
         if not self._room.is_set():
             await self._room.wait()
 
+    def completed(self, pending: _Pending) -> None:
+        pending.ack()
+        self.acked_events += pending.events
+        self.inflight -= pending.events
+        if self.inflight < self.max_inflight:
+            self._room.set()
+        if self.inflight == 0:
+            self._empty.set()
+
     def acked(self, event, counted: bool = True) -> None:
+        """Ack an event at once (``counted``: it was counted in flight)."""
         event.ack()
         self.acked_events += 1
         if counted:
@@ -177,12 +404,17 @@ class RouterRuntime(Service):
         # spans cost ~5x the routing itself: only create them when they are exported
         self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
         self.rebuilt_in: float | None = None
+        self.batches = 0
+        self.stale_batches = 0
+        self._inbox: asyncio.Queue | None = None
+        self._inbox_set: asyncio.Event | None = None
 
     def health_details(self) -> dict:
         d = {"instance": self.settings.instance_id, **self.routing.stats()}
         if self.pipeline is not None:
             d.update(inflight=self.pipeline.inflight, acked_events=self.pipeline.acked_events,
                      produced=self.pipeline.produced)
+        d.update(batches=self.batches, stale_batches=self.stale_batches)
         if self.rebuilt_in is not None:
             d["rebuilt_in_s"] = round(self.rebuilt_in, 3)
         return d
@@ -211,12 +443,32 @@ class RouterRuntime(Service):
             await v.stop()
         await self.health.stop()
 
+    # -- batch delivery (BatchConsumer -> agent) --------------------------------------------------
+    def attach(self, queue: asyncio.Queue) -> None:
+        """Called by the agent: the queue its stream reads (batches are put there)."""
+        self._inbox = queue
+        if self._inbox_set is not None:
+            self._inbox_set.set()
+
+    async def deliver(self, batch: RecordBatch) -> None:
+        """BatchConsumer -> the agent's stream (waits while Faust's flow control is suspended, i.e.
+        during a rebalance, and while the stream's queue is full)."""
+        await self.app.flow_control.acquire()
+        if self._inbox is None:
+            if self._inbox_set is None:
+                self._inbox_set = asyncio.Event()
+            await self._inbox_set.wait()
+        await self._inbox.put(batch)
+
     # -- sending ---------------------------------------------------------------------------------
     def make_pipeline(self) -> Pipeline:
         app = self.app
+        producer = app.producer.aiokafka_producer()
+        partition = KeyPartitioner(producer.client.cluster)
+        aio_send = producer.send
 
-        async def send(topic: str, key: bytes, value: bytes, headers):
-            return await app.producer.send(topic, key, value, None, None, headers)
+        def send(topic: str, key: bytes, value: bytes, headers):
+            return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
 
         async def ensure(specs):
             await ensure_topics(self.settings.bootstrap, specs)
@@ -235,8 +487,70 @@ class RouterRuntime(Service):
                 pass
         os._exit(EXIT_SEND_FAILED)
 
+    async def handle_batch(self, batch: RecordBatch) -> None:
+        """Route a batch of tbmq.msg.all records (called by the agent, in partition order) and ack
+        all of them once every record produced for them is acknowledged."""
+        app = self.app
+        if batch.generation_id != app.consumer_generation_id or not app.flow_control.is_active():
+            # fetched before a rebalance: not routed, not acked; Faust reads from the committed offsets
+            batch.acked = True
+            self.stale_batches += 1
+            return
+        consumer = app.consumer
+        consumer.track_batch(batch)
+        pipeline = self.pipeline or self.make_pipeline()
+        self.batches += 1
+        route = self.routing.route
+        now_ms = int(time.time() * 1000)
+        spans = self.spans
+        inbound = app.monitor.stream_inbound_time if app.monitor is not None else {}
+        now = time.monotonic()
+        out: list = []
+        append = out.append
+        n = 0
+        for tp, recs in batch.records.items():
+            inbound[tp] = now  # Faust's "stream is processing this partition" check
+            n += len(recs)
+            for rec in recs:
+                hdrs = rec.headers
+                if spans:
+                    self._route_with_span(rec, route, now_ms, append)
+                    continue
+                try:
+                    records = route(rec.key, rec.value, now_ms).records
+                except DecodeError:
+                    self._undecodable(tp, rec.offset)
+                    continue
+                if records:
+                    # no span would be exported: forward the publisher's trace context as is
+                    h = [(k, v) for k, v in hdrs if k in _TRACE_KEYS] if hdrs else None
+                    for r in records:
+                        append((r, h))
+        await pipeline.submit_pairs(partial(consumer.ack_batch, batch), n, out)
+
+    def _route_with_span(self, rec, route, now_ms: int, append) -> None:
+        with span_from_kafka(tracer, "router route", _header_pairs(rec.headers), kind=SpanKind.CONSUMER) as span:
+            span.set_attribute("messaging.destination.name", topics.MSG_ALL)
+            try:
+                routed = route(rec.key, rec.value, now_ms)
+            except DecodeError:
+                self._undecodable(rec.partition, rec.offset)
+                return
+            span.set_attribute("tbmq.records", len(routed.records))
+            if routed.expired:
+                span.set_attribute("tbmq.expired", True)
+            if routed.records:
+                h = kafka_headers()
+                for r in routed.records:
+                    append((r, h))
+
+    def _undecodable(self, where, offset) -> None:
+        log.warning("undecodable record at %s offset %s skipped", where, offset)
+        self.routing.counters["undecodable"] += 1
+
     async def handle(self, event) -> None:
-        """Route one tbmq.msg.all event (called by the agent, in partition order)."""
+        """Route one tbmq.msg.all event delivered by Faust's per-event path (tests; never in a
+        running router, whose consumer delivers batches)."""
         pipeline = self.pipeline or self.make_pipeline()
         headers = _header_pairs(event.headers)
         if not self.spans:
@@ -251,8 +565,7 @@ class RouterRuntime(Service):
         try:
             routed = self.routing.route(event.key, event.value)
         except DecodeError:
-            log.warning("undecodable record at %s offset %s skipped", event.message.tp, event.message.offset)
-            self.routing.counters["undecodable"] += 1
+            self._undecodable(event.message.tp, event.message.offset)
             pipeline.acked(event, counted=False)
             return
         if span is not None:
@@ -277,6 +590,7 @@ def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[f
         producer_linger_ms=settings.linger_ms,
         consumer_auto_offset_reset=settings.auto_offset_reset,
         broker_commit_interval=settings.commit_interval_s,
+        broker_max_poll_records=settings.max_poll_records,
         stream_wait_empty=True,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
@@ -285,18 +599,26 @@ def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[f
         value_serializer="raw",
     )
     runtime = RouterRuntime(settings, app, state)
+    # maxsize: values waiting in the agent's stream, i.e. batches (BatchConsumer) or single events
     source = app.topic(topics.MSG_ALL, key_type=bytes, value_type=bytes,
-                       key_serializer="raw", value_serializer="raw")
+                       key_serializer="raw", value_serializer="raw", maxsize=settings.queued_batches)
 
     @app.agent(source, name="router.route")
     async def route(stream):
-        async for event in stream.noack().events():
-            await runtime.handle(event)
+        stream = stream.noack()  # acked by the pipeline once everything produced is acknowledged
+        runtime.attach(stream.channel.queue)
+        async for value in stream:
+            if type(value) is RecordBatch:  # the records of one poll (BatchConsumer)
+                await runtime.handle_batch(value)
+            else:  # an event of Faust's per-event path (agent.test_context())
+                await runtime.handle(stream.current_event)
 
     async def drain_before_shutdown(app=None, **kwargs):
         if runtime.pipeline is not None:
             await runtime.pipeline.drain(10.0)
 
     app.on_before_shutdown.connect(drain_before_shutdown)
+    app.batch_topic = topics.MSG_ALL
+    app.deliver_batch = runtime.deliver
     runtime.agent = route
     return app, runtime

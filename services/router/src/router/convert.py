@@ -84,10 +84,77 @@ class OutRecord:
 
 
 _DOWNLINK = topics.spec(topics.DOWNLINK_BASIC_PREFIX + "<svc>")
+_MAX_CACHED = 100_000  # entries per cache below (cleared when reached: bounded memory)
 
 
 def downlink_spec(service_id: str) -> TopicSpec:
     return replace(_DOWNLINK, name=topics.downlink_basic_topic(service_id))
+
+
+# per connector: (downlink topic name, its spec): built once, not per message
+_downlinks: dict[str, tuple[str, TopicSpec]] = {}
+# per APPLICATION client / shared filter: the catalogue spec of its topic
+_app_specs: dict[str, TopicSpec] = {}
+_shared_specs: dict[str, TopicSpec] = {}
+# serialized Recipient (field 2 of BasicDownlink, tag included) per (client, qos, retain, ids)
+_recipients: dict[tuple, bytes] = {}
+
+
+def _downlink(service_id: str) -> tuple[str, TopicSpec]:
+    d = _downlinks.get(service_id)
+    if d is None:
+        if len(_downlinks) >= _MAX_CACHED:
+            _downlinks.clear()
+        spec = downlink_spec(service_id)
+        d = _downlinks[service_id] = (spec.name, spec)
+    return d
+
+
+def _cached_spec(cache: dict[str, TopicSpec], key: str, make) -> TopicSpec:
+    spec = cache.get(key)
+    if spec is None:
+        if len(cache) >= _MAX_CACHED:
+            cache.clear()
+        spec = cache[key] = make(key)
+    return spec
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_TAG_1_LEN = b"\x0a"  # field 1, wire type 2 (length-delimited)
+_TAG_2_LEN = b"\x12"  # field 2, wire type 2
+
+
+def _recipient_field(client_id: str, qos: int, retain: bool, subscription_ids) -> bytes:
+    """``recipients`` entry of a BasicDownlink as wire bytes (tag, length, Recipient)."""
+    k = (client_id, qos, retain, subscription_ids)
+    b = _recipients.get(k)
+    if b is None:
+        if len(_recipients) >= _MAX_CACHED:
+            _recipients.clear()
+        r = pb.Recipient(client_id=client_id, qos=qos, retain=retain,
+                         subscription_ids=subscription_ids).SerializeToString()
+        b = _recipients[k] = _TAG_2_LEN + _varint(len(r)) + r
+    return b
+
+
+def downlink_value(msg_field: bytes, deliveries) -> bytes:
+    """BasicDownlink bytes: ``msg_field`` (field 1: tag, length, the publisher's PublishMsg bytes)
+    followed by one ``recipients`` field per delivery. Protobuf messages are concatenations of
+    their fields, so the publisher's copy is serialized once per message, not once per connector
+    (same bytes as ``BasicDownlink(msg=..., recipients=...).SerializeToString()``)."""
+    if len(deliveries) == 1:
+        d = deliveries[0]
+        return msg_field + _recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids)
+    return msg_field + b"".join([_recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids)
+                                 for d in deliveries])
 
 
 def receiver_copy(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids) -> pb.PublishMsg:
@@ -100,24 +167,39 @@ def receiver_copy(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids) 
     return copy
 
 
-def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None = None) -> list[OutRecord]:
-    """The records that carry out ``plan`` for ``msg`` (the publisher's copy)."""
+def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None = None,
+                 msg_bytes: bytes | None = None) -> list[OutRecord]:
+    """The records that carry out ``plan`` for ``msg`` (the publisher's copy).
+
+    ``msg_bytes``: ``msg`` as received (serialized PublishMsg), spliced into every BasicDownlink
+    instead of serializing ``msg`` again; serialized here when not given.
+    """
     key = topic_key if topic_key is not None else msg.topic.encode("utf-8")
     out: list[OutRecord] = []
-    for service_id, deliveries in plan.live.items():
-        downlink = pb.BasicDownlink(msg=msg)
-        for d in deliveries:
-            downlink.recipients.add(client_id=d.client_id, qos=d.qos, retain=d.retain,
-                                    subscription_ids=d.subscription_ids)
-        out.append(OutRecord(topics.downlink_basic_topic(service_id), key, downlink.SerializeToString(),
-                             downlink_spec(service_id)))
-    for d in plan.persisted:
-        pm = pb.PersistedMsg(client_id=d.client_id, msg=receiver_copy(msg, d.qos, d.retain, d.subscription_ids))
-        out.append(OutRecord(topics.MSG_PERSISTED, d.client_id.encode("utf-8"), pm.SerializeToString()))
+    if plan.live:
+        if msg_bytes is None:
+            msg_bytes = msg.SerializeToString()
+        msg_field = _TAG_1_LEN + _varint(len(msg_bytes)) + msg_bytes
+        for service_id, deliveries in plan.live.items():
+            name, spec = _downlink(service_id)
+            out.append(OutRecord(name, key, downlink_value(msg_field, deliveries), spec))
+    if plan.persisted:
+        copies: dict[tuple, bytes] = {}  # receiver copy (with its field tag) per (qos, retain, ids)
+        for d in plan.persisted:
+            ck = (d.qos, d.retain, d.subscription_ids)
+            field = copies.get(ck)
+            if field is None:
+                c = receiver_copy(msg, d.qos, d.retain, d.subscription_ids).SerializeToString()
+                field = copies[ck] = _TAG_2_LEN + _varint(len(c)) + c
+            cid = d.client_id.encode("utf-8")
+            # PersistedMsg{client_id = 1, msg = 2}, fields in order
+            value = (_TAG_1_LEN + _varint(len(cid)) + cid if cid else b"") + field
+            out.append(OutRecord(topics.MSG_PERSISTED, cid, value))
     for a in plan.app:
         out.append(OutRecord(a.topic, key, receiver_copy(msg, a.qos, a.retain, a.subscription_ids)
-                             .SerializeToString(), topics.app_topic(a.client_id)))
+                             .SerializeToString(), _cached_spec(_app_specs, a.client_id, topics.app_topic)))
     for s in plan.shared_app:
         out.append(OutRecord(s.topic, key, receiver_copy(msg, s.qos, s.retain, s.subscription_ids)
-                             .SerializeToString(), topics.shared_app_topic(s.topic_filter)))
+                             .SerializeToString(),
+                             _cached_spec(_shared_specs, s.topic_filter, topics.shared_app_topic)))
     return out

@@ -24,7 +24,13 @@ class Settings(CommonSettings):
     data_dir: str = env("ROUTER_DATA_DIR", "", doc="Faust data directory (default <tmp>/tbmq-router/"
                                                    "<service id>); nothing durable is kept there")
     max_inflight: int = env("ROUTER_MAX_INFLIGHT", 5000, parse=integer(1),
-                            doc="tbmq.msg.all records routed but not yet acknowledged by Kafka, at most")
+                            doc="tbmq.msg.all records routed but not yet acknowledged by Kafka; the agent "
+                                "waits at this level before taking the next batch")
+    max_poll_records: int = env("ROUTER_MAX_POLL_RECORDS", 2000, parse=integer(1),
+                                doc="tbmq.msg.all records fetched per poll, at most: the largest batch "
+                                    "the agent routes at once")
+    queued_batches: int = env("ROUTER_QUEUED_BATCHES", 4, parse=integer(1),
+                              doc="fetched batches waiting for the agent, at most")
     commit_interval_s: float = env("ROUTER_COMMIT_INTERVAL_S", 1.0, parse=number(0.05),
                                    doc="how often acknowledged offsets are committed (s)")
     linger_ms: int = env("ROUTER_PRODUCER_LINGER_MS", 5, parse=integer(0),

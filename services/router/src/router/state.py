@@ -68,7 +68,7 @@ class RoutingState:
             return Routed([], msg, expired=True)
         plan = plan_routing(PublishInfo(msg.publisher_id, msg.topic, msg.qos, msg.retain),
                             self.trie.match(msg.topic), self.sessions.get, self.round_robin)
-        records = plan_records(msg, plan, key or None)
+        records = plan_records(msg, plan, key or None, value)
         self.counters["routed"] += 1
         self.counters["records"] += len(records)
         self.counters["dropped_copies"] += plan.dropped

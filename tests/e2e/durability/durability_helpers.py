@@ -1,0 +1,281 @@
+"""Helpers of the durability (crash) tests: a numbered QoS 1 publisher that survives its connector's death,
+a persistent subscriber that can move to another connector, a module-scoped suite that is healed between
+tests, and the final check "every acknowledged sequence number arrived".
+
+The paho wrapper (`Client`) and the bounded subscription probe (`routed`) are the connector engineer's, from
+tests/e2e/connector (put on sys.path here: that folder is not a package).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
+
+from connector_helpers import Client  # noqa: E402
+from test_connector_suite import routed, run  # noqa: E402
+
+__all__ = ["Client", "routed", "run", "SeqPublisher", "SeqSubscriber", "heal", "wait_until", "Verdict",
+           "verdict", "crash_scenario", "START_TIMEOUT"]
+
+START_TIMEOUT = 180.0  # per service: the machine is shared and slow
+
+
+async def wait_until(pred, timeout: float, what: str, step: float = 0.05) -> None:
+    """Bounded polling (never a bare sleep as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(step)
+
+
+async def heal(suite) -> None:
+    """Start every instance that is not running (a test that failed half-way leaves its victim dead)."""
+    for p in list(suite.procs.values()):
+        if not p.running:
+            await suite.start_service(p.name, p.instance)
+
+
+def connect_with_retry(make, ports: list[int], deadline_s: float = 90.0) -> tuple[Client, int, object]:
+    """Connect a fresh `make()` client to the first port that accepts it (CONNACK success), cycling through
+    `ports` until `deadline_s`; returns (client, port, connack flags)."""
+    deadline = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < deadline:
+        for port in ports:
+            c = make()
+            try:
+                flags, rc, _ = c.connect(port, expect_ok=False)
+                if c.connack is not None and not rc.is_failure:
+                    return c, port, flags
+                last = f"port {port}: CONNACK {rc}"
+            except (OSError, AssertionError) as e:
+                last = f"port {port}: {e!r}"
+            c.close()
+            time.sleep(0.5)  # back-off between connection attempts (not synchronisation)
+    raise AssertionError(f"could not connect within {deadline_s}s: {last}")
+
+
+class SeqPublisher:
+    """Publishes "0", "1", ... on `topic` at QoS 1 from its own thread, at most `window` unacknowledged.
+    Only messages whose PUBACK arrived are in `acked`. When the connection dies, it reconnects (a new clean
+    client, the other connector first) and re-sends every unacknowledged message in sequence order.
+    `target` is how far to publish; the test raises it phase by phase."""
+
+    def __init__(self, client_id: str, topic: str, ports: list[int], port: int, window: int = 10) -> None:
+        self.client_id, self.topic, self.ports, self.window = client_id, topic, ports, window
+        self.port = port
+        self.target = 0
+        self.next = 0
+        self.acked: set[int] = set()
+        self.inflight: dict[int, object] = {}  # seq -> paho MessageInfo
+        self.reconnects = 0
+        self.resent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True, name=f"pub-{client_id}")
+        self.client: Client | None = None
+
+    def start(self) -> "SeqPublisher":
+        self.client = Client(self.client_id, v5=False, clean=True)
+        self.client.connect(self.port)
+        self._thread.start()
+        return self
+
+    def _reconnect(self) -> None:
+        self.client.close()
+        others = [p for p in self.ports if p != self.port] + [self.port]
+        self.client, self.port, _ = connect_with_retry(lambda: Client(self.client_id, v5=False, clean=True),
+                                                       others)
+        self.reconnects += 1
+        for seq in sorted(self.inflight):  # unacknowledged: send again, in order
+            self.inflight[seq] = self.client.c.publish(self.topic, str(seq).encode(), qos=1)
+            self.resent += 1
+
+    def _main(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for seq, info in list(self.inflight.items()):
+                    if info.is_published():
+                        self.acked.add(seq)
+                        del self.inflight[seq]
+                if self.client.disconnected is not None:
+                    self._reconnect()
+                elif len(self.inflight) < self.window and self.next < self.target:
+                    self.inflight[self.next] = self.client.c.publish(self.topic, str(self.next).encode(), qos=1)
+                    self.next += 1
+                else:
+                    time.sleep(0.002)  # idle poll of the acks
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+    @property
+    def done(self) -> bool:
+        """Everything up to `target` published and acknowledged."""
+        return self.next >= self.target and not self.inflight
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if self.client is not None:
+            self.client.close()
+
+
+class SeqSubscriber:
+    """A persistent DEVICE/APPLICATION subscriber (3.1.1, clean_session=False, QoS 1) that can reconnect
+    (same client id, session kept) to another connector; collects the sequence numbers in arrival order."""
+
+    def __init__(self, client_id: str, topic: str) -> None:
+        self.client_id, self.topic = client_id, topic
+        self.client: Client | None = None
+        self.port: int | None = None
+        self._old: list = []  # messages of earlier connections
+        self.reconnects = 0
+        self.session_present: list[bool] = []
+
+    def _make(self) -> Client:
+        return Client(self.client_id, v5=False, clean=False)
+
+    def connect(self, port: int) -> None:
+        self.client = self._make()
+        flags, _, _ = self.client.connect(port)
+        self.port = port
+        self.session_present.append(bool(flags.session_present))
+        self.client.subscribe(self.topic, 1)
+
+    def reconnect(self, ports: list[int]) -> None:
+        """Close (the old paho loop must not reconnect and take the session over) and connect elsewhere."""
+        if self.client is not None:
+            self._old.extend(self.client.messages)
+            self.client.close()
+        self.client, self.port, flags = connect_with_retry(self._make, ports)
+        self.session_present.append(bool(flags.session_present))
+        self.reconnects += 1
+
+    def go_offline(self) -> None:
+        """DISCONNECT (graceful: the session stays, messages are stored meanwhile)."""
+        self._old.extend(self.client.messages)
+        self.client.close()
+        self.client = None
+
+    def all_messages(self) -> list:
+        return self._old + (list(self.client.messages) if self.client else [])
+
+    def seqs(self) -> list[int]:
+        return [int(m.payload) for m in self.all_messages() if not m.payload.startswith(b"probe-")]
+
+    def dup_flags(self) -> int:
+        return sum(1 for m in self.all_messages() if m.dup and not m.payload.startswith(b"probe-"))
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+@dataclass
+class Verdict:
+    acked: int
+    published: int
+    received: int
+    distinct: int
+    duplicates: int
+    dup_flagged: int
+    missing: list[int] = field(default_factory=list)
+    out_of_order: list[tuple[int, int]] = field(default_factory=list)  # (seq, after max) first occurrences
+
+    def summary(self) -> str:
+        return (f"acked={self.acked} published={self.published} received={self.received} "
+                f"distinct={self.distinct} duplicates={self.duplicates} dup_flag={self.dup_flagged} "
+                f"missing={len(self.missing)} {self.missing[:20]} "
+                f"out_of_order={len(self.out_of_order)} {self.out_of_order[:10]}")
+
+
+def verdict(pub: SeqPublisher, sub: SeqSubscriber) -> Verdict:
+    seqs = sub.seqs()
+    got = set(seqs)
+    ooo, top = [], -1
+    seen: set[int] = set()
+    for s in seqs:  # order: the FIRST occurrence of each number must come after every earlier first one
+        if s in seen:
+            continue
+        seen.add(s)
+        if s < top:
+            ooo.append((s, top))
+        top = max(top, s)
+    return Verdict(acked=len(pub.acked), published=pub.next, received=len(seqs), distinct=len(got),
+                   duplicates=len(seqs) - len(got), dup_flagged=sub.dup_flags(),
+                   missing=sorted(pub.acked - got), out_of_order=ooo)
+
+
+# ------------------------------------------------------------------------------------------ the scenario
+PHASE = 150  # messages per phase: before the kill, while the victim is down, after its restart
+
+
+async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, client_prefix: str = "dev",
+                         sub_offline_while_down: bool = False, sub_back_while_down: bool = False) -> Verdict:
+    """Subscriber (persistent, QoS 1) on connector 1, publisher on connector 2; publish PHASE messages,
+    SIGKILL `victim` once 2/3 of them are acknowledged (the rest are in flight or still to be sent), publish
+    PHASE more while it is down, start it again, publish PHASE more; then every acknowledged number must
+    reach the subscriber (duplicates allowed), first occurrences in order.
+
+    Killing the subscriber's connector (connector 1) makes the subscriber reconnect to connector 2 with the
+    same client id and clean_session=False; killing the publisher's (connector 2) makes the publisher
+    reconnect to connector 1 and re-send what was not acknowledged. `sub_offline_while_down`: the
+    subscriber disconnects right after the kill (its DISCONNECTION_REQUEST waits in Kafka for a registry)
+    and comes back, on the other connector, after the restart (or, `sub_back_while_down`, while the victim
+    is still down): session present, nothing missed, no further reconnect needed."""
+    u = unique(client_prefix)
+    topic = f"dur/{u}"
+    ports = suite.mqtt_ports
+    sub = SeqSubscriber(f"{u}-sub", topic)
+    await run(sub.connect, ports[0])
+    probe = Client(f"probe-{u}", v5=False)  # publisher/probe ids never match the APPLICATION pattern
+    await run(probe.connect, ports[1])
+    await routed(probe, sub.client, topic, 1, timeout=90)
+    await run(probe.close)
+    pub = SeqPublisher(f"pub-{u}", topic, ports, ports[1])
+    await run(pub.start)
+    t0 = time.monotonic()
+    phases = {}
+    try:
+        pub.target = PHASE
+        await wait_until(lambda: len(pub.acked) >= 2 * PHASE // 3 or pub.error, 120, "first acks")
+        rc = await suite.kill_service(victim, instance)
+        phases["killed_at_acked"] = len(pub.acked)
+        assert rc == -9, f"{victim}-{instance} exit code {rc}"
+        if victim == "connector" and instance == 1:  # the subscriber's connector
+            await wait_until(lambda: sub.client.disconnected is not None, 30, "subscriber disconnect")
+            await run(sub.reconnect, [ports[1]])
+        if sub_offline_while_down:
+            await run(sub.go_offline)
+            if sub_back_while_down:
+                await run(sub.reconnect, [ports[1]])
+        pub.target = 2 * PHASE
+        await wait_until(lambda: pub.done or pub.error, 120, "acks while the victim is down")
+        phases["down_acked"] = len(pub.acked)
+        t_start = time.monotonic()
+        await suite.start_service(victim, instance)
+        phases["restart_s"] = round(time.monotonic() - t_start, 1)
+        if sub_offline_while_down and not sub_back_while_down:
+            await run(sub.reconnect, [ports[1]])
+        pub.target = 3 * PHASE
+        await wait_until(lambda: pub.done or pub.error, 120, "acks after the restart")
+        assert pub.error is None, f"publisher thread failed: {pub.error!r}"
+        await wait_until(lambda: pub.acked <= set(sub.seqs()), 120, "every acknowledged message at the subscriber")
+    finally:
+        pub.stop()
+        await run(sub.close)
+        v = verdict(pub, sub)
+        print(f"\n[{victim}-{instance}] {v.summary()} phases={phases} pub_reconnects={pub.reconnects} "
+              f"resent={pub.resent} sub_reconnects={sub.reconnects} session_present={sub.session_present} "
+              f"stream_s={time.monotonic() - t0:.1f}")
+    assert not v.missing, f"acknowledged messages lost: {v.summary()}"
+    assert not v.out_of_order, f"order broken: {v.summary()}"
+    assert all(sub.session_present[1:]), f"session not present on reconnect: {sub.session_present}"
+    return v

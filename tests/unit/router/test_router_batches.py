@@ -1,0 +1,181 @@
+"""The batch path of the router without a broker: RecordBatch -> handle_batch -> pipeline -> acks in
+Faust's consumer bookkeeping; the spliced protobuf records; the key partitioner."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import ConsumerRecord
+from faust.types import TP
+
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform import topics
+from tbmq_routing.rules import Delivery, RoutingPlan
+
+from router.app import KeyPartitioner, Pipeline, RecordBatch, create_app
+from router.convert import plan_records, receiver_copy
+from router.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+class FakeKafka:
+    def __init__(self):
+        self.sent: list[tuple[str, bytes, bytes, list]] = []
+        self.futures: list[asyncio.Future] = []
+        self.created: list[str] = []
+
+    async def send(self, topic, key, value, headers):
+        fut = asyncio.get_running_loop().create_future()
+        self.sent.append((topic, key, value, headers))
+        self.futures.append(fut)
+        return fut
+
+    async def ensure(self, specs):
+        self.created.extend(s.name for s in specs)
+
+
+def _record(partition: int, offset: int, value: bytes, key: bytes = b"x/y", headers=()) -> ConsumerRecord:
+    return ConsumerRecord(topics.MSG_ALL, partition, offset, 0, 0, key, value, None, len(key), len(value),
+                          tuple(headers))
+
+
+def _publish(topic: str, **kw) -> bytes:
+    return pb.PublishMsg(publisher_id="p", topic=topic, qos=1, payload=b"hi", **kw).SerializeToString()
+
+
+@pytest.fixture
+def router(tmp_path):
+    app, runtime = create_app(Settings(data_dir=str(tmp_path)))
+    app.flow_control.resume()  # as after a rebalance
+    app.topics._acking_topics.add(topics.MSG_ALL)  # as once the agent's stream subscribed (acks on)
+    kafka = FakeKafka()
+    failures: list = []
+    runtime.pipeline = Pipeline(kafka.send, kafka.ensure, 100, failures.append)
+    st = runtime.routing
+    for cid, conn in (("a", "conn-1"), ("b", "conn-2")):
+        st.apply_subscriptions(cid.encode(), pb.ClientSubscriptions(client_id=cid, subscriptions=[
+            pb.TopicSubscription(topic_filter="x/+", qos=1, subscription_id=9)]).SerializeToString())
+        st.apply_session(cid.encode(), pb.SessionInfo(client_id=cid, service_id=conn,
+                                                      connected=True).SerializeToString())
+    return app, runtime, kafka, failures
+
+
+async def test_batch_is_acked_only_after_every_record_of_every_message(router):
+    app, runtime, kafka, failures = router
+    consumer = app.consumer
+    tp0, tp1 = TP(topics.MSG_ALL, 0), TP(topics.MSG_ALL, 1)
+    batch = RecordBatch({
+        tp0: [_record(0, 10, _publish("x/1"), headers=[("traceparent", TRACEPARENT), ("other", b"z")]),
+              _record(0, 11, _publish("nobody/here")), _record(0, 12, b"\xff\xff\xff")],
+        tp1: [_record(1, 5, _publish("x/2"))],
+    }, app.consumer_generation_id)
+    await runtime.handle_batch(batch)
+    # 2 routed messages x 2 connectors; the unmatched and the undecodable ones produce nothing
+    assert len(kafka.sent) == 4
+    assert {s[0] for s in kafka.sent} == {topics.downlink_basic_topic("conn-1"), topics.downlink_basic_topic("conn-2")}
+    # trace context forwarded as is (only the trace headers)
+    assert kafka.sent[0][3] == [("traceparent", TRACEPARENT)]
+    assert batch in consumer.unacked and not batch.acked  # a rebalance/shutdown waits for it
+    assert runtime.pipeline.inflight == 4
+    for f in kafka.futures[:3]:
+        f.set_result(None)
+    await asyncio.sleep(0)
+    assert not consumer._acked[tp0] and not batch.acked
+    kafka.futures[3].set_result(None)
+    await asyncio.sleep(0)
+    assert batch.acked and batch not in consumer.unacked
+    assert sorted(consumer._acked[tp0]) == [10, 11, 12] and consumer._acked[tp1] == [5]
+    assert runtime.pipeline.inflight == 0 and runtime.pipeline.acked_events == 4 and not failures
+    assert runtime.routing.counters["undecodable"] == 1
+
+
+async def test_failed_send_never_acks_the_batch(router):
+    app, runtime, kafka, failures = router
+    tp = TP(topics.MSG_ALL, 0)
+    batch = RecordBatch({tp: [_record(0, 1, _publish("x/1"))]}, app.consumer_generation_id)
+    await runtime.handle_batch(batch)
+    kafka.futures[0].set_result(None)
+    kafka.futures[1].set_exception(RuntimeError("broker gone"))
+    await asyncio.sleep(0)
+    assert len(failures) == 1 and not batch.acked and not app.consumer._acked[tp]
+    with pytest.raises(RuntimeError):
+        await runtime.handle_batch(RecordBatch({tp: [_record(0, 2, _publish("x/1"))]}, app.consumer_generation_id))
+
+
+async def test_batch_without_records_is_acked_at_once_and_stale_batches_are_skipped(router):
+    app, runtime, kafka, _ = router
+    tp = TP(topics.MSG_ALL, 3)
+    empty = RecordBatch({tp: [_record(3, 7, _publish("nobody/here"))]}, app.consumer_generation_id)
+    await runtime.handle_batch(empty)
+    assert empty.acked and app.consumer._acked[tp] == [7]
+    stale = RecordBatch({tp: [_record(3, 8, _publish("x/1"))]}, app.consumer_generation_id - 1)
+    await runtime.handle_batch(stale)  # fetched before a rebalance: neither routed nor acked
+    assert kafka.sent == [] and app.consumer._acked[tp] == [7] and runtime.stale_batches == 1
+    app.flow_control.suspend()  # rebalancing
+    await runtime.handle_batch(RecordBatch({tp: [_record(3, 8, _publish("x/1"))]}, app.consumer_generation_id))
+    assert kafka.sent == [] and runtime.stale_batches == 2
+
+
+async def test_ack_batch_skips_committed_and_already_acked_offsets(router):
+    app, _, _, _ = router
+    consumer = app.consumer
+    tp = TP(topics.MSG_ALL, 0)
+    consumer._committed_offset[tp] = 5
+    consumer._acked_index[tp].add(6)
+    consumer._acked[tp].append(6)
+    b = RecordBatch({tp: [_record(0, o, b"") for o in (4, 5, 6, 7)]}, 0)
+    assert consumer.ack_batch(b) == 2
+    assert sorted(consumer._acked[tp]) == [5, 6, 7]
+    assert consumer.ack_batch(b) == 0  # acked once
+
+
+async def test_agent_routes_batches_put_into_its_stream(router):
+    app, runtime, kafka, _ = router
+    async with runtime.agent.test_context() as agent:
+        await agent.put(RecordBatch({TP(topics.MSG_ALL, 0): [_record(0, 1, _publish("x/1"))]},
+                                    app.consumer_generation_id))
+    assert len(kafka.sent) == 2 and runtime.batches == 1
+
+
+def test_key_partitioner_is_aiokafkas_default_partitioner():
+    class Cluster:
+        def __init__(self, n):
+            self.n = n
+
+        def partitions_for_topic(self, topic):
+            return set(range(self.n)) if self.n else None
+
+    default = DefaultPartitioner()
+    for n in (1, 3, 16):
+        kp = KeyPartitioner(Cluster(n))
+        for key in (b"", b"a", b"x/y/z", "клієнт".encode(), bytes(range(40))):
+            parts = list(range(n))
+            assert kp("t", key) == default(key, parts, parts)
+            assert kp("t", key) == default(key, parts, parts)  # cached
+    assert KeyPartitioner(Cluster(0))("t", b"k") is None  # no metadata yet: aiokafka decides
+
+
+def test_spliced_records_equal_the_serialized_messages():
+    msg = pb.PublishMsg(publisher_id="p", topic="a/b", payload=b"\x00" * 300, qos=2, retain=True,
+                        created_at_ms=123, message_expiry_interval=60,
+                        user_properties=[pb.UserProperty(key="k", value="v")])
+    live = [Delivery("c1", 1, False, (1, 2)), Delivery("c2", 2, True, ())]
+    persisted = [Delivery("d1", 1, True, (3,)), Delivery("d2", 1, True, (3,)), Delivery("", 2, False, ())]
+    plan = RoutingPlan(live={"s1": live, "s2": live[:1]}, persisted=persisted)
+    recs = plan_records(msg, plan, b"a/b", msg.SerializeToString())
+    expected = [pb.BasicDownlink(msg=msg, recipients=[
+        pb.Recipient(client_id=d.client_id, qos=d.qos, retain=d.retain, subscription_ids=d.subscription_ids)
+        for d in ds]).SerializeToString() for ds in (live, live[:1])]
+    expected += [pb.PersistedMsg(client_id=d.client_id, msg=receiver_copy(msg, d.qos, d.retain, d.subscription_ids))
+                 .SerializeToString() for d in persisted]
+    assert [r.value for r in recs] == expected
+    assert [r.topic for r in recs] == [topics.downlink_basic_topic("s1"), topics.downlink_basic_topic("s2")] + \
+        [topics.MSG_PERSISTED] * 3
+    assert [r.key for r in recs] == [b"a/b", b"a/b", b"d1", b"d2", b""]
+    # without the received bytes, msg is serialized here: same records
+    assert [r.value for r in plan_records(msg, plan, b"a/b")] == expected
