@@ -1,4 +1,5 @@
-"""Helpers of the connector's end-to-end tests: Kafka tails, a fake session registry, MQTT client helpers.
+"""Helpers of the connector's end-to-end tests: Kafka tails, a fake session registry, fake device-persistence
+and app-delivery gRPC servers, raw MQTT sockets (the paho client wrapper is tests/e2e/mqtt_clients.py).
 
 Imported by the test modules of this folder (pytest puts the folder on sys.path).
 """
@@ -12,16 +13,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-import paho.mqtt.client as mqtt
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties as PahoProperties
-from paho.mqtt.packettypes import PacketTypes
+from mqtt_clients import BOUND
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.kafka import make_producer
 from tbmq_platform.topics import SESSION_EVENT_REQUEST, response_topic
-
-BOUND = 20.0  # every wait in these tests is bounded by this many seconds
 
 
 async def assign_at_end(consumer: AIOKafkaConsumer, topics) -> None:
@@ -173,94 +169,7 @@ class FakeRegistry:
                                           key=cid.encode())
 
 
-# ------------------------------------------------------------------------------------------ paho helpers
-class Client:
-    """A paho-mqtt client run on its own network thread, with received messages collected."""
-
-    def __init__(self, client_id: str, *, v5: bool = True, clean: bool = True, session_expiry: int | None = None):
-        self.v5 = v5
-        proto = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
-        kw = {} if v5 else {"clean_session": clean}
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=proto, **kw)
-        self.clean = clean
-        self.session_expiry = session_expiry
-        self.messages: list[mqtt.MQTTMessage] = []
-        self.cond = threading.Condition()
-        self.connack = None
-        self.disconnected = None
-        self.suback = None
-        self.c.on_message = self._on_message
-        self.c.on_connect = self._on_connect
-        self.c.on_disconnect = self._on_disconnect
-        self.c.on_subscribe = self._on_subscribe
-
-    def _on_message(self, client, userdata, msg):
-        with self.cond:
-            self.messages.append(msg)
-            self.cond.notify_all()
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties):
-        with self.cond:
-            self.connack = (flags, reason_code, properties)
-            self.cond.notify_all()
-
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties):
-        with self.cond:
-            self.disconnected = reason_code
-            self.cond.notify_all()
-
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties):
-        with self.cond:
-            self.suback = (mid, reason_codes)
-            self.cond.notify_all()
-
-    def wait(self, pred: Callable[[], bool], timeout: float = BOUND) -> bool:
-        with self.cond:
-            return self.cond.wait_for(pred, timeout)
-
-    def connect(self, port: int, *, keepalive: int = 60, will=None, expect_ok: bool = True, **props):
-        if will is not None:
-            self.c.will_set(*will[:4], properties=will[4] if len(will) > 4 else None)
-        kw = {}
-        if self.v5:
-            p = PahoProperties(PacketTypes.CONNECT)
-            if self.session_expiry is not None:
-                p.SessionExpiryInterval = self.session_expiry
-            for k, v in props.items():
-                setattr(p, k, v)
-            kw = {"clean_start": self.clean, "properties": p}
-        self.c.connect("127.0.0.1", port, keepalive=keepalive, **kw)
-        self.c.loop_start()
-        assert self.wait(lambda: self.connack is not None or self.disconnected is not None), "no CONNACK"
-        if expect_ok:
-            assert self.connack is not None and not self.connack[1].is_failure, f"CONNACK {self.connack}"
-        return self.connack
-
-    def subscribe(self, *args, **kw):
-        self.suback = None
-        res, mid = self.c.subscribe(*args, **kw)
-        assert self.wait(lambda: self.suback is not None and self.suback[0] == mid), "no SUBACK"
-        return self.suback[1]
-
-    def publish(self, topic, payload=b"", qos=0, retain=False, properties=None, wait=True):
-        info = self.c.publish(topic, payload, qos=qos, retain=retain, properties=properties)
-        if wait and qos:
-            info.wait_for_publish(BOUND)
-            assert info.is_published()
-        return info
-
-    def messages_on(self, topic: str) -> list:
-        with self.cond:
-            return [m for m in self.messages if m.topic == topic]
-
-    def close(self):
-        try:
-            self.c.disconnect()
-        except Exception:
-            pass
-        self.c.loop_stop()
-
-
+# ------------------------------------------------------------------------------------------ raw sockets
 def raw_socket(port: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=BOUND)
     return s
@@ -326,6 +235,14 @@ class FakeDevicePersistence:
             async def MarkPubrec(self, request, context):
                 fake.calls.append(("pubrec", request.client_id, request.packet_id))
                 return spb.PacketResponse(found=True)
+
+            async def AcknowledgeMany(self, request, context):
+                # what the connector sends (batched): recorded as the unary calls would be
+                for p in request.pubrecs:
+                    fake.calls.append(("pubrec", p.client_id, p.packet_id))
+                for a in request.acks:
+                    fake.calls.append(("ack", a.client_id, a.packet_id))
+                return spb.PacketBatchResponse(acknowledged=len(request.acks), marked=len(request.pubrecs))
 
             async def Clear(self, request, context):
                 fake.calls.append(("clear", request.client_id, None))

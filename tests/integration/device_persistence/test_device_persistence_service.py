@@ -193,9 +193,37 @@ async def test_fetch_attach_forward_ack_pubrec_clear(dp):
     assert await dp.stored(cid) == []
 
 
+async def test_acknowledge_many(dp):
+    """One AcknowledgeMany for several clients: PUBRECs applied before the acknowledgements."""
+    a, b = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    await dp.publish(a, range(5))
+    await dp.publish(b, range(3))
+    await dp.wait_stored(a, lambda got: len(got) == 5)
+    await dp.wait_stored(b, lambda got: len(got) == 3)
+    PR = spb.PacketRequest
+    resp = await dp.stub.AcknowledgeMany(spb.PacketBatchRequest(
+        acks=[PR(client_id=a, packet_id=1), PR(client_id=b, packet_id=1), PR(client_id=a, packet_id=2),
+              PR(client_id=a, packet_id=4), PR(client_id=b, packet_id=9)],
+        pubrecs=[PR(client_id=a, packet_id=3), PR(client_id=a, packet_id=4)]))
+    assert (resp.acknowledged, resp.marked) == (4, 2)  # a: 1, 2, 4 (marked, then removed); b: 1
+    assert await dp.stored(a) == [2, 4]  # payloads = seq: packet ids 3 (PUBREL owed) and 5 are left
+    assert await dp.stored(b) == [1, 2]
+    fetched = await dp.store.fetch_undelivered(a)
+    assert [(d.packet_id, d.packet_type) for d in fetched] == [
+        (3, pb.DEVICE_PACKET_TYPE_PUBREL), (5, pb.DEVICE_PACKET_TYPE_PUBLISH)]
+    assert (await dp.stub.AcknowledgeMany(spb.PacketBatchRequest())).acknowledged == 0
+    await dp.stub.Clear(spb.ClearRequest(client_id=a))
+    await dp.stub.Clear(spb.ClearRequest(client_id=b))
+
+
 async def test_bad_requests(dp):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await dp.stub.Acknowledge(spb.PacketRequest(client_id="x", packet_id=0))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await dp.stub.AcknowledgeMany(spb.PacketBatchRequest(
+            acks=[spb.PacketRequest(client_id="x", packet_id=1)],
+            pubrecs=[spb.PacketRequest(client_id="x", packet_id=0)]))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await dp.stub.MarkPubrec(spb.PacketRequest(client_id="x", packet_id=65536))

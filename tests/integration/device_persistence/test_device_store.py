@@ -80,6 +80,26 @@ async def test_acknowledge(store_factory, client_id):
         await store.acknowledge(client_id, 65536)
 
 
+async def test_apply_acks_many_clients(store_factory, client_id):
+    """AcknowledgeMany's store side: PUBRECs then acknowledgements of several clients, pipelined."""
+    store = await store_factory()
+    other = client_id + "-b"
+    await store.save_batch(client_id, [msg(i) for i in range(5)])
+    await store.save_batch(other, [msg(i) for i in range(3)])
+    acked, marked = await store.apply_acks(
+        [(client_id, 1), (other, 2), (client_id, 3), (client_id, 1), (other, 999), (client_id, 5)],
+        [(client_id, 4), (other, 3), (other, 77), (client_id, 5)])
+    assert (acked, marked) == (4, 3)  # (client, 1) twice counts once; 999 unknown; 77 unknown
+    left = await store.fetch_undelivered(client_id)
+    assert [(d.packet_id, d.packet_type) for d in left] == [(2, PUBLISH), (4, PUBREL)]
+    left = await store.fetch_undelivered(other)
+    assert [(d.packet_id, d.packet_type) for d in left] == [(1, PUBLISH), (3, PUBREL)]
+    assert await store.apply_acks([], []) == (0, 0)
+    with pytest.raises(ValueError):
+        await store.apply_acks([(client_id, 2), (other, 0)])
+    assert len(await store.fetch_undelivered(client_id)) == 2  # nothing applied
+
+
 async def test_limit_trims_oldest(store_factory, client_id):
     store = await store_factory(messages_limit=5)
     await store.save_batch(client_id, [msg(i) for i in range(3)])

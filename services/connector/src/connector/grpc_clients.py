@@ -27,20 +27,188 @@ def pick_target(targets: tuple[str, ...], client_id: str) -> str:
     return targets[zlib.crc32(client_id.encode("utf-8")) % len(targets)]
 
 
+class AckBatcher:
+    """Coalesces the PUBACK/PUBCOMP (acknowledge) and PUBREC (mark_pubrec) of stored DEVICE messages of
+    every connection into `DevicePersistence.AcknowledgeMany` calls.
+
+    A call goes out `delay_s` after the first ack waiting, or at once when `max_batch` are waiting; at most
+    `max_calls` calls are in flight (more acks wait and join the next call, so batches grow with the load).
+    A call that fails is logged and its acks are put back and retried with backoff (0.1 s ... 5 s): an ack
+    that never arrives only means a redelivery with DUP on the next connect, never a loss, but none is
+    dropped while the connector runs. Only INVALID_ARGUMENT (a bug: the ids come from the store) drops a
+    batch, logged as an error.
+    """
+
+    def __init__(self, call: Callable, timeout: float, *, delay_s: float = 0.010, max_batch: int = 2000,
+                 max_calls: int = 4) -> None:
+        self._call = call
+        self.timeout = timeout
+        self.delay_s = delay_s
+        self.max_batch = max_batch
+        self.max_calls = max_calls
+        self._acks: list[tuple[str, int]] = []
+        self._pubrecs: list[tuple[str, int]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._calls: set[asyncio.Task] = set()
+        self._backoff = 0.0          # > 0 while device-persistence fails: the delay before the next call
+        self._closed = False
+        self.stats = {"ack_calls": 0, "acks_sent": 0, "pubrecs_sent": 0, "ack_call_failures": 0}
+
+    def __len__(self) -> int:
+        return len(self._acks) + len(self._pubrecs)
+
+    def acknowledge(self, client_id: str, packet_id: int) -> None:
+        self._acks.append((client_id, packet_id))
+        self._arm()
+
+    def mark_pubrec(self, client_id: str, packet_id: int) -> None:
+        self._pubrecs.append((client_id, packet_id))
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._closed:
+            return
+        if self._timer is not None:
+            if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff:
+                self._timer.cancel()
+                self._timer = None
+                self._flush()
+            return
+        if len(self._calls) >= self.max_calls:
+            return  # a finishing call flushes what waits
+        loop = asyncio.get_running_loop()
+        if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff:
+            self._flush()
+        else:
+            self._timer = loop.call_later(self._backoff or self.delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send what waits, in calls of at most max_batch, while fewer than max_calls are in flight (the
+        rest goes when a call finishes)."""
+        n = self.max_batch
+        while (self._acks or self._pubrecs) and len(self._calls) < self.max_calls:
+            acks, self._acks = self._acks[:n], self._acks[n:]
+            room = n - len(acks)
+            pubrecs, self._pubrecs = self._pubrecs[:room], self._pubrecs[room:]
+            task = asyncio.get_running_loop().create_task(self._send(acks, pubrecs))
+            self._calls.add(task)
+            task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task) -> None:
+        self._calls.discard(task)
+        if (self._acks or self._pubrecs) and self._timer is None:
+            if self._closed:
+                return
+            self._arm()
+
+    async def _send(self, acks: list[tuple[str, int]], pubrecs: list[tuple[str, int]]) -> None:
+        PR = spb.PacketRequest
+        request = spb.PacketBatchRequest(acks=[PR(client_id=c, packet_id=p) for c, p in acks],
+                                         pubrecs=[PR(client_id=c, packet_id=p) for c, p in pubrecs])
+        self.stats["ack_calls"] += 1
+        try:
+            await self._call(request, timeout=self.timeout)
+        except asyncio.CancelledError:
+            self._requeue(acks, pubrecs)
+            raise
+        except Exception as exc:
+            code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+            self.stats["ack_call_failures"] += 1
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                log.error("device-persistence AcknowledgeMany refused %d acks / %d PUBRECs: %s (dropped; the "
+                          "messages are redelivered on the next connect)", len(acks), len(pubrecs),
+                          exc.details())
+                return
+            self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
+            log.warning("device-persistence AcknowledgeMany (%d acks, %d PUBRECs) failed: %s; retrying in %.1fs",
+                        len(acks), len(pubrecs), code.name if code is not None else repr(exc), self._backoff)
+            self._requeue(acks, pubrecs)
+            return
+        self._backoff = 0.0
+        self.stats["acks_sent"] += len(acks)
+        self.stats["pubrecs_sent"] += len(pubrecs)
+
+    def _requeue(self, acks, pubrecs) -> None:
+        self._acks[:0] = acks
+        self._pubrecs[:0] = pubrecs
+
+    async def settle(self, timeout: float) -> None:
+        """Send what waits now and wait (at most `timeout`) for the calls covering it, i.e. every ack made
+        before this call (not those made meanwhile). Returns at once while backing off after a failure."""
+        if self._backoff:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._flush()
+        waiting = set(self._calls)
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+        if (self._acks or self._pubrecs) and self._timer is None and not self._calls:
+            self._arm()
+
+    async def drain(self, timeout: float) -> bool:
+        """Send everything waiting now and wait (at most `timeout`) until no call is in flight and nothing
+        waits. True when everything was sent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._acks or self._pubrecs or self._calls:
+            if self._acks or self._pubrecs:
+                if self._timer is not None and not self._backoff:
+                    self._timer.cancel()
+                    self._timer = None
+                    self._flush()
+                elif self._timer is None:
+                    self._flush()
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            if self._calls:
+                await asyncio.wait(set(self._calls), timeout=left)
+            else:
+                await asyncio.sleep(min(left, 0.05))  # backing off: the timer sends them
+        return True
+
+    async def close(self, timeout: float = 5.0) -> None:
+        sent = await self.drain(timeout)
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in list(self._calls):
+            task.cancel()
+        if self._calls:
+            await asyncio.gather(*self._calls, return_exceptions=True)
+        if not sent or self._acks or self._pubrecs:
+            log.warning("device-persistence: %d acks and %d PUBRECs not sent at shutdown (those messages are "
+                        "redelivered with DUP on the next connect)", len(self._acks), len(self._pubrecs))
+
+
 class DevicePersistenceClient:
-    def __init__(self, target: str, timeout: float) -> None:
+    def __init__(self, target: str, timeout: float, *, ack_delay_s: float = 0.010, ack_batch_max: int = 2000,
+                 ack_max_calls: int = 4) -> None:
         self.target = target
         self.timeout = timeout
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = sgrpc.DevicePersistenceStub(self._channel)
         self._bg: set[asyncio.Task] = set()
+        self.acks = AckBatcher(self._stub.AcknowledgeMany, timeout, delay_s=ack_delay_s,
+                               max_batch=ack_batch_max, max_calls=ack_max_calls)
 
     async def close(self) -> None:
+        await self.acks.close()
         if self._bg:
             await asyncio.wait(self._bg, timeout=5)
         await self._channel.close()
 
     async def fetch(self, client_id: str, service_id: str, session_id: str):
+        # acknowledgements still waiting here (e.g. of this client's previous connection) go first, so the
+        # fetch does not return (and redeliver) what was already acknowledged
+        await self.acks.settle(min(self.timeout, 2.0))
         resp = await self._stub.FetchUndelivered(
             spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id),
             timeout=self.timeout, metadata=grpc_metadata())
@@ -59,14 +227,12 @@ class DevicePersistenceClient:
         task.add_done_callback(self._bg.discard)
 
     def acknowledge(self, client_id: str, packet_id: int) -> None:
-        self._background("Acknowledge", self._stub.Acknowledge(
-            spb.PacketRequest(client_id=client_id, packet_id=packet_id), timeout=self.timeout,
-            metadata=grpc_metadata()))
+        """PUBACK/PUBCOMP of a stored message: batched (AckBatcher)."""
+        self.acks.acknowledge(client_id, packet_id)
 
     def mark_pubrec(self, client_id: str, packet_id: int) -> None:
-        self._background("MarkPubrec", self._stub.MarkPubrec(
-            spb.PacketRequest(client_id=client_id, packet_id=packet_id), timeout=self.timeout,
-            metadata=grpc_metadata()))
+        """PUBREC of a stored message: batched (AckBatcher)."""
+        self.acks.mark_pubrec(client_id, packet_id)
 
     def detach(self, client_id: str, session_id: str) -> None:
         self._background("Detach", self._stub.Detach(

@@ -86,6 +86,10 @@ class ConnectorService(Service):
         self._server: asyncio.base_events.Server | None = None
         self._bg: set[asyncio.Task] = set()
         self.mqtt_port = settings.mqtt_port
+        # Per-message spans (mqtt.publish, mqtt.deliver*) cost more than the rest of the hot path: they are
+        # created only when exported (OTLP endpoint set) or asked for. Without them every produced record
+        # still carries a traceparent (a fresh one per PUBLISH: `fresh_trace_headers`).
+        self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
         self._topics = {
             "response": response_topic(self.service_id),
             "disconnect": disconnect_topic(self.service_id),
@@ -121,7 +125,9 @@ class ConnectorService(Service):
         await self.retained_view.start()
         await self.subs_view.start()
         await self.session_view.start()
-        self.device = DevicePersistenceClient(s.device_persistence_grpc_target, s.grpc_timeout_s)
+        self.device = DevicePersistenceClient(s.device_persistence_grpc_target, s.grpc_timeout_s,
+                                              ack_delay_s=s.ack_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
+                                              ack_max_calls=s.ack_max_calls)
         self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")
@@ -167,7 +173,8 @@ class ConnectorService(Service):
         return {"service_id": self.service_id, "mqtt_port": self.mqtt_port,
                 "connections": len(self.connections), "clients": len(self.by_client),
                 "retained": len(self.retained), "pending_wills": len(self.wills.pending),
-                **{k: v for k, v in self.stats.items()}}
+                **{k: v for k, v in self.stats.items()},
+                **(self.device.acks.stats if self.device is not None else {})}
 
     def spawn_bg(self, coro) -> None:
         """A short background job (a produce, a gRPC call): tracked so shutdown can wait for it."""
@@ -187,10 +194,11 @@ class ConnectorService(Service):
             log.exception("background job failed")
 
     # ------------------------------------------------------------------------------------ producing
-    async def produce_publish(self, msg: pb.PublishMsg, topic: str, retain: bool):
+    async def produce_publish(self, msg: pb.PublishMsg, topic: str, retain: bool, headers=None):
         """Hand a PUBLISH to Kafka: (delivery future on tbmq.msg.all, delivery future on tbmq.msg.retained
-        or None). Never waits for the acknowledgement."""
-        headers = kafka_headers()
+        or None). Never waits for the acknowledgement. `headers` default: the current trace context."""
+        if headers is None:
+            headers = kafka_headers()
         key = topic.encode("utf-8")
         value = msg.SerializeToString()
         fut = await self.producer.send(MSG_ALL, value, key=key, headers=headers)
@@ -294,22 +302,31 @@ class ConnectorService(Service):
 
     def _on_basic(self, record) -> None:
         dl = pb.BasicDownlink.FromString(record.value)
+        if self.spans:
+            with span_from_kafka(tracer, "mqtt.deliver", record.headers):
+                self._deliver_basic(dl)
+        else:
+            self._deliver_basic(dl)
+
+    def _deliver_basic(self, dl) -> None:
         by_client = self.by_client
-        with span_from_kafka(tracer, "mqtt.deliver", record.headers):
-            msg = dl.msg
-            for r in dl.recipients:
-                conn = by_client.get(r.client_id)
-                if conn is not None:
-                    conn.deliver(msg, r.qos, r.retain, r.subscription_ids)
-                else:
-                    self.stats["dropped_not_connected"] += 1
+        msg = dl.msg
+        for r in dl.recipients:
+            conn = by_client.get(r.client_id)
+            if conn is not None:
+                conn.deliver(msg, r.qos, r.retain, r.subscription_ids)
+            else:
+                self.stats["dropped_not_connected"] += 1
 
     def _on_persisted(self, record) -> None:
         dm = pb.DevicePublishMsg.FromString(record.value)
         conn = self.by_client.get(dm.client_id)
         if conn is None:
             return  # still stored in Redis: delivered on the next connect
-        with span_from_kafka(tracer, "mqtt.deliver.persisted", record.headers):
+        if self.spans:
+            with span_from_kafka(tracer, "mqtt.deliver.persisted", record.headers):
+                conn.on_persisted(dm)
+        else:
             conn.on_persisted(dm)
 
 

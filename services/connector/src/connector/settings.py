@@ -66,6 +66,19 @@ class ConnectorSettings(CommonSettings):
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
     grpc_timeout_s: float = env("GRPC_TIMEOUT_S", 10.0, parse=number(0.1),
                                 doc="deadline of unary gRPC calls to device-persistence")
+    ack_delay_ms: float = env(
+        "DEVICE_ACK_BATCH_DELAY_MS", 10.0, parse=number(0),
+        doc="PUBACK/PUBCOMP/PUBREC of stored DEVICE messages wait at most this long to be sent to "
+            "device-persistence together (one AcknowledgeMany call)")
+    ack_batch_max: int = env(
+        "DEVICE_ACK_BATCH_MAX", 2000, parse=integer(1, 100_000),
+        doc="acknowledgements per AcknowledgeMany call, at most (a full batch goes at once)")
+    ack_max_calls: int = env(
+        "DEVICE_ACK_MAX_CALLS", 4, parse=integer(1, 1000),
+        doc="AcknowledgeMany calls in flight at once; more acknowledgements wait for the next call")
+    trace_spans: bool = env(
+        "CONNECTOR_TRACE_SPANS", False, parse=boolean,
+        doc="create the per-message spans (mqtt.publish, mqtt.deliver*) even without an OTLP endpoint")
 
     @property
     def instance_id(self) -> str:

@@ -37,8 +37,9 @@ def _rpc(method):
     async def wrapper(self, request, context: grpc.aio.ServicerContext):
         self.calls[name] += 1
         ctx = context_from_grpc(context.invocation_metadata())
+        client_id = getattr(request, "client_id", "")
         with tracer.start_as_current_span(f"DevicePersistence/{name}", context=ctx, kind=SpanKind.SERVER,
-                                          attributes={"mqtt.client_id": request.client_id}) as span:
+                                          attributes={"mqtt.client_id": client_id}) as span:
             try:
                 return await method(self, request)
             except BadRequest as exc:
@@ -46,7 +47,7 @@ def _rpc(method):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except (RedisError, OSError) as exc:
                 self.calls[f"{name}_failed"] += 1
-                log.warning("%s(%r) failed: %r", name, request.client_id, exc)
+                log.warning("%s(%r) failed: %r", name, client_id, exc)
                 span.record_exception(exc)
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis: {exc}")
 
@@ -86,6 +87,18 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
     @_rpc
     async def MarkPubrec(self, request: spb.PacketRequest):
         return spb.PacketResponse(found=await self.store.mark_pubrec(request.client_id, _packet_id(request)))
+
+    @_rpc
+    async def AcknowledgeMany(self, request: spb.PacketBatchRequest):
+        try:
+            acknowledged, marked = await self.store.apply_acks(
+                [(a.client_id, a.packet_id) for a in request.acks],
+                [(p.client_id, p.packet_id) for p in request.pubrecs])
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self.calls["acks"] += len(request.acks)
+        self.calls["pubrecs"] += len(request.pubrecs)
+        return spb.PacketBatchResponse(acknowledged=acknowledged, marked=marked)
 
     @_rpc
     async def Clear(self, request: spb.ClearRequest):

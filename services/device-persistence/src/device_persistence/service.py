@@ -53,7 +53,7 @@ class _Revoke(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked) -> None:
         async with self.service._batch_lock:
-            pass
+            await self.service._commit_pending()
 
     async def on_partitions_assigned(self, assigned) -> None:
         log.info("assigned %d partition(s) of %s", len(assigned), MSG_PERSISTED)
@@ -76,6 +76,8 @@ class DevicePersistenceService(Service):
         self._stopping = False
         self._loop_task: asyncio.Task | None = None
         self._missing_topics: dict[str, float] = {}  # forward topic -> skip it until (monotonic)
+        self._pending_offsets: dict = {}  # saved (durable) but not yet committed: tp -> next offset
+        self._last_commit = 0.0
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -86,7 +88,8 @@ class DevicePersistenceService(Service):
         self.producer = make_producer(s.bootstrap, client_id=s.instance_id)
         await self.producer.start()
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
-                                      max_poll_records=s.max_poll_records)
+                                      max_poll_records=s.max_poll_records,
+                                      fetch_max_wait_ms=s.fetch_max_wait_ms, fetch_min_bytes=s.fetch_min_bytes)
         self.consumer.subscribe([MSG_PERSISTED], listener=_Revoke(self))
         await self.consumer.start()
         self.grpc_server, self.grpc_port = await start_server(self.servicer, s.grpc_host, s.grpc_port)
@@ -120,15 +123,24 @@ class DevicePersistenceService(Service):
     # ------------------------------------------------------------------------------------ consumer
     async def _consume(self) -> None:
         consumer = self.consumer
-        while not self._stopping:
-            batches = await consumer.getmany(timeout_ms=200, max_records=self.s.max_poll_records)
-            if not batches:
-                continue
-            async with self._batch_lock:
-                assigned = consumer.assignment()
-                batches = {tp: recs for tp, recs in batches.items() if tp in assigned and recs}
-                if batches:
-                    await self._process(batches)
+        interval = self.s.commit_interval_ms / 1000
+        try:
+            while not self._stopping:
+                batches = await consumer.getmany(timeout_ms=min(200, max(1, int(interval * 1000) or 200)),
+                                                 max_records=self.s.max_poll_records)
+                async with self._batch_lock:
+                    if batches:
+                        assigned = consumer.assignment()
+                        batches = {tp: recs for tp, recs in batches.items() if tp in assigned and recs}
+                        if batches:
+                            await self._process(batches)
+                    if self._pending_offsets and (
+                            not batches or time.monotonic() - self._last_commit >= interval):
+                        await self._commit_pending()
+        finally:
+            if self._pending_offsets and not self._batch_lock.locked():
+                async with self._batch_lock:
+                    await self._commit_pending()
 
     async def _process(self, batches) -> None:
         t0 = time.monotonic()
@@ -154,7 +166,10 @@ class DevicePersistenceService(Service):
             if results is None:
                 return  # stopping while Redis is down: nothing committed, the batch is replayed
             await self._forward(results, headers)
-        await self._commit({tp: recs[-1].offset + 1 for tp, recs in batches.items()})
+        # durable (saved): committed with the next ones (DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS), before a
+        # rebalance and at stop
+        for tp, recs in batches.items():
+            self._pending_offsets[tp] = recs[-1].offset + 1
         self.stats["batches"] += 1
         self.stats["records"] += records
         log.debug("batch of %d records, %d clients in %.1f ms", records, len(groups),
@@ -227,6 +242,12 @@ class DevicePersistenceService(Service):
             log.warning("forwards to %s not acknowledged within %.1fs (the messages stay in Redis)",
                         ", ".join(topic_of[t] for t in pending), self.s.forward_timeout_s)
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _commit_pending(self) -> None:
+        offsets, self._pending_offsets = self._pending_offsets, {}
+        self._last_commit = time.monotonic()
+        if offsets:
+            await self._commit(offsets)
 
     async def _commit(self, offsets) -> None:
         try:

@@ -47,6 +47,14 @@ class Settings(CommonSettings):
                         doc="consumer group of tbmq.msg.persisted")
     max_poll_records: int = env("DEVICE_PERSISTENCE_MAX_POLL_RECORDS", 2000, parse=integer(1, 100_000),
                                 doc="records per batch (getmany): one save_many + one commit per batch")
+    commit_interval_ms: float = env("DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS", 100.0, parse=number(0),
+                                    doc="saved batches' offsets are committed together at most this often "
+                                        "(0 = after every batch); always before a rebalance and at stop")
+    fetch_max_wait_ms: int = env("DEVICE_PERSISTENCE_FETCH_MAX_WAIT_MS", 10, parse=integer(0, 500),
+                                 doc="a fetch waits up to this long for DEVICE_PERSISTENCE_FETCH_MIN_BYTES "
+                                     "(bigger batches, fewer Kafka requests)")
+    fetch_min_bytes: int = env("DEVICE_PERSISTENCE_FETCH_MIN_BYTES", 16384, parse=integer(1),
+                               doc="bytes a fetch waits for (at most DEVICE_PERSISTENCE_FETCH_MAX_WAIT_MS)")
     forward_timeout_s: float = env("DEVICE_PERSISTENCE_FORWARD_TIMEOUT_S", 10.0, parse=number(0.1),
                                    doc="how long a batch waits for its forwards' acks before committing "
                                        "anyway (the messages are in Redis)")

@@ -528,6 +528,37 @@ class DeviceMsgStore:
             return 0
         return int(await self._call("remove_message", [self.keys(client_id).messages], pids))
 
+    async def apply_acks(
+        self, acks: Iterable[tuple[str, int]], pubrecs: Iterable[tuple[str, int]] = ()
+    ) -> tuple[int, int]:
+        """Many (client id, packet id) PUBRECs and acknowledgements of any clients at once: the PUBRECs
+        first (one mark_pubrec.lua call each), then the acknowledgements (one remove_message.lua call
+        per client with all its packet ids), each kind in one pipeline (per master in cluster mode).
+        Returns (acknowledged, marked): how many were still stored. Raises ValueError on a bad packet
+        id before anything is applied."""
+        by_client: dict[str, list[int]] = {}
+        for client_id, pid in acks:
+            _check_pid(pid)
+            ids = by_client.get(client_id)
+            if ids is None:
+                by_client[client_id] = [pid]
+            elif pid not in ids:
+                ids.append(pid)
+        marks: list[tuple[str, int]] = []
+        for client_id, pid in pubrecs:
+            _check_pid(pid)
+            marks.append((client_id, pid))
+        marked = acknowledged = 0
+        if marks:
+            replies = await self._call_many(
+                "mark_pubrec", [([self.keys(cid).messages], [pid]) for cid, pid in marks])
+            marked = sum(int(r) for r in replies)
+        if by_client:
+            replies = await self._call_many(
+                "remove_message", [([self.keys(cid).messages], pids) for cid, pids in by_client.items()])
+            acknowledged = sum(int(r) for r in replies)
+        return acknowledged, marked
+
     async def mark_pubrec(self, client_id: str, packet_id: int) -> bool:
         """PUBREC received: the message now only needs a PUBREL; its TTL and order are kept."""
         _check_pid(packet_id)

@@ -51,6 +51,22 @@ class PacketResponse(_message.Message):
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
+class PacketBatchRequest(_message.Message):
+    __slots__ = ("acks", "pubrecs")
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    PUBRECS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[PacketRequest]
+    pubrecs: _containers.RepeatedCompositeFieldContainer[PacketRequest]
+    def __init__(self, acks: _Optional[_Iterable[_Union[PacketRequest, _Mapping]]] = ..., pubrecs: _Optional[_Iterable[_Union[PacketRequest, _Mapping]]] = ...) -> None: ...
+
+class PacketBatchResponse(_message.Message):
+    __slots__ = ("acknowledged", "marked")
+    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    MARKED_FIELD_NUMBER: _ClassVar[int]
+    acknowledged: int
+    marked: int
+    def __init__(self, acknowledged: _Optional[int] = ..., marked: _Optional[int] = ...) -> None: ...
+
 class ClearRequest(_message.Message):
     __slots__ = ("client_id",)
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

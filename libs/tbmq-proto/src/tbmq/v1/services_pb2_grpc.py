@@ -58,6 +58,11 @@ class DevicePersistenceStub:
                 request_serializer=tbmq_dot_v1_dot_services__pb2.PacketRequest.SerializeToString,
                 response_deserializer=tbmq_dot_v1_dot_services__pb2.PacketResponse.FromString,
                 _registered_method=True)
+        self.AcknowledgeMany = channel.unary_unary(
+                '/tbmq.v1.DevicePersistence/AcknowledgeMany',
+                request_serializer=tbmq_dot_v1_dot_services__pb2.PacketBatchRequest.SerializeToString,
+                response_deserializer=tbmq_dot_v1_dot_services__pb2.PacketBatchResponse.FromString,
+                _registered_method=True)
         self.Clear = channel.unary_unary(
                 '/tbmq.v1.DevicePersistence/Clear',
                 request_serializer=tbmq_dot_v1_dot_services__pb2.ClearRequest.SerializeToString,
@@ -103,6 +108,16 @@ class DevicePersistenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcknowledgeMany(self, request, context):
+        """Many PUBACK/PUBCOMP (Acknowledge) and PUBREC (MarkPubrec) of any clients in one call: the
+        connector coalesces them for a few milliseconds. The PUBRECs are applied before the
+        acknowledgements; per client, one Redis script call for all its acknowledgements (pipelined).
+        Idempotent: safe to retry as a whole.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Clear(self, request, context):
         """Clean start, session clear or expiry: drop everything stored for the client.
         """
@@ -132,6 +147,11 @@ def add_DevicePersistenceServicer_to_server(servicer, server):
                     servicer.MarkPubrec,
                     request_deserializer=tbmq_dot_v1_dot_services__pb2.PacketRequest.FromString,
                     response_serializer=tbmq_dot_v1_dot_services__pb2.PacketResponse.SerializeToString,
+            ),
+            'AcknowledgeMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcknowledgeMany,
+                    request_deserializer=tbmq_dot_v1_dot_services__pb2.PacketBatchRequest.FromString,
+                    response_serializer=tbmq_dot_v1_dot_services__pb2.PacketBatchResponse.SerializeToString,
             ),
             'Clear': grpc.unary_unary_rpc_method_handler(
                     servicer.Clear,
@@ -251,6 +271,33 @@ class DevicePersistence:
             '/tbmq.v1.DevicePersistence/MarkPubrec',
             tbmq_dot_v1_dot_services__pb2.PacketRequest.SerializeToString,
             tbmq_dot_v1_dot_services__pb2.PacketResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcknowledgeMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tbmq.v1.DevicePersistence/AcknowledgeMany',
+            tbmq_dot_v1_dot_services__pb2.PacketBatchRequest.SerializeToString,
+            tbmq_dot_v1_dot_services__pb2.PacketBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

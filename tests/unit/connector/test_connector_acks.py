@@ -1,0 +1,121 @@
+"""AckBatcher: PUBACK/PUBCOMP/PUBREC of stored DEVICE messages coalesced into AcknowledgeMany calls,
+retried with backoff on failure, never dropped silently; the trace header made without a span."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import grpc
+import pytest
+from connector.connection import fresh_trace_headers
+from connector.grpc_clients import AckBatcher
+
+pytestmark = pytest.mark.unit
+
+
+class FakeCall:
+    """Stands in for stub.AcknowledgeMany: records requests; fails the first `fail` calls."""
+
+    def __init__(self, fail: int = 0, code=grpc.StatusCode.UNAVAILABLE, delay: float = 0.0) -> None:
+        self.requests = []
+        self.fail = fail
+        self.code = code
+        self.delay = delay
+        self.attempts = 0
+
+    async def __call__(self, request, timeout=None):
+        self.attempts += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail > 0:
+            self.fail -= 1
+            raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="boom")
+        self.requests.append(request)
+        return None
+
+    def acks(self):
+        return [(a.client_id, a.packet_id) for r in self.requests for a in r.acks]
+
+    def pubrecs(self):
+        return [(a.client_id, a.packet_id) for r in self.requests for a in r.pubrecs]
+
+
+async def test_acks_are_coalesced_within_the_delay():
+    call = FakeCall()
+    b = AckBatcher(call, 1.0, delay_s=0.02)
+    for pid in range(1, 51):
+        b.acknowledge(f"c{pid % 3}", pid)
+    b.mark_pubrec("c0", 99)
+    assert call.attempts == 0  # nothing sent before the delay
+    await asyncio.sleep(0.1)
+    assert len(call.requests) == 1
+    assert sorted(call.acks()) == sorted((f"c{p % 3}", p) for p in range(1, 51))
+    assert call.pubrecs() == [("c0", 99)]
+    assert len(b) == 0
+    await b.close()
+
+
+async def test_a_full_batch_goes_at_once_and_calls_are_bounded():
+    call = FakeCall(delay=0.05)
+    b = AckBatcher(call, 1.0, delay_s=10, max_batch=10, max_calls=2)
+    for pid in range(1, 46):
+        b.acknowledge("c", pid)
+    await asyncio.sleep(0.01)
+    assert call.attempts == 2  # two full batches in flight, the rest waits for one to finish
+    assert await b.drain(2.0)
+    assert call.acks() == [("c", p) for p in range(1, 46)]
+    assert all(len(r.acks) <= 10 for r in call.requests)
+    await b.close()
+
+
+async def test_failed_calls_are_retried_with_backoff_not_dropped():
+    call = FakeCall(fail=3)
+    b = AckBatcher(call, 1.0, delay_s=0.001)
+    b.acknowledge("c", 1)
+    b.mark_pubrec("c", 2)
+    await asyncio.sleep(0.02)
+    b.acknowledge("c", 3)  # made while backing off: joins the retry
+    assert await b.drain(5.0)
+    assert call.attempts >= 4
+    assert sorted(call.acks()) == [("c", 1), ("c", 3)]
+    assert call.pubrecs() == [("c", 2)]
+    assert b.stats["ack_call_failures"] == 3
+    assert b._backoff == 0.0  # reset by the success
+    await b.close()
+
+
+async def test_invalid_argument_is_not_retried():
+    call = FakeCall(fail=1, code=grpc.StatusCode.INVALID_ARGUMENT)
+    b = AckBatcher(call, 1.0, delay_s=0.001)
+    b.acknowledge("c", 1)
+    assert await b.drain(1.0)
+    assert call.attempts == 1 and call.acks() == []
+    await b.close()
+
+
+async def test_settle_waits_only_for_what_was_waiting():
+    call = FakeCall(delay=0.02)
+    b = AckBatcher(call, 1.0, delay_s=5.0)
+    b.acknowledge("c", 1)
+    await b.settle(1.0)  # does not wait for the 5 s delay
+    assert call.acks() == [("c", 1)]
+    await b.close()
+
+
+async def test_close_sends_what_waits():
+    call = FakeCall()
+    b = AckBatcher(call, 1.0, delay_s=5.0)
+    b.acknowledge("c", 7)
+    await b.close()
+    assert call.acks() == [("c", 7)]
+    b.acknowledge("c", 8)  # after close: not sent (the connector is stopping)
+    await asyncio.sleep(0.01)
+    assert call.attempts == 1
+
+
+def test_fresh_trace_headers_are_w3c_traceparents():
+    (k, v), = fresh_trace_headers()
+    assert k == "traceparent"
+    assert re.fullmatch(rb"00-[0-9a-f]{32}-[0-9a-f]{16}-01", v)
+    assert fresh_trace_headers() != fresh_trace_headers()
