@@ -4,17 +4,24 @@ device-persistence): APPLICATION subscribers get every QoS 1 message, in order, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
 
 import pytest
-from app_delivery_e2e_helpers import Mqtt, real, routed, run
+from mqtt_clients import Client, poll, real, routed, run
 from tbmq_launcher.launcher import Suite, new_tag
 
 pytestmark = [pytest.mark.e2e]
 
 APP_PATTERN = "app[A-Za-z0-9]*"
+
+# v5 clients with 100 QoS 1 messages in flight and 30 s bounds on their connect/subscribe waits
+Mqtt = functools.partial(Client, max_inflight=100, timeout=30.0)
+# probes at QoS 1 for up to 60 s, 1 s each; a PUBACK missing after 10 s only means "next probe"
+app_routed = functools.partial(routed, qos=1, timeout=60.0, probe_wait=1.0, puback_timeout=10.0,
+                               puback_required=False)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +42,21 @@ def app_id() -> str:
     return "app" + uuid.uuid4().hex[:12]
 
 
+async def subscriber_gone_offline(ports: list[int], root: str, tag: str) -> tuple[str, Client]:
+    """A persistent APPLICATION subscriber to `<root>/#` on connector 1, known to the router (probes from a
+    publisher on connector 2, 1000 in flight), then disconnected: its client id and the connected publisher."""
+    cid = app_id()
+    sub = Mqtt(cid, clean=False, session_expiry=3600)
+    await run(sub.connect, ports[0])
+    await run(sub.subscribe, f"{root}/#", 1)
+    pub = Mqtt(f"pub{tag}", max_inflight=1000)
+    await run(pub.connect, ports[1])
+    await app_routed(pub, sub, f"{root}/probe")
+    sub.close()
+    await asyncio.sleep(1.0)  # the registry marks the session offline
+    return cid, pub
+
+
 async def test_200_publishers_fan_in_to_one_application_subscriber(ad_e2e):
     ports = ad_e2e.mqtt_ports
     tag = uuid.uuid4().hex[:8]
@@ -43,16 +65,16 @@ async def test_200_publishers_fan_in_to_one_application_subscriber(ad_e2e):
     await run(sub.subscribe, f"fan/{tag}/#", 1)
     probe = Mqtt(f"probe{tag}")
     await run(probe.connect, ports[1])
-    await routed(probe, sub, f"fan/{tag}/probe")
-    probe.disconnect()
+    await app_routed(probe, sub, f"fan/{tag}/probe")
+    probe.close()
 
     n_pubs, per_pub = 200, 10
     pubs = [Mqtt(f"pub{tag}n{i}") for i in range(n_pubs)]
     for i in range(0, n_pubs, 20):
         await asyncio.gather(*(run(p.connect, ports[(i + j) % 2]) for j, p in enumerate(pubs[i:i + 20])))
 
-    def publish_all(p: Mqtt, i: int):
-        infos = [p.publish(f"fan/{tag}/{i}", f"{i}:{k}".encode(), 1) for k in range(per_pub)]
+    def publish_all(p: Client, i: int):
+        infos = [p.publish(f"fan/{tag}/{i}", f"{i}:{k}".encode(), 1, wait=False) for k in range(per_pub)]
         for info in infos:
             info.wait_for_publish(60)
             assert info.is_published()
@@ -72,8 +94,8 @@ async def test_200_publishers_fan_in_to_one_application_subscriber(ad_e2e):
         assert all(m.qos == 1 for m in got)
     finally:
         for p in pubs:
-            p.disconnect()
-        sub.disconnect()
+            p.close()
+        sub.close()
 
 
 @pytest.mark.slow
@@ -82,20 +104,12 @@ async def test_offline_backlog_of_50000_arrives_in_order(ad_e2e):
     n = int(os.environ.get("APP_DELIVERY_E2E_BACKLOG", "50000"))
     ports = ad_e2e.mqtt_ports
     tag = uuid.uuid4().hex[:8]
-    cid = app_id()
-    sub = Mqtt(cid, clean=False, session_expiry=3600)
-    await run(sub.connect, ports[0])
-    await run(sub.subscribe, f"bl/{tag}/#", 1)
-    pub = Mqtt(f"pub{tag}", max_inflight=1000)
-    await run(pub.connect, ports[1])
-    await routed(pub, sub, f"bl/{tag}/probe")
-    sub.disconnect()
-    await asyncio.sleep(1.0)  # the registry marks the session offline
+    cid, pub = await subscriber_gone_offline(ports, f"bl/{tag}", tag)
 
     def publish_all():
         infos = []
         for i in range(n):
-            infos.append(pub.publish(f"bl/{tag}/data", str(i).encode(), 1))
+            infos.append(pub.publish(f"bl/{tag}/data", str(i).encode(), 1, wait=False))
             if len(infos) >= 2000:
                 for info in infos:
                     info.wait_for_publish(120)
@@ -107,7 +121,7 @@ async def test_offline_backlog_of_50000_arrives_in_order(ad_e2e):
     t0 = time.monotonic()
     await run(publish_all)
     pub_s = time.monotonic() - t0
-    pub.disconnect()
+    pub.close()
 
     back = Mqtt(cid, clean=False, session_expiry=3600)
     t1 = time.monotonic()
@@ -116,7 +130,7 @@ async def test_offline_backlog_of_50000_arrives_in_order(ad_e2e):
     ok = await run(back.wait, lambda: len(real(back.messages)) >= n, 600)
     drain_s = time.monotonic() - t1
     got = [int(m.payload) for m in real(back.snapshot())]
-    back.disconnect()
+    back.close()
     assert ok, f"{len(got)} of {n} arrived"
     firsts = list(dict.fromkeys(got))
     assert firsts == list(range(n)), "every message, in order"
@@ -130,24 +144,16 @@ async def test_app_delivery_sigkill_mid_stream_loses_nothing(ad_e2e):
     n = 6000
     ports = ad_e2e.mqtt_ports
     tag = uuid.uuid4().hex[:8]
-    cid = app_id()
-    sub = Mqtt(cid, clean=False, session_expiry=3600)
-    await run(sub.connect, ports[0])
-    await run(sub.subscribe, f"kill/{tag}/#", 1)
-    pub = Mqtt(f"pub{tag}", max_inflight=1000)
-    await run(pub.connect, ports[1])
-    await routed(pub, sub, f"kill/{tag}/probe")
-    sub.disconnect()
-    await asyncio.sleep(1.0)
+    cid, pub = await subscriber_gone_offline(ports, f"kill/{tag}", tag)
 
     def publish_all():
-        infos = [pub.publish(f"kill/{tag}/data", str(i).encode(), 1) for i in range(n)]
+        infos = [pub.publish(f"kill/{tag}/data", str(i).encode(), 1, wait=False) for i in range(n)]
         for info in infos:
             info.wait_for_publish(120)
             assert info.is_published()
 
     await run(publish_all)
-    pub.disconnect()
+    pub.close()
     back = Mqtt(cid, clean=False, session_expiry=3600)
     await run(back.connect, ports[0])
     assert await run(back.wait, lambda: len(real(back.messages)) >= n // 3, 120), "drain started"
@@ -165,7 +171,7 @@ async def test_app_delivery_sigkill_mid_stream_loses_nothing(ad_e2e):
                 assert m.dup, f"message {i} redelivered without DUP"
             seen.add(i)
     finally:
-        back.disconnect()
+        back.close()
 
 
 async def test_shared_application_group_of_3_splits_and_survives_a_member_leaving(ad_e2e):
@@ -182,7 +188,7 @@ async def test_shared_application_group_of_3_splits_and_survives_a_member_leavin
     deadline = time.monotonic() + 60
     i = 0
     while time.monotonic() < deadline:
-        info = pub.publish(f"sh/{tag}/probe", f"probe-{i}".encode(), 1)
+        info = pub.publish(f"sh/{tag}/probe", f"probe-{i}".encode(), 1, wait=False)
         await run(info.wait_for_publish, 10)
         if any(any(x.payload.startswith(b"probe-") for x in m.snapshot()) for m in members):
             break
@@ -191,7 +197,7 @@ async def test_shared_application_group_of_3_splits_and_survives_a_member_leavin
     await asyncio.sleep(5)  # the three Kafka group members settle
 
     def publish(lo: int, hi: int):
-        infos = [pub.publish(f"sh/{tag}/{k % 16}", str(k).encode(), 1) for k in range(lo, hi)]
+        infos = [pub.publish(f"sh/{tag}/{k % 16}", str(k).encode(), 1, wait=False) for k in range(lo, hi)]
         for info in infos:
             info.wait_for_publish(60)
             assert info.is_published()
@@ -201,21 +207,17 @@ async def test_shared_application_group_of_3_splits_and_survives_a_member_leavin
 
     try:
         await run(publish, 0, 1500)
-        deadline = time.monotonic() + 60
-        while not received(members) >= set(range(1500)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
+        await poll(lambda: received(members) >= set(range(1500)), 60, step=0.5)
         assert received(members) >= set(range(1500)), f"{len(received(members))} of 1500"
         counts = [len(real(m.snapshot())) for m in members]
         assert sum(1 for c in counts if c > 0) >= 2, f"the load is split: {counts}"
-        members[0].disconnect()  # one member leaves (its session stays: persistent APPLICATION)
+        members[0].close()  # one member leaves (its session stays: persistent APPLICATION)
         await asyncio.sleep(3)
         await run(publish, 1500, 3000)
         rest = members[1:]
-        deadline = time.monotonic() + 90
-        while not received(rest) >= set(range(1500, 3000)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
+        await poll(lambda: received(rest) >= set(range(1500, 3000)), 90, step=0.5)
         assert received(rest) >= set(range(1500, 3000)), f"{len(received(rest) & set(range(1500, 3000)))} of 1500"
     finally:
         for m in members:
-            m.disconnect()
-        pub.disconnect()
+            m.close()
+        pub.close()

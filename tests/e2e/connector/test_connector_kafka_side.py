@@ -11,7 +11,8 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
-from connector_helpers import BOUND, Client, FakeAppDelivery, FakeDevicePersistence, FakeRegistry, Tail, raw_socket, recv_until_closed
+from connector_helpers import FakeAppDelivery, FakeDevicePersistence, FakeRegistry, Tail, raw_socket, recv_until_closed
+from mqtt_clients import BOUND, Client, poll, run
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from tbmq.v1 import messages_pb2 as pb
@@ -81,10 +82,6 @@ async def producer(kafka):
         yield p
     finally:
         await p.stop()
-
-
-def run(fn, *args, **kw):
-    return asyncio.to_thread(fn, *args, **kw)
 
 
 async def test_publish_qos1_is_acked_after_kafka_with_all_properties(connectors, registry, kafka, unique):
@@ -457,8 +454,8 @@ async def test_invalid_filters_fail_per_filter_and_no_local_on_shared_is_a_proto
 
 async def test_persistent_device_stored_then_live_messages(connectors, registry, device_store, unique, producer):
     """FetchUndelivered after CONNACK: stored PUBLISH (DUP=1) and PUBREL in order, then live ones from
-    tbmq.msg.downlink.persisted (duplicates by serial skipped); PUBACK/PUBCOMP -> Acknowledge,
-    PUBREC -> MarkPubrec + PUBREL, connection end -> Detach."""
+    tbmq.msg.downlink.persisted (duplicates by serial skipped); PUBACK/PUBCOMP -> Acknowledge and
+    PUBREC -> MarkPubrec (batched in AcknowledgeMany) + PUBREL, connection end -> Detach."""
     from tbmq_mqtt import (MQTT_5, Connect, MqttDecoder, Properties, PubAck, PubComp, Publish, PubRec,
                            PubRel, Role, encode)
 
@@ -498,17 +495,13 @@ async def test_persistent_device_stored_then_live_messages(connectors, registry,
     s.sendall(encode(PubRec(3), MQTT_5))
     await run(read_until, lambda p: isinstance(p, PubRel) and p.packet_id == 3)
     s.sendall(encode(PubComp(3), MQTT_5))
-    deadline = time.monotonic() + BOUND
     want = {("ack", cid, 1), ("ack", cid, 2), ("pubrec", cid, 3), ("ack", cid, 3)}
-    while not want <= set(device_store.calls) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await poll(lambda: want <= set(device_store.calls), BOUND)
     assert want <= set(device_store.calls)
     assert [c for c in device_store.calls if c[1] == cid][0][0] == "fetch"
     assert len([p for p in got if isinstance(p, Publish) and p.topic == "d/live"]) == 1
     s.close()
-    deadline = time.monotonic() + BOUND
-    while not any(c[0] == "detach" and c[1] == cid for c in device_store.calls) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await poll(lambda: any(c[0] == "detach" and c[1] == cid for c in device_store.calls), BOUND)
     assert any(c[0] == "detach" and c[1] == cid for c in device_store.calls)
 
 
@@ -530,17 +523,13 @@ async def test_persistent_application_stream(connectors, registry, app_delivery,
     assert await run(c.wait, lambda: len(c.messages_on("app/t")) == 3)
     msgs = c.messages_on("app/t")
     assert [m.payload for m in msgs] == [b"a0", b"a1", b"a2"] and [m.dup for m in msgs] == [True, False, False]
-    deadline = time.monotonic() + BOUND
-    while len([a for a in app_delivery.acks if a[0] == cid]) < 3 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await poll(lambda: len([a for a in app_delivery.acks if a[0] == cid]) >= 3, BOUND)
     assert sorted(a[1] for a in app_delivery.acks if a[0] == cid) == [0, 1, 2]
     opened = [o for o in app_delivery.opens if o.client_id == cid][0]
     assert opened.receive_maximum == 7 and opened.session_id
     # a shared subscription reopens the stream with it
     await run(c.subscribe, "$share/grp/app/#", 1)
-    deadline = time.monotonic() + BOUND
-    while len([o for o in app_delivery.opens if o.client_id == cid]) < 2 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await poll(lambda: len([o for o in app_delivery.opens if o.client_id == cid]) >= 2, BOUND)
     last = [o for o in app_delivery.opens if o.client_id == cid][-1]
     assert [(s.share_name, s.topic_filter) for s in last.shared] == [("grp", "app/#")]
     await run(c.close)

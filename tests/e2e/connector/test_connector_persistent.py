@@ -12,9 +12,9 @@ import importlib.util
 import time
 
 import pytest
-from connector_helpers import Client, raw_socket
+from connector_helpers import raw_socket
+from mqtt_clients import Client, payloads, routed, run, watcher_and_prober
 from tbmq_launcher.launcher import Suite, new_tag
-from test_connector_suite import payloads, routed, run
 
 pytestmark = [
     pytest.mark.e2e,
@@ -106,12 +106,7 @@ async def test_will_delay_and_cancel_by_reconnect_on_other_connector(pq, unique)
     from tbmq_mqtt import Connect, Properties, Will, encode
 
     u = unique("wd")
-    watcher = Client(u + "w")
-    await run(watcher.connect, pq.mqtt_ports[1])
-    await run(watcher.subscribe, f"{u}/#", 1)
-    prober = Client(u + "p")
-    await run(prober.connect, pq.mqtt_ports[0])
-    await routed(prober, watcher, f"{u}/probe", 1)
+    watcher, prober = await watcher_and_prober(u, pq.mqtt_ports, 1)
 
     # Will Delay 2 s with a session that outlives it: published after the delay
     s = await run(raw_socket, pq.mqtt_ports[0])

@@ -15,7 +15,8 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
-from connector_helpers import BOUND, Client, raw_socket, recv_until_closed
+from connector_helpers import raw_socket, recv_until_closed
+from mqtt_clients import BOUND, Client, payloads, routed, run, watcher_and_prober
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from tbmq_launcher.launcher import Suite, new_tag
@@ -35,27 +36,6 @@ async def mq(kafka, tmp_path_factory):
         yield s
     finally:
         await s.stop()
-
-
-def run(fn, *args, **kw):
-    return asyncio.to_thread(fn, *args, **kw)
-
-
-async def routed(pub: Client, sub: Client, topic: str, qos: int = 0, timeout: float = BOUND) -> None:
-    """Publish probes on `topic` until `sub` receives one (the router has the subscription)."""
-    deadline = time.monotonic() + timeout
-    i = 0
-    while time.monotonic() < deadline:
-        payload = f"probe-{i}".encode()
-        await run(pub.publish, topic, payload, qos)
-        if await run(sub.wait, lambda: any(m.payload == payload for m in sub.messages_on(topic)), 0.5):
-            return
-        i += 1
-    raise AssertionError(f"subscription to {topic} not routed within {timeout}s")
-
-
-def payloads(c: Client, topic: str) -> list[bytes]:
-    return [m.payload for m in c.messages_on(topic) if not m.payload.startswith(b"probe-")]
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
@@ -183,12 +163,7 @@ async def test_retained_set_and_clear(mq, unique):
 
 async def test_will_on_ungraceful_close(mq, unique):
     u = unique("will")
-    watcher = Client(u + "w")
-    await run(watcher.connect, mq.mqtt_ports[1])
-    await run(watcher.subscribe, f"{u}/#", 1)
-    prober = Client(u + "p")
-    await run(prober.connect, mq.mqtt_ports[0])
-    await routed(prober, watcher, f"{u}/probe", 1)
+    watcher, prober = await watcher_and_prober(u, mq.mqtt_ports, 1)
 
     from tbmq_mqtt import Connect, Properties, Will, encode
     # 3.1.1, no delay: published at once on a dropped connection
@@ -219,12 +194,7 @@ async def test_will_on_ungraceful_close(mq, unique):
 
 async def test_keep_alive_expiry(mq, unique):
     u = unique("ka")
-    watcher = Client(u + "w")
-    await run(watcher.connect, mq.mqtt_ports[1])
-    await run(watcher.subscribe, f"{u}/#", 0)
-    prober = Client(u + "p")
-    await run(prober.connect, mq.mqtt_ports[0])
-    await routed(prober, watcher, f"{u}/probe")
+    watcher, prober = await watcher_and_prober(u, mq.mqtt_ports, 0)
     from tbmq_mqtt import Connect, Will, encode
     s = await run(raw_socket, mq.mqtt_ports[0])
     s.sendall(encode(Connect(protocol_level=4, client_id=u, keep_alive=1,

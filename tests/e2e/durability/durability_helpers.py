@@ -2,37 +2,21 @@
 a persistent subscriber that can move to another connector, a module-scoped suite that is healed between
 tests, and the final check "every acknowledged sequence number arrived".
 
-The paho wrapper (`Client`) and the bounded subscription probe (`routed`) are the connector engineer's, from
-tests/e2e/connector (put on sys.path here: that folder is not a package).
+The paho wrapper (`Client`), the bounded subscription probe (`routed`) and the bounded waits are the shared
+ones of tests/e2e/mqtt_clients.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
+from mqtt_clients import Client, real, routed, run, wait_until
 
-from connector_helpers import Client  # noqa: E402
-from test_connector_suite import routed, run  # noqa: E402
-
-__all__ = ["Client", "routed", "run", "SeqPublisher", "SeqSubscriber", "heal", "wait_until", "Verdict",
-           "verdict", "crash_scenario", "START_TIMEOUT"]
+__all__ = ["SeqPublisher", "SeqSubscriber", "heal", "Verdict", "verdict", "crash_scenario", "START_TIMEOUT"]
 
 START_TIMEOUT = 180.0  # per service: the machine is shared and slow
-
-
-async def wait_until(pred, timeout: float, what: str, step: float = 0.05) -> None:
-    """Bounded polling (never a bare sleep as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(step)
 
 
 async def heal(suite) -> None:
@@ -168,10 +152,10 @@ class SeqSubscriber:
         return self._old + (list(self.client.messages) if self.client else [])
 
     def seqs(self) -> list[int]:
-        return [int(m.payload) for m in self.all_messages() if not m.payload.startswith(b"probe-")]
+        return [int(m.payload) for m in real(self.all_messages())]
 
     def dup_flags(self) -> int:
-        return sum(1 for m in self.all_messages() if m.dup and not m.payload.startswith(b"probe-"))
+        return sum(1 for m in real(self.all_messages()) if m.dup)
 
     def close(self) -> None:
         if self.client is not None:

@@ -5,22 +5,17 @@ fake gRPC server in the test (every call answered, nothing stored)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 
 import grpc
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+from mqtt_clients import Client, run
 from tbmq.v1 import services_pb2, services_pb2_grpc
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
 
 pytestmark = [pytest.mark.e2e]
-BOUND = 20.0
 
 
 class EmptyDevicePersistence(services_pb2_grpc.DevicePersistenceServicer):
@@ -65,66 +60,19 @@ async def stack(kafka, tmp_path_factory):
         await server.stop(0)
 
 
-class V5:
-    """A paho v5 client on its own network thread."""
-
-    def __init__(self, client_id: str):
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        self.cond = threading.Condition()
-        self.connack = None
-        self.disconnect_reason = None
-        self.c.on_connect = self._on_connect
-        self.c.on_disconnect = self._on_disconnect
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties):
-        with self.cond:
-            self.connack = (flags, reason_code, properties)
-            self.cond.notify_all()
-
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties):
-        with self.cond:
-            self.disconnect_reason = reason_code
-            self.cond.notify_all()
-
-    def connect(self, port: int, *, clean_start: bool, sei: int | None):
-        p = Properties(PacketTypes.CONNECT)
-        if sei is not None:
-            p.SessionExpiryInterval = sei
-        self.c.connect("127.0.0.1", port, keepalive=30, clean_start=clean_start, properties=p)
-        self.c.loop_start()
-        with self.cond:
-            assert self.cond.wait_for(lambda: self.connack is not None, BOUND), "no CONNACK"
-        flags, rc, _ = self.connack
-        assert not rc.is_failure, f"CONNACK {rc}"
-        return flags.session_present
-
-    def disconnect(self, sei: int | None = None):
-        p = None
-        if sei is not None:
-            p = Properties(PacketTypes.DISCONNECT)
-            p.SessionExpiryInterval = sei
-        self.c.disconnect(properties=p)
-        with self.cond:
-            self.cond.wait_for(lambda: self.disconnect_reason is not None, BOUND)
-        self.c.loop_stop()
-
-    def wait_disconnected(self, timeout: float = BOUND):
-        with self.cond:
-            assert self.cond.wait_for(lambda: self.disconnect_reason is not None, timeout), "not disconnected"
-        return self.disconnect_reason
+def connected(port: int, client_id: str, *, clean_start: bool, sei: int | None) -> tuple[Client, bool]:
+    """A v5 client connected (keep alive 30 s) and whether its CONNACK says session present."""
+    c = Client(client_id, clean=clean_start, session_expiry=sei)
+    flags, _, _ = c.connect(port, keepalive=30)
+    return c, flags.session_present
 
 
 def session(port: int, client_id: str, *, clean_start: bool, sei: int | None, disconnect_sei: int | None = None,
             hold: float = 0.0) -> bool:
-    c = V5(client_id)
-    present = c.connect(port, clean_start=clean_start, sei=sei)
+    c, present = connected(port, client_id, clean_start=clean_start, sei=sei)
     time.sleep(hold)
-    c.disconnect(disconnect_sei)
+    c.close(disconnect_sei, wait=True)
     return present
-
-
-def run(fn, *args, **kw):
-    return asyncio.to_thread(fn, *args, **kw)
 
 
 async def test_session_present_follows_the_spec(stack):
@@ -164,11 +112,11 @@ async def test_takeover_across_connectors(stack):
     suite, _ = stack
     p1, p2 = suite.mqtt_ports[:2]
     cid = f"t{uuid.uuid4().hex[:10]}"
-    first = V5(cid)
-    assert await run(first.connect, p1, clean_start=True, sei=120) is False
-    second = V5(cid)
-    assert await run(second.connect, p2, clean_start=False, sei=120) is True
-    reason = await run(first.wait_disconnected)
-    assert reason.value == 0x8E                                                  # Session taken over
+    first, present = await run(connected, p1, cid, clean_start=True, sei=120)
+    assert present is False
+    second, present = await run(connected, p2, cid, clean_start=False, sei=120)
+    assert present is True
+    assert await run(first.wait, lambda: first.disconnected is not None), "not disconnected"
+    assert first.disconnected.value == 0x8E                                      # Session taken over
     first.c.loop_stop()
-    await run(second.disconnect)
+    await run(second.close, wait=True)

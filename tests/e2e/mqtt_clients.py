@@ -1,0 +1,201 @@
+"""MQTT client helpers shared by every end-to-end test (tests/e2e/*): one paho-mqtt wrapper, bounded waits and
+the `routed()` subscription probe.
+
+Importable as `mqtt_clients` from any module under tests/e2e (tests/e2e/conftest.py puts this folder on
+sys.path). Every wait here is bounded; blocking paho calls belong in a thread (`await run(...)`): the launcher
+pumps the services' output on the test's event loop, which must never block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+__all__ = ["BOUND", "PROBE", "Client", "run", "poll", "wait_until", "routed", "watcher_and_prober", "real",
+           "payloads"]
+
+BOUND = 20.0  # default bound (seconds) of every wait below
+PROBE = b"probe-"  # payload prefix of routed()'s probe messages
+
+
+def run(fn, *args, **kw):
+    """`fn(*args, **kw)` in a thread (blocking paho calls off the event loop)."""
+    return asyncio.to_thread(fn, *args, **kw)
+
+
+async def poll(pred: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
+    """Bounded polling (never a bare sleep as synchronisation): True once `pred()` holds, False after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+async def wait_until(pred: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> None:
+    """`poll()` that fails the test (AssertionError naming `what`) when `pred()` does not hold in time."""
+    if not await poll(pred, timeout, step):
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Client:
+    """A paho-mqtt client (callback API 2) on its own network thread. What its callbacks receive is kept under
+    one Condition `cond`: `messages` (every PUBLISH, in arrival order), `connack` (flags, reason code,
+    properties), `suback` (mid, reason codes) and `disconnected` (the reason code of the last disconnect).
+
+    v5: MQTT 5.0 (clean -> Clean Start, session_expiry -> Session Expiry Interval) or 3.1.1 (clean ->
+    clean_session; session_expiry unused). max_inflight: paho's outgoing QoS>0 window (None: paho's 20).
+    timeout: the default bound of this client's waits (connect, subscribe, publish, wait)."""
+
+    def __init__(self, client_id: str, *, v5: bool = True, clean: bool = True, session_expiry: int | None = None,
+                 max_inflight: int | None = None, timeout: float = BOUND) -> None:
+        self.v5, self.clean, self.session_expiry, self.timeout = v5, clean, session_expiry, timeout
+        kw = {} if v5 else {"clean_session": clean}
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, **kw)
+        if max_inflight is not None:
+            self.c.max_inflight_messages_set(max_inflight)
+        self.cond = threading.Condition()
+        self.messages: list[mqtt.MQTTMessage] = []
+        self.connack = None
+        self.suback = None
+        self.disconnected = None
+        self.c.on_message = self._on_message
+        self.c.on_connect = self._on_connect
+        self.c.on_subscribe = self._on_subscribe
+        self.c.on_disconnect = self._on_disconnect
+
+    def _on_message(self, client, userdata, msg):
+        with self.cond:
+            self.messages.append(msg)
+            self.cond.notify_all()
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties):
+        with self.cond:
+            self.connack = (flags, reason_code, properties)
+            self.cond.notify_all()
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties):
+        with self.cond:
+            self.suback = (mid, reason_codes)
+            self.cond.notify_all()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties):
+        with self.cond:
+            self.disconnected = reason_code
+            self.cond.notify_all()
+
+    def wait(self, pred: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Whether `pred()` (evaluated under `cond`, after every callback) holds within the bound."""
+        with self.cond:
+            return self.cond.wait_for(pred, self.timeout if timeout is None else timeout)
+
+    def connect(self, port: int, *, keepalive: int = 60, will=None, expect_ok: bool = True,
+                timeout: float | None = None, **props):
+        """CONNECT to 127.0.0.1:`port` and wait for the CONNACK (or a disconnect); `props`: further v5 CONNECT
+        properties (ReceiveMaximum=7). will: (topic, payload, qos, retain[, properties]). Returns `connack`."""
+        if will is not None:
+            self.c.will_set(*will[:4], properties=will[4] if len(will) > 4 else None)
+        kw = {}
+        if self.v5:
+            p = Properties(PacketTypes.CONNECT)
+            if self.session_expiry is not None:
+                p.SessionExpiryInterval = self.session_expiry
+            for k, v in props.items():
+                setattr(p, k, v)
+            kw = {"clean_start": self.clean, "properties": p}
+        with self.cond:
+            self.connack = self.disconnected = None
+        self.c.connect("127.0.0.1", port, keepalive=keepalive, **kw)
+        self.c.loop_start()
+        assert self.wait(lambda: self.connack is not None or self.disconnected is not None, timeout), "no CONNACK"
+        if expect_ok:
+            assert self.connack is not None and not self.connack[1].is_failure, f"CONNACK {self.connack}"
+        return self.connack
+
+    def subscribe(self, *args, timeout: float | None = None, **kw):
+        """paho's subscribe(topic, qos, options, properties), then wait for its SUBACK: the reason codes."""
+        self.suback = None
+        _, mid = self.c.subscribe(*args, **kw)
+        assert self.wait(lambda: self.suback is not None and self.suback[0] == mid, timeout), "no SUBACK"
+        return self.suback[1]
+
+    def publish(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False, properties=None,
+                wait: bool = True, timeout: float | None = None, check: bool = True) -> mqtt.MQTTMessageInfo:
+        """PUBLISH; with `wait` and QoS > 0, wait (bounded) for its PUBACK/PUBCOMP, asserted unless not `check`."""
+        info = self.c.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        if wait and qos:
+            info.wait_for_publish(self.timeout if timeout is None else timeout)
+            if check:
+                assert info.is_published()
+        return info
+
+    def messages_on(self, topic: str) -> list[mqtt.MQTTMessage]:
+        with self.cond:
+            return [m for m in self.messages if m.topic == topic]
+
+    def snapshot(self) -> list[mqtt.MQTTMessage]:
+        with self.cond:
+            return list(self.messages)
+
+    def close(self, session_expiry: int | None = None, *, wait: bool = False) -> None:
+        """DISCONNECT (v5: with this Session Expiry Interval if given) and stop the network thread; `wait`: for
+        the disconnect to complete first (bounded, not asserted)."""
+        p = None
+        if session_expiry is not None:
+            p = Properties(PacketTypes.DISCONNECT)
+            p.SessionExpiryInterval = session_expiry
+        try:
+            self.c.disconnect(properties=p)
+        except Exception:
+            pass
+        if wait:
+            self.wait(lambda: self.disconnected is not None)
+        self.c.loop_stop()
+
+
+def real(messages: Iterable[mqtt.MQTTMessage]) -> list[mqtt.MQTTMessage]:
+    """The messages that are not routed()'s probes."""
+    return [m for m in messages if not m.payload.startswith(PROBE)]
+
+
+def payloads(c: Client, topic: str) -> list[bytes]:
+    """Payloads `c` received on `topic`, probes left out."""
+    return [m.payload for m in real(c.messages_on(topic))]
+
+
+async def routed(pub: Client, sub: Client, topic: str, qos: int = 0, timeout: float = BOUND, *,
+                 probe_wait: float = 0.5, puback_timeout: float | None = None, puback_required: bool = True) -> None:
+    """Publish probes ("probe-<i>") on `topic` from `pub` until `sub` receives one: the router knows the
+    subscription (it learns subscriptions asynchronously, so tests wait with this, never a bare sleep).
+    Each probe waits `probe_wait` s for its arrival, and (QoS > 0) up to `puback_timeout` (default: pub's
+    bound) for its PUBACK, which fails the test when missing unless not `puback_required`."""
+    deadline = time.monotonic() + timeout
+    i = 0
+    while time.monotonic() < deadline:
+        payload = PROBE + str(i).encode()
+        await run(pub.publish, topic, payload, qos, timeout=puback_timeout, check=puback_required)
+        if await run(sub.wait, lambda: any(m.payload == payload for m in sub.messages_on(topic)), probe_wait):
+            return
+        i += 1
+    raise AssertionError(f"subscription to {topic} not routed within {timeout}s")
+
+
+async def watcher_and_prober(prefix: str, ports: list[int], qos: int = 1) -> tuple[Client, Client]:
+    """v5 clients `<prefix>w`, subscribed to `<prefix>/#` at `qos` on ports[1], and `<prefix>p` on ports[0],
+    the subscription routed (probes at `qos` on `<prefix>/probe`): (watcher, prober)."""
+    watcher = Client(prefix + "w")
+    await run(watcher.connect, ports[1])
+    await run(watcher.subscribe, f"{prefix}/#", qos)
+    prober = Client(prefix + "p")
+    await run(prober.connect, ports[0])
+    await routed(prober, watcher, f"{prefix}/probe", qos)
+    return watcher, prober
