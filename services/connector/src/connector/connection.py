@@ -44,11 +44,24 @@ from tbmq_mqtt import (
     Unsubscribe,
     encode,
 )
-from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter
+from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
 
 from .connect import ConnectRefused, is_persistent, plan_connect, will_delay_seconds
 from .convert import outbound_publish, publish_msg, topic_subscription
-from .flow import APP, DEVICE, LIVE, AliasError, InboundAliases, InboundQos, OutboundWindow, OutMsg
+from .flow import (
+    APP,
+    DEVICE,
+    GROUP,
+    LIVE,
+    AliasError,
+    GroupRef,
+    GroupStores,
+    InboundAliases,
+    InboundQos,
+    OutboundWindow,
+    OutMsg,
+    upstream_ack,
+)
 
 if TYPE_CHECKING:
     from .service import ConnectorService
@@ -132,6 +145,7 @@ class Connection(asyncio.Protocol):
         self.fetching = False
         self.held_persisted: list[pb.DevicePublishMsg] = []
         self.max_serial = -1
+        self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
         self.app_stream = None
         self.app_refs: dict[tuple, int] = {}
         self.dropped = 0
@@ -311,6 +325,8 @@ class Connection(asyncio.Protocol):
             self.app_stream = None
         if self.device and svc.device is not None:
             svc.device.detach(self.client_id, self.session_id)
+        for store_id in self.groups.attached():
+            self._detach_group(store_id)
         prior = self.state_before_close
         if not self.request_sent:
             return
@@ -463,6 +479,7 @@ class Connection(asyncio.Protocol):
             self.device = True
             self.fetching = True
             svc.spawn_bg(self._fetch_stored())
+            self._attach_groups()
         elif self.persistent and self.client_type == pb.CLIENT_TYPE_APPLICATION:
             self._open_app_stream()
 
@@ -591,8 +608,10 @@ class Connection(asyncio.Protocol):
             self._pump()
             return
         self.write(PubRel(p.packet_id))
-        if msg.kind == DEVICE and self.svc.device is not None:
-            self.svc.device.mark_pubrec(self.client_id, p.packet_id)
+        if self.svc.device is not None:
+            up = upstream_ack(msg, self.client_id)  # own store, or the group store (local id mapped back)
+            if up is not None:
+                self.svc.device.mark_pubrec(*up)
 
     def _on_pubcomp(self, p: PubComp) -> None:
         msg = self.out.on_pubcomp(p.packet_id)
@@ -602,9 +621,9 @@ class Connection(asyncio.Protocol):
 
     def _delivered(self, msg: OutMsg) -> None:
         """The client acknowledged (or the message was discarded for it): tell its source."""
-        if msg.kind == DEVICE:
+        if msg.kind == DEVICE or msg.kind == GROUP:
             if self.svc.device is not None:
-                self.svc.device.acknowledge(self.client_id, msg.packet_id or msg.fixed_id)
+                self.svc.device.acknowledge(*upstream_ack(msg, self.client_id))
         elif msg.kind == APP:
             key = (msg.ref.topic, msg.ref.partition, msg.ref.offset)
             self.app_refs.pop(key, None)
@@ -677,37 +696,46 @@ class Connection(asyncio.Protocol):
                 return
 
     # ---------------------------------------------------------------------------------- persistent DEVICE
-    async def _fetch_stored(self) -> None:
+    async def _fetch(self, store_id: str) -> list | None:
+        """FetchUndelivered(store_id) for this session (the member's own id, or a group store id): the stored
+        messages, [] when it failed for good, None when the connection ended meanwhile.
+
+        Retried while the connection lives when device-persistence is unavailable (restarting after a crash,
+        or slow): FetchUndelivered is also what ATTACHES this session, so giving up would leave a connected
+        client with neither its stored messages nor any new one (device-persistence keeps forwarding them to
+        the previous attachment) until it happens to reconnect. Safe to retry."""
         svc = self.svc
-        # Retried while the connection lives when device-persistence is unavailable (restarting after a
-        # crash, or slow): FetchUndelivered is also what ATTACHES this session, so giving up would leave
-        # a connected client with neither its stored messages nor any new one (device-persistence keeps
-        # forwarding them to the previous attachment) until it happens to reconnect. Safe to retry.
         backoff = 0.5
         while True:
             try:
-                stored = await svc.device.fetch(self.client_id, svc.service_id, self.session_id)
+                stored = await svc.device.fetch(store_id, svc.service_id, self.session_id)
                 break
             except grpc.aio.AioRpcError as exc:
                 if self.state != CONNECTED:
-                    return
+                    return None
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    log.warning("client %r: FetchUndelivered failed (%s); stored messages come on the next "
-                                "connect", self.client_id, exc.code().name)
+                    log.warning("client %r: FetchUndelivered(%r) failed (%s); stored messages come on the next "
+                                "connect", self.client_id, store_id, exc.code().name)
                     stored = []
                     break
-                log.warning("client %r: FetchUndelivered failed (%s); retrying in %.1fs",
-                            self.client_id, exc.code().name, backoff)
+                log.warning("client %r: FetchUndelivered(%r) failed (%s); retrying in %.1fs",
+                            self.client_id, store_id, exc.code().name, backoff)
             except Exception as exc:
-                log.warning("client %r: FetchUndelivered failed (%r); stored messages come on the next connect",
-                            self.client_id, exc)
+                log.warning("client %r: FetchUndelivered(%r) failed (%r); stored messages come on the next "
+                            "connect", self.client_id, store_id, exc)
                 stored = []
                 break
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
             if self.state != CONNECTED:
-                return
+                return None
         if self.state != CONNECTED:
+            return None
+        return stored
+
+    async def _fetch_stored(self) -> None:
+        stored = await self._fetch(self.client_id)
+        if stored is None:
             return
         self.fetching = False
         for dm in stored:
@@ -731,6 +759,90 @@ class Connection(asyncio.Protocol):
         m = dm.msg
         self.deliver(m, m.qos, m.retain, m.subscription_ids, kind=DEVICE, fixed_id=dm.packet_id,
                      ref=dm.serial, dup=dup, pubrel_only=dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL)
+
+    # ---------------------------------------------------------------------------------- shared DEVICE groups
+    # While no member of a shared DEVICE group is connected, the router persists the group's copies under the
+    # group store id ss_<share>_<filter> (tbmq_routing.shared_store_id). A persistent DEVICE member hands that
+    # store over when it has the shared subscription (session restored on CONNACK, or SUBSCRIBE): one
+    # FetchUndelivered(store id) per group, which also attaches the store to this session, so copies the router
+    # still stores there (its session view lags) are forwarded here as DevicePublishMsg{client_id = store id}
+    # (the service dispatches them through `by_store`). The messages go out with ids of the live allocator
+    # (kind GROUP, ref = GroupRef): the store's packet ids are another id space. A newer attachment (another
+    # member, on any connector) wins: this one then just gets no more forwards.
+    def _attach_groups(self) -> None:
+        """Attach (and fetch) the group store of every shared subscription not attached yet. Only for a
+        persistent DEVICE session: a non-persistent one could not keep the messages."""
+        if not self.device or self.state != CONNECTED or self.svc.device is None:
+            return
+        for share_name, topic_filter in list(self.subs):
+            if not share_name:
+                continue
+            store_id = shared_store_id(share_name, topic_filter)
+            if self.groups.begin(store_id, (share_name, topic_filter)):
+                self.svc.by_store[store_id] = self
+                self.svc.stats["group_fetches"] += 1
+                self.svc.spawn_bg(self._fetch_group(store_id))
+
+    def _detach_group(self, store_id: str) -> None:
+        if not self.groups.detach(store_id):
+            return
+        svc = self.svc
+        if svc.by_store.get(store_id) is self:
+            del svc.by_store[store_id]
+        if svc.device is not None:
+            svc.device.detach(store_id, self.session_id)  # a no-op if another session attached since
+
+    async def _fetch_group(self, store_id: str) -> None:
+        stored = await self._fetch(store_id)
+        if stored is None or not self.groups.fetching(store_id):
+            # connection gone, or unsubscribed meanwhile: the Detach sent then may have run before this fetch
+            # attached; detach again (a no-op when another session attached since). The messages stay stored.
+            if self.svc.device is not None:
+                self.svc.device.detach(store_id, self.session_id)
+            return
+        held = self.groups.fetched(store_id)
+        if stored:
+            log.info("client %r: %d stored messages of shared group store %r", self.client_id, len(stored),
+                     store_id)
+        for dm in stored:
+            self._deliver_group(dm, dup=True)
+        for dm in held:
+            self._deliver_group(dm, dup=False)
+
+    def on_group_persisted(self, dm: pb.DevicePublishMsg) -> None:
+        """A forward of a group store this connection attached."""
+        if self.state != CONNECTED or dm.client_id not in self.groups:
+            return  # still in Redis: the next member's fetch gets it
+        if self.groups.hold(dm.client_id, dm):
+            return
+        self._deliver_group(dm, dup=False)
+
+    def _deliver_group(self, dm: pb.DevicePublishMsg, *, dup: bool) -> None:
+        store_id = dm.client_id
+        key = self.groups.key(store_id)
+        sub = self.subs.get(key) if key is not None else None
+        if sub is None or self.state != CONNECTED:
+            return  # no longer subscribed: stays in the store
+        if not self.groups.accept(store_id, dm.serial):
+            return  # already delivered (a forward of a message that was also in the fetch answer)
+        svc = self.svc
+        svc.stats["group_delivered"] += 1
+        ref = GroupRef(store_id, dm.packet_id, dm.serial)
+        if dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL:
+            # a member's PUBREC was received on an earlier connection: the group got the message (QoS 2,
+            # exactly once); another member has no use for a PUBREL of an id it never saw. Done.
+            svc.device.acknowledge(store_id, dm.packet_id)
+            return
+        m = dm.msg
+        qos = min(m.qos, sub.qos)
+        retain = m.retain and sub.retain_as_published
+        ids = (sub.subscription_id,) if sub.subscription_id else ()
+        if qos == 0:
+            # the group's copy is QoS > 0 but this member was granted QoS 0: sent once, done for the store
+            self.deliver(m, 0, retain, ids)
+            svc.device.acknowledge(store_id, dm.packet_id)
+            return
+        self.deliver(m, qos, retain, ids, kind=GROUP, ref=ref, dup=dup)
 
     # ---------------------------------------------------------------------------------- APPLICATION
     def _open_app_stream(self) -> None:
@@ -813,6 +925,7 @@ class Connection(asyncio.Protocol):
         if self.state == CLOSED:
             return
         self.write(SubAck(p.packet_id, codes))
+        self._attach_groups()  # a new shared subscription of a persistent DEVICE member: its group's store
         # retained messages [MQTT-3.3.1-9] (retain=1), per Retain Handling; not for shared subscriptions
         ids = ()
         for topic_filter, qos, sid, _existed in retained:
@@ -848,6 +961,8 @@ class Connection(asyncio.Protocol):
             self.subs = new_set
             if self.app_stream is not None and {k for k in new_set if k[0]} != old_shared:
                 self._restart_app_stream()
+            for key in old_shared - {k for k in new_set if k[0]}:
+                self._detach_group(shared_store_id(*key))  # no longer a member of that group
         self.write(UnsubAck(p.packet_id, codes if self.v5 else []))
 
     # ---------------------------------------------------------------------------------- DISCONNECT

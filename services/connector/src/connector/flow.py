@@ -15,6 +15,12 @@ fixed ids included), and walks the id space *downwards* from 65535 while the sto
 from 1, so the two rarely meet. When a fixed-id message reaches the head of the queue while its id is
 still held by an earlier in-flight message, the queue waits (in order) until that id is acknowledged;
 ids are freed by the client's PUBACK/PUBCOMP, so the wait is bounded by the client's round trip.
+
+Messages of a shared DEVICE group's store (``ss_<share>_<filter>``, fetched by a persistent member) are NOT
+fixed-id messages: their packet ids belong to the group store's own id space and would collide with the
+member's own stored ids. They get an allocated id like a live delivery (kind ``GROUP``) and carry a
+``GroupRef`` (store id, store packet id, serial) as ``ref``: the in-flight map, keyed by the local packet id,
+is the mapping local id -> (store id, store packet id) used to acknowledge the group store entry.
 """
 
 from __future__ import annotations
@@ -26,12 +32,34 @@ from typing import Any
 LIVE = 0     # tbmq.msg.downlink.basic / retained on subscribe: connector-assigned id, nothing to ack upstream
 DEVICE = 1   # persistent DEVICE message: fixed id, Acknowledge/MarkPubrec to device-persistence
 APP = 2      # APPLICATION record: connector-assigned id, AppAck(ref) upstream
+GROUP = 3    # shared DEVICE group store message: connector-assigned id, Acknowledge/MarkPubrec(ref) upstream
 
 AWAIT_PUBACK = 1
 AWAIT_PUBREC = 2
 AWAIT_PUBCOMP = 3
 
 MAX_PACKET_ID = 65535
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRef:
+    """Where a GROUP delivery came from: the group store id (the device-persistence "client id"), the packet
+    id the store assigned (its own id space, never sent to the member) and the store's serial."""
+
+    store_id: str
+    packet_id: int
+    serial: int
+
+
+def upstream_ack(msg: "OutMsg", client_id: str) -> tuple[str, int] | None:
+    """The (store client id, store packet id) a client's PUBACK/PUBCOMP/PUBREC of `msg` acknowledges in
+    device-persistence: the member's own store for DEVICE (fixed id), the group store for GROUP (the local
+    packet id is mapped back through the ref); None for anything else."""
+    if msg.kind == DEVICE:
+        return client_id, msg.packet_id or msg.fixed_id
+    if msg.kind == GROUP:
+        return msg.ref.store_id, msg.ref.packet_id
+    return None
 
 
 @dataclass(slots=True)
@@ -43,7 +71,7 @@ class OutMsg:
     publish: Any = None            # the Publish packet to send (packet_id filled when it goes in flight)
     fixed_id: int | None = None    # DEVICE: the store's packet id
     pubrel_only: bool = False      # DEVICE: PUBREC already received before; only PUBREL is owed
-    ref: Any = None                # APP: AppRecordRef; DEVICE: serial
+    ref: Any = None                # APP: AppRecordRef; DEVICE: serial; GROUP: GroupRef
     packet_id: int = 0
     state: int = 0
     extra: dict = field(default_factory=dict)
@@ -146,6 +174,71 @@ class OutboundWindow:
     def clear(self) -> None:
         self.inflight.clear()
         self.queue.clear()
+
+
+class GroupStores:
+    """The shared DEVICE group stores one persistent member has attached (store id -> state). Pure.
+
+    Per store: the subscription key (share name, filter) it serves, whether its FetchUndelivered is still
+    running (forwards that arrive meanwhile are held and delivered after the answer), and the highest serial
+    delivered (a forward of a message that was also in the answer is skipped). The serial survives a detach,
+    so a re-subscribe within the same connection does not send again what is still in flight.
+    """
+
+    __slots__ = ("_key", "_held", "_serial")
+
+    def __init__(self) -> None:
+        self._key: dict[str, tuple[str, str]] = {}        # attached store id -> (share name, filter)
+        self._held: dict[str, list] = {}                  # store id -> forwards held while fetching
+        self._serial: dict[str, int] = {}                 # store id -> highest serial delivered
+
+    def __contains__(self, store_id: str) -> bool:
+        return store_id in self._key
+
+    def __len__(self) -> int:
+        return len(self._key)
+
+    def attached(self) -> list[str]:
+        return list(self._key)
+
+    def key(self, store_id: str) -> tuple[str, str] | None:
+        return self._key.get(store_id)
+
+    def begin(self, store_id: str, key: tuple[str, str]) -> bool:
+        """Attach `store_id` (serving subscription `key`): True when a fetch must be made now (False: already
+        attached on this connection)."""
+        if store_id in self._key:
+            return False
+        self._key[store_id] = key
+        self._held[store_id] = []
+        return True
+
+    def fetching(self, store_id: str) -> bool:
+        return store_id in self._held
+
+    def hold(self, store_id: str, item) -> bool:
+        """Hold a forward while the store's fetch runs: True when held (else deliver it now)."""
+        held = self._held.get(store_id)
+        if held is None:
+            return False
+        held.append(item)
+        return True
+
+    def fetched(self, store_id: str) -> list:
+        """The fetch answered: the forwards held meanwhile, in arrival order (delivered after the answer)."""
+        return self._held.pop(store_id, [])
+
+    def accept(self, store_id: str, serial: int) -> bool:
+        """True (and remembered) when `serial` is past the highest delivered from this store."""
+        if serial <= self._serial.get(store_id, -1):
+            return False
+        self._serial[store_id] = serial
+        return True
+
+    def detach(self, store_id: str) -> bool:
+        """Forget the attachment (the serial is kept): True when it was attached."""
+        self._held.pop(store_id, None)
+        return self._key.pop(store_id, None) is not None
 
 
 class InboundAliases:

@@ -82,6 +82,8 @@ class ConnectorService(Service):
         self.connections: set[Connection] = set()
         self.by_session: dict[str, Connection] = {}
         self.by_client: dict[str, Connection] = {}
+        # shared DEVICE group store id (ss_<share>_<filter>) -> the local member that attached it last
+        self.by_store: dict[str, Connection] = {}
         self.stats: Counter = Counter()
         self._server: asyncio.base_events.Server | None = None
         self._bg: set[asyncio.Task] = set()
@@ -172,6 +174,7 @@ class ConnectorService(Service):
     def health_details(self) -> dict:
         return {"service_id": self.service_id, "mqtt_port": self.mqtt_port,
                 "connections": len(self.connections), "clients": len(self.by_client),
+                "group_stores": len(self.by_store),
                 "retained": len(self.retained), "pending_wills": len(self.wills.pending),
                 **{k: v for k, v in self.stats.items()},
                 **(self.device.acks.stats if self.device is not None else {})}
@@ -320,14 +323,20 @@ class ConnectorService(Service):
 
     def _on_persisted(self, record) -> None:
         dm = pb.DevicePublishMsg.FromString(record.value)
-        conn = self.by_client.get(dm.client_id)
-        if conn is None:
-            return  # still stored in Redis: delivered on the next connect
+        # a shared DEVICE group store's forward goes to the local member that attached that store
+        conn = self.by_store.get(dm.client_id)
+        if conn is not None:
+            handle = conn.on_group_persisted
+        else:
+            conn = self.by_client.get(dm.client_id)
+            if conn is None:
+                return  # still stored in Redis: delivered on the next connect
+            handle = conn.on_persisted
         if self.spans:
             with span_from_kafka(tracer, "mqtt.deliver.persisted", record.headers):
-                conn.on_persisted(dm)
+                handle(dm)
         else:
-            conn.on_persisted(dm)
+            handle(dm)
 
 
 __all__ = ["ConnectorService", "assign_at_end"]
