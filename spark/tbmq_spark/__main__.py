@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import signal
 import sys
+import time
 import zipfile
 
 from . import SPARK_DIR
@@ -37,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-offsets-per-trigger", type=int, default=None)
     s.add_argument("--no-publish", action="store_true", help="Parquet only, no tbmq.sys.historical.data")
     s.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
+    s.add_argument("--ready-file", default=None,
+                   help="write this file (JSON: pid, query id) once the streaming query is active "
+                        "(the launcher's readiness signal)")
 
     a = sub.add_parser("archive", help="event log to Parquet + rebuild check of the compacted projections")
     common(a)
@@ -82,9 +88,37 @@ def package(dest: str) -> str:
     return dest
 
 
+def _signal_ready(path: str | None, query) -> None:
+    """The readiness signal of a started stats query: a line in the log and (with --ready-file) a JSON file
+    written atomically (tmp + rename)."""
+    info = {"pid": os.getpid(), "query": query.name, "id": str(query.id), "run_id": str(query.runId),
+            "started_at_ms": int(time.time() * 1000)}
+    print(f"tbmq_spark: stats query started: {json.dumps(info)}", flush=True)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (launcher, systemd, docker stop) stops the query like Ctrl-C: KeyboardInterrupt in the main
+    thread, the query is stopped and the session closed before the process exits."""
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM ends the process at once
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.cmd == "stats":
+        _interrupt_on_sigterm()
+        if args.ready_file and os.path.exists(args.ready_file):
+            os.remove(args.ready_file)         # a stale signal of an earlier run
     if args.cmd == "package":
         print(package(args.dest))
         return 0
@@ -108,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
                           starting_offsets=args.starting_offsets,
                           max_offsets_per_trigger=args.max_offsets_per_trigger, publish=not args.no_publish)
         try:
-            run_stats(spark, cfg, args.timeout)
+            run_stats(spark, cfg, args.timeout, on_started=lambda q: _signal_ready(args.ready_file, q))
         except KeyboardInterrupt:
-            pass
+            print("tbmq_spark: stats query stopped (interrupted)", flush=True)
+        finally:
+            if args.ready_file and os.path.exists(args.ready_file):
+                os.remove(args.ready_file)
+            spark.stop()
         return 0
     if args.cmd == "archive":
         from .archive import ArchiveConfig, run_archive

@@ -23,6 +23,8 @@ def read_stream(spark, bootstrap: str, *, pattern: str | None = None, topics: li
          .option("kafka.bootstrap.servers", bootstrap)
          .option("startingOffsets", starting_offsets)
          .option("failOnDataLoss", "false")          # retention may delete what was never read
+         # the session registry writes in Kafka transactions: an aborted (retried) batch is no event
+         .option("kafka.isolation.level", "read_committed")
          .option("kafka.metadata.max.age.ms", "30000"))  # new tbmq.msg.app.* topics are found within 30 s
     if pattern:
         r = r.option("subscribePattern", pattern)
@@ -41,6 +43,7 @@ def read_batch(spark, bootstrap: str, topics: list[str]):
             .option("startingOffsets", "earliest")
             .option("endingOffsets", "latest")
             .option("failOnDataLoss", "false")
+            .option("kafka.isolation.level", "read_committed")
             .load())
 
 

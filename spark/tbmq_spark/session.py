@@ -51,6 +51,15 @@ def kafka_jars(jars_dir: str | os.PathLike | None = None) -> list[str]:
         raise RuntimeError(
             f"no spark-sql-kafka jar in {d}: run scripts/bootstrap.sh "
             "(mvn -q -B -f infra/spark/pom.xml dependency:copy-dependencies)")
+    try:
+        import pyspark
+
+        kafka_jar = next(Path(j).name for j in jars if "spark-sql-kafka" in j)
+        if not kafka_jar.endswith(f"-{pyspark.__version__}.jar"):
+            log.warning("%s does not match pyspark %s (infra/spark/pom.xml spark.version = pyspark's version)",
+                        kafka_jar, pyspark.__version__)
+    except Exception:  # a check only
+        pass
     return jars
 
 
@@ -93,3 +102,31 @@ def get_session(app_name: str = "tbmq-spark", master: str | None = None, *,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def stop_session(spark=None) -> None:
+    """Stop the session and end the py4j gateway JVM that pyspark started for this process (SparkSession.stop()
+    alone leaves it running until Python exits): EOF on its stdin makes it exit, then its pid is waited for."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    spark = spark or SparkSession.getActiveSession()
+    if spark is not None:
+        spark.stop()
+    gw = SparkContext._gateway
+    if gw is None:
+        return
+    proc = getattr(gw, "proc", None)
+    try:
+        gw.shutdown()
+    except Exception:
+        pass
+    if proc is not None:
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=15)
+        except Exception:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None

@@ -270,10 +270,13 @@ def start_stats(spark, cfg: StatsConfig):
     return _apply_trigger(writer, cfg.trigger).start()
 
 
-def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None) -> None:
-    """Run until the query ends (availableNow/once) or forever (processingTime), or `timeout_s`."""
+def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_started=None) -> None:
+    """Run until the query ends (availableNow/once) or forever (processingTime), or `timeout_s`.
+    `on_started(query)` is called once the query is active (the CLI's readiness signal)."""
     q = start_stats(spark, cfg)
     try:
+        if on_started is not None:
+            on_started(q)
         q.awaitTermination(timeout_s)
     finally:
         if q.isActive:

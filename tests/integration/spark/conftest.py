@@ -34,38 +34,17 @@ PUBLISHER = f"pub-{uuid.uuid4().hex[:8]}"   # this run's publisher id (the archi
 
 @pytest.fixture(scope="session")
 def spark():
-    from tbmq_spark.session import get_session
+    """The run's local[2] session (tests/e2e/spark shares it: get_session returns the active one)."""
+    from pyspark.sql import SparkSession
+    from tbmq_spark.session import get_session, stop_session
 
     t0 = time.monotonic()
+    mine = SparkSession.getActiveSession() is None
     s = get_session("tbmq-spark-tests", "local[2]")
     print(f"\nspark session ready in {time.monotonic() - t0:.1f}s")
     yield s
-    s.stop()
-    _stop_gateway()
-
-
-def _stop_gateway() -> None:
-    """SparkSession.stop() leaves the py4j gateway JVM (spark-submit) running until Python exits: end it
-    (EOF on its stdin makes it exit; then its pid, which pyspark started for us)."""
-    from pyspark import SparkContext
-
-    gw = SparkContext._gateway
-    if gw is None:
-        return
-    proc = getattr(gw, "proc", None)
-    try:
-        gw.shutdown()
-    except Exception:
-        pass
-    if proc is not None:
-        try:
-            proc.stdin.close()
-            proc.wait(timeout=15)
-        except Exception:
-            proc.kill()
-            proc.wait()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
+    if mine:
+        stop_session(s)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 
 Starts Kafka, Redis, the topics and every service with the default ports of docs/architecture.md
 (MQTT localhost:1883), prints what listens where and "ready", and stops everything on Ctrl-C / SIGTERM.
+`run --spark` also starts the Spark statistics job after the services (`make run RUN_ARGS=--spark`).
 Exit code: 0 after a clean stop, 1 when the start failed, 3 when a service died while running.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -40,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--log-format", default="console", choices=("console", "json"))
     r.add_argument("--start-timeout", type=float, default=90.0, help="per-service readiness timeout (s)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env for every service")
+    r.add_argument("--spark", action="store_true",
+                   help="also run the Spark statistics job (python -m tbmq_spark stats; output <run-dir>/spark, "
+                        "log <run-dir>/logs/spark-stats.log; docs/spark.md)")
+    r.add_argument("--spark-args", default="", metavar="ARGS",
+                   help="extra arguments of `tbmq_spark stats`, e.g. '--trigger \"processingTime=30 seconds\"'")
+    r.add_argument("--spark-start-timeout", type=float, default=180.0,
+                   help="wait this long for the Spark job's query to start (s)")
     t = sub.add_parser("topics", help="create the catalogue's topics on a running Kafka (idempotent)")
     t.add_argument("--bootstrap-servers", default="localhost:9092")
     t.add_argument("--service-id", action="append", default=[],
@@ -79,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster, env=env,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
-            start_timeout=args.start_timeout, fresh=args.fresh)
+            start_timeout=args.start_timeout, fresh=args.fresh,
+            spark=args.spark, spark_args=shlex.split(args.spark_args),
+            spark_start_timeout=args.spark_start_timeout)
     except ValueError as e:
         print(f"launcher: {e}", file=sys.stderr)
         return 2
@@ -122,7 +133,7 @@ async def _run(suite: Suite) -> int:
             done, _ = await asyncio.wait({watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if watcher in done:
                 sid, rc = watcher.result()
-                p = next(p for p in suite.procs.values() if p.service_id == sid)
+                p = next(p for p in suite.processes() if p.service_id == sid)
                 print(f"launcher: {sid} exited with code {rc}; last lines of {p.log_path}:\n{p.log_tail(20)}",
                       file=sys.stderr, flush=True)
                 await p.stop()

@@ -7,6 +7,8 @@
     await suite.restart_service("connector", 2)
     await suite.stop()                 # services (SIGTERM, SIGKILL after a timeout), then Kafka, then Redis
 
+    Suite(spark=True)                  # + the Spark statistics job after the services (docs/spark.md)
+
 `python -m tbmq_launcher run` (= `make run`) runs one with the default ports of docs/architecture.md.
 """
 
@@ -72,6 +74,11 @@ class Suite:
       create_topics   ensure_topics(static_topics() + service_topics(<each connector id>)) after Kafka.
       start_timeout   per service readiness timeout (s); stop_timeout: SIGTERM → SIGKILL delay (s).
       kafka_heap      -Xmx of the broker.
+      spark           also run the Spark statistics job (`python -m tbmq_spark stats --bootstrap <kafka>
+                      --output <run_dir>/spark`, log <run_dir>/logs/spark-stats.log) once the services are
+                      ready; ready when its streaming query is active (spark_start_timeout), stopped first.
+      spark_args      extra arguments of `tbmq_spark stats` (e.g. ("--trigger", "processingTime=30 seconds")).
+      spark_start_timeout, spark_stop_timeout: its bounds (s): JVM start + query start; SIGTERM → SIGKILL.
     """
 
     def __init__(
@@ -101,6 +108,10 @@ class Suite:
         kafka_heap: str = "512m",
         kafka_stop_timeout: float = 15.0,
         fresh: bool = False,
+        spark: bool = False,
+        spark_args: Sequence[str] = (),
+        spark_start_timeout: float = 180.0,
+        spark_stop_timeout: float = 30.0,
     ) -> None:
         if ports not in ("default", "free"):
             raise ValueError("ports must be 'default' or 'free'")
@@ -172,6 +183,18 @@ class Suite:
                 elif sdef.mqtt_port:
                     p.mqtt_port = self._port(sdef.mqtt_port, i, 1)
                 self.procs[(name, i)] = p
+        # the Spark statistics job (started after the services, stopped before them)
+        self.spark = spark
+        self.spark_args = tuple(spark_args)
+        self.spark_start_timeout = spark_start_timeout
+        self.spark_stop_timeout = spark_stop_timeout
+        self.spark_job = None
+        if spark:
+            from .spark import SparkJobProcess
+
+            self.spark_job = SparkJobProcess(
+                self.bootstrap_servers, self.run_dir, self.spark_args, echo=echo,
+                color=_COLORS[color % len(_COLORS)] if _isatty(echo) else None)
         self._started = False
         self.start_seconds: float | None = None
 
@@ -277,6 +300,10 @@ class Suite:
                 where.append(f"gRPC :{p.grpc_port}")
             state = f"pid {p.pid}" if p.running else "stopped"
             rows.append((p.service_id, ", ".join(where), f"{state}, log {p.log_path}"))
+        if self.spark_job is not None:
+            j = self.spark_job
+            state = f"pid {j.pid}" if j.running else "stopped"
+            rows.append((j.service_id, f"output {j.output}", f"{state}, log {j.log_path}"))
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         return "\n".join(f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows)
@@ -291,7 +318,8 @@ class Suite:
         t0 = time.monotonic()
         try:
             if self.fresh and self.run_dir.exists():
-                for sub in ("kafka", "redis", "redis-cluster", "logs"):
+                # the Spark checkpoint holds offsets of the deleted Kafka data: it goes too
+                for sub in ("kafka", "redis", "redis-cluster", "logs", "spark"):
                     shutil.rmtree(self.run_dir / sub, ignore_errors=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             infra = []
@@ -308,6 +336,8 @@ class Suite:
             for name in self.service_names:
                 for p in self.instances_of(name):
                     await self._start_proc(p)
+            if self.spark_job is not None:
+                await self.start_spark()
         except BaseException:
             await self.stop()
             raise
@@ -330,9 +360,29 @@ class Suite:
         await p.start(timeout=self.start_timeout)
         log.info("%s ready in %.1fs (pid %s)", p.service_id, p.ready_in, p.pid)
 
+    async def start_spark(self) -> None:
+        """(Re)start the Spark statistics job and wait until its streaming query is active."""
+        if self.spark_job is None:
+            raise SuiteError("this suite has no Spark job (Suite(spark=True))")
+        j = self.spark_job
+        # the job reads KAFKA_BOOTSTRAP_SERVERS/TBMQ_SPARK_OUTPUT too; its command line already says both
+        j.env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers, "TBMQ_SPARK_OUTPUT": str(j.output),
+                 "PYTHONUNBUFFERED": "1"}
+        log.info("starting %s", j.service_id)
+        await j.start(timeout=self.spark_start_timeout)
+        log.info("%s ready in %.1fs (pid %s)", j.service_id, j.ready_in, j.pid)
+
+    async def stop_spark(self) -> int | None:
+        """SIGTERM to the job (it stops its query), SIGKILL of its whole tree after spark_stop_timeout."""
+        if self.spark_job is None or self.spark_job.proc is None:
+            return None
+        return await self.spark_job.stop(timeout=self.spark_stop_timeout)
+
     async def stop(self) -> None:
-        """Services in reverse order (SIGTERM, SIGKILL after stop_timeout), then Kafka, then Redis.
-        Never raises for one part failing to stop; safe to call twice."""
+        """The Spark job, services in reverse order (SIGTERM, SIGKILL after stop_timeout), then Kafka, then
+        Redis. Never raises for one part failing to stop; safe to call twice."""
+        with contextlib.suppress(Exception):
+            await self.stop_spark()
         for name in reversed(self.service_names):
             procs = [p for p in self.instances_of(name) if p.proc is not None]
             if procs:
@@ -368,9 +418,13 @@ class Suite:
         await self.stop_service(name, instance, sig)
         return await self.start_service(name, instance)
 
+    def processes(self) -> list[ServiceProcess]:
+        """Every supervised process: the service instances and the Spark job."""
+        return [*self.procs.values(), *([self.spark_job] if self.spark_job is not None else [])]
+
     def pids(self) -> list[int]:
         """Pids of everything this suite started that is running now (services, Kafka, Redis)."""
-        out = [p.pid for p in self.procs.values() if p.running]
+        out = [p.pid for p in self.processes() if p.running]
         if self._own_kafka and self.kafka is not None and self.kafka.pid:
             out.append(self.kafka.pid)
         if self._own_redis and self.redis is not None:
@@ -380,7 +434,7 @@ class Suite:
 
     async def watch(self) -> tuple[str, int]:
         """Wait until any running service exits; returns (service id, exit code)."""
-        waits = {asyncio.ensure_future(p.proc.wait()): p for p in self.procs.values() if p.running}
+        waits = {asyncio.ensure_future(p.proc.wait()): p for p in self.processes() if p.running}
         if not waits:
             await asyncio.Event().wait()
         try:
