@@ -246,3 +246,38 @@ async def test_device_persistence_down_fails_connect(registry, connectors, fake_
         assert resp.success and resp.session_present
     finally:
         fake_dp.fail = False
+
+
+async def test_device_persistence_down_does_not_block_non_persistent_connect(registry, connectors, fake_dp,
+                                                                             sessions, cid):
+    """A session that will not be a persistent DEVICE never reads the device store: its connect is answered
+    while device-persistence is down (the Clear is deferred and retried); a persistent DEVICE clean start
+    still waits for the Clear and is refused."""
+    (c,) = await connectors(1)
+    client = cid()
+    _, sid = await c.connect(client, sei=600)                          # a stored persistent DEVICE session
+    await c.disconnect(client, sid)
+    await eventually(lambda: sessions.get(client) is not None and not sessions.get(client).connected,
+                     what="session stored disconnected")
+    fake_dp.fail = True
+    try:
+        resp, sid2 = await c.connect(client, sei=0, clean_start=True)  # non-persistent DEVICE reconnect
+        assert resp.success and not resp.session_present and resp.client_type == DEVICE
+        await eventually(lambda: (s := sessions.get(client)) is not None and s.session_id == sid2
+                         and s.connected and not s.persistent, what="non-persistent session saved")
+        resp, sid3 = await c.connect(client, sei=0)                    # takeover by another non-persistent one
+        assert resp.success and not resp.session_present
+        assert [d.session_id for d in c.all_disconnects() if d.client_id == client] == [sid2]
+        resp, _ = await c.connect(client, sei=600, clean_start=True)   # persistent DEVICE: blocking Clear
+        assert not resp.success and resp.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+        s = sessions.get(client)
+        assert s is not None and s.session_id == sid3 and s.connected  # nothing changed
+        before = fake_dp.cleared.count(client)
+    finally:
+        fake_dp.fail = False
+    # the deferred Clear is retried in the background once device-persistence is back
+    await eventually(lambda: fake_dp.cleared.count(client) > before, 15, what="deferred Clear retried")
+    resp, _ = await c.connect(client, sei=600, clean_start=True)
+    assert resp.success
+    ids = [r.request_id for r in c.all_responses() if r.client_id == client]
+    assert len(ids) == len(set(ids)) == 5                              # each of the 5 connects answered once

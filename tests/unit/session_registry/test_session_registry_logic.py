@@ -172,7 +172,11 @@ def test_type_change_application_to_device_removes_topic():
     prior = stored(ctype=APPLICATION, connected=False, disconnected_at=NOW - 1)
     out = logic.decide(prior, conn_req(sei=60), RULES, NOW)
     assert out.app_removed.client_id == "c1" and out.app_removed.topic == "tbmq.msg.app.c1"
-    assert out.reset_app_offsets == "" and out.device_clear == ""
+    assert out.reset_app_offsets == ""
+    # the DEVICE -> APPLICATION Clear may have been deferred: a persistent DEVICE session clears, blocking
+    assert out.device_clear == "c1" and not out.device_clear_deferrable
+    non_persistent = logic.decide(prior, conn_req(sei=0), RULES, NOW)
+    assert non_persistent.device_clear == ""
 
 
 def test_application_clean_start_resets_backlog():
@@ -296,3 +300,60 @@ def test_store_overlay_and_counts():
     assert st.get("c").client_id == "c" and st.counts() == Counts(2, 0)
     st.drop_overlay()
     assert st.get("c").client_id == "c" and st.counts() == Counts(2, 0) and not st.pending
+
+
+# -- Clear that does not block the answer ----------------------------------------------------------------
+
+@pytest.mark.parametrize("prior", [
+    stored(connected=False, persistent=False, sei=0, disconnected_at=NOW - 1),   # dead non-persistent record
+    stored(connected=False, disconnected_at=NOW - 1000),                        # disconnected persistent
+    stored(connected=False, disconnected_at=NOW - 3601_000, sei=3600),          # expired
+    stored(connected=True),                                                     # takeover of a connected one
+    stored(connected=True, persistent=False, sei=0),                            # takeover, non-persistent
+])
+@pytest.mark.parametrize("clean", [False, True])
+def test_non_persistent_device_connect_clears_without_blocking(prior, clean):
+    out = logic.decide(prior, conn_req(clean=clean, sei=0), RULES, NOW)
+    assert out.response.success
+    if logic.is_alive(prior, NOW) and not clean:
+        # resumes the alive session (it ends at disconnect, whose removal clears): nothing to clear now
+        assert out.response.session_present and out.device_clear == ""
+        return
+    assert not out.response.session_present
+    assert out.device_clear == "c1" and out.device_clear_deferrable
+    assert out.clear_subscriptions is not None
+
+
+def test_persistent_device_connect_keeps_blocking_clear():
+    for prior in (None, stored(connected=False, persistent=False, sei=0, disconnected_at=NOW - 1),
+                  stored(connected=True), stored(connected=False, disconnected_at=NOW - 1000)):
+        out = logic.decide(prior, conn_req(clean=True, sei=60), RULES, NOW)
+        assert out.device_clear == "c1" and not out.device_clear_deferrable
+        assert out.retry_side_effects
+        assert out.fallback.response.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+        assert not out.fallback.write_session
+    # v3.1.1 clean session = false is persistent too
+    out = logic.decide(stored(connected=False, persistent=False, sei=0, disconnected_at=NOW - 1),
+                       conn_req(v=4, clean=False), RULES, NOW)
+    assert out.session.persistent and out.device_clear == "c1" and not out.device_clear_deferrable
+
+
+def test_device_to_application_clear_does_not_block():
+    rules = Rules(application_client_id_pattern="c1")
+    for prior in (stored(ctype=DEVICE, connected=False, disconnected_at=NOW - 1),   # session present
+                  stored(ctype=DEVICE, connected=True)):                           # takeover
+        for sei in (0, 60):
+            out = logic.decide(prior, conn_req(sei=sei), rules, NOW)
+            assert out.response.client_type == APPLICATION
+            assert out.device_clear == "c1" and out.device_clear_deferrable
+            assert out.ensure_app_topic == "c1"   # topic creation still must succeed before the answer
+            assert out.fallback.response.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+
+
+def test_deferrable_only_for_connects():
+    prior = stored(connected=True, persistent=False, sei=0, sid="s1")
+    removal = logic.decide(prior, disc_req(sid="s1"), RULES, NOW)
+    assert removal.device_clear == "c1" and not removal.device_clear_deferrable
+    assert removal.fallback.kind == "removal-deferred"
+    first_non_persistent = logic.decide(None, conn_req(sei=0), RULES, NOW)
+    assert first_non_persistent.device_clear == "" and not first_non_persistent.device_clear_deferrable

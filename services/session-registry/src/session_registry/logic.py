@@ -86,6 +86,8 @@ class Outcome:
     reset_app_offsets: str = ""                 # client id whose APPLICATION backlog is skipped
     # side effects before the transaction
     device_clear: str = ""                      # client id for DevicePersistence.Clear
+    # the Clear must not hold up the answer: the new session never reads the device store (see decide_connect)
+    device_clear_deferrable: bool = False
     ensure_app_topic: str = ""                  # client id whose APPLICATION topic must exist
     fallback: "Outcome | None" = None           # used when a side effect fails
     retry_side_effects: bool = False            # retry the side effects for a bounded time first
@@ -189,8 +191,18 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
     old_type = stored.client_type if stored is not None else None
     if old_type == DEVICE and (not session_present or client_type != DEVICE):
         out.device_clear = cid                       # old DEVICE messages (clean start, dead, or type change)
-    elif old_type is None and client_type == DEVICE and persistent:
-        out.device_clear = cid                       # strays saved after an earlier removal
+    elif old_type != DEVICE and client_type == DEVICE and persistent:
+        # strays saved after an earlier removal, or left by a deferred Clear (below) of an earlier
+        # DEVICE -> APPLICATION change: a persistent DEVICE session must start from a clean store
+        out.device_clear = cid
+    if out.device_clear and not (client_type == DEVICE and persistent):
+        # Only a persistent DEVICE session fetches from device-persistence. A non-persistent DEVICE or an
+        # APPLICATION session never reads the messages this Clear removes, and the next persistent DEVICE
+        # session of the client cannot resume this one (a non-persistent session is never alive; an
+        # APPLICATION one changes type), so its connect clears again, blocking, before it can read them.
+        # So device-persistence being down must not fail this connect: the Clear is best effort and
+        # retried in the background (docs/session-registry.md, "Clear that does not block").
+        out.device_clear_deferrable = True
     if old_type == APPLICATION and client_type != APPLICATION:
         out.app_removed = _app_removed(cid, now_ms)  # no longer APPLICATION: its topic goes
     elif old_type == APPLICATION and not session_present:

@@ -41,6 +41,7 @@ tracer = trace.get_tracer("session_registry")
 
 REQUESTS = topics.SESSION_EVENT_REQUEST
 SEND_TIMEOUT_S = 10.0
+DEFERRED_CLEAR_MAX_S = 600.0   # a deferred Clear is retried this long, then left to the session's removal
 _TYPE_NAMES = {v: k.removeprefix("SESSION_EVENT_") for k, v in pb.SessionEventType.items()}
 _ROUTINE = {"connected", "disconnected", "removed", "duplicate", "stale", "ignored"}
 
@@ -86,6 +87,9 @@ class SessionRegistry(Service):
         self._svc_topics: set[str] = set()
         self._app_topics: set[str] = set()
         self._clear_asked: dict[str, tuple[str, float]] = {}
+        # client id -> monotonic time of the first failure of a deferrable Clear (logic.Outcome
+        # .device_clear_deferrable) that still has to be done; retried by the expiry loop under self._lock
+        self._deferred_clears: dict[str, float] = {}
         self.stats = {"requests": 0, "transactions": 0, "aborted": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -139,6 +143,11 @@ class SessionRegistry(Service):
         self._generation += 1
         async with self._lock:       # wait for the in-flight transactions to end
             self.owned = set()
+            # aiokafka rebalances eagerly (everything is revoked): a deferred Clear must not outlive our
+            # ownership, another instance may meanwhile start a persistent DEVICE session of that client
+            if self._deferred_clears:
+                log.info("dropping %d deferred Clears at revocation", len(self._deferred_clears))
+            self._deferred_clears.clear()
         log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
 
     async def _on_assigned(self, assigned) -> None:
@@ -342,9 +351,12 @@ class SessionRegistry(Service):
         if not out.has_side_effects:
             return out
         try:
-            if out.device_clear:
+            if out.device_clear and out.device_clear_deferrable:
+                await self._clear_best_effort(out.device_clear)
+            elif out.device_clear:
                 budget = self.s.device_clear_timeout_ms / 1000 if out.retry_side_effects else 0.0
                 await self.device.clear(out.device_clear, retry_for_s=budget)
+                self._deferred_clears.pop(out.device_clear, None)
             if out.ensure_app_topic:
                 await self._ensure_app_topic(out.ensure_app_topic)
             return out
@@ -352,6 +364,48 @@ class SessionRegistry(Service):
             log.warning("side effect of %s failed (%s): %s", out.kind, exc,
                         out.fallback.kind if out.fallback else "nothing done")
             return out.fallback or logic.Outcome("deferred")
+
+    async def _clear_best_effort(self, client_id: str) -> None:
+        """A Clear the answer does not wait for (the new session never reads the device store): one attempt
+        now (none while device-persistence is known down), else remembered for `retry_deferred_clears`.
+        Everything runs under self._lock, serialised with the client's requests: a later connect that makes
+        a persistent DEVICE session clears blocking first (and drops the entry), so a retry can never
+        remove that session's messages."""
+        try:
+            await self.device.clear(client_id, retry_for_s=0.0)
+            self._deferred_clears.pop(client_id, None)
+        except Exception as exc:  # best effort: nothing here may fail the connect
+            self._deferred_clears.setdefault(client_id, time.monotonic())
+            log.warning("Clear of %s deferred (answering without it: the new session does not read the device "
+                        "store): %s", client_id, exc)
+
+    async def retry_deferred_clears(self) -> int:
+        """Retry the deferred Clears (expiry loop); stops at the first failure (still down). Returns how many
+        succeeded."""
+        if not self._deferred_clears or self.consumer is None:
+            return 0
+        done = 0
+        async with self._lock:
+            parts = self.consumer.partitions_for_topic(REQUESTS)
+            t = time.monotonic()
+            for cid, since in list(self._deferred_clears.items()):
+                if not parts or partition_of(cid, len(parts)) not in self.owned:
+                    self._deferred_clears.pop(cid, None)
+                    continue
+                if t - since > DEFERRED_CLEAR_MAX_S:
+                    self._deferred_clears.pop(cid, None)
+                    log.warning("deferred Clear of %s given up after %.0f s (the next persistent DEVICE connect "
+                                "or the session's removal clears it)", cid, t - since)
+                    continue
+                try:
+                    await self.device.clear(cid, retry_for_s=0.0)
+                except Exception:  # still down (ClearFailed): the next round tries again
+                    break
+                self._deferred_clears.pop(cid, None)
+                done += 1
+        if done:
+            log.info("deferred Clears done: %d (%d left)", done, len(self._deferred_clears))
+        return done
 
     async def _ensure_service_topics(self, service_id: str) -> None:
         if service_id and service_id not in self._svc_topics:
@@ -410,6 +464,10 @@ class SessionRegistry(Service):
                 await self.scan_expired()
             except Exception:
                 log.exception("expiry scan failed")
+            try:
+                await self.retry_deferred_clears()
+            except Exception:
+                log.exception("deferred Clears failed")
 
     async def scan_expired(self) -> int:
         """Ask for the clean-up of every over session of the partitions this instance owns, through the
