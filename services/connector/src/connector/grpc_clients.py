@@ -268,13 +268,20 @@ class AppStream:
     `on_record(AppRecord)` is called for every record, in order. `ack(ref)` sends AppAck up; acks made
     while the stream is down are dropped: app-delivery redelivers what was not acknowledged on the
     stream it reopens, and the connection answers those from its in-flight map.
+
+    Each attempt drives its call directly (`call.write` from one writer task per attempt, no request
+    iterator): when an attempt ends — failure, end by the server, `stop()` — its writer task is cancelled
+    and awaited and the call cancelled, so nothing of it outlives the attempt.
     """
 
     def __init__(self, channels: AppDeliveryChannels, open_msg: spb.AppOpen,
-                 on_record: Callable[[spb.AppRecord], None]) -> None:
+                 on_record: Callable[[spb.AppRecord], None], *,
+                 backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
         self.target, self._stub = channels.stub_for(open_msg.client_id)
         self.open_msg = open_msg
         self._on_record = on_record
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         self.connected = False
@@ -284,43 +291,52 @@ class AppStream:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     def ack(self, ref) -> None:
         if self._queue is not None:
             self._queue.put_nowait(spb.AppUpstream(ack=spb.AppAck(ref=ref)))
 
-    async def _requests(self, queue: asyncio.Queue):
-        while True:
-            item = await queue.get()
-            yield item
+    @staticmethod
+    async def _write_loop(call, queue: asyncio.Queue) -> None:
+        """Sends the queue up the call, in order, until cancelled or the call can take no more."""
+        try:
+            while True:
+                await call.write(await queue.get())
+        except asyncio.CancelledError:
+            raise
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            pass  # the call is over: the read side reports how, and the attempt ends
 
     async def _run(self) -> None:
-        backoff = 0.5
+        backoff = self._backoff_s
         client_id = self.open_msg.client_id
+        loop = asyncio.get_running_loop()
         while True:
             queue: asyncio.Queue = asyncio.Queue()
             queue.put_nowait(spb.AppUpstream(open=self.open_msg))
             self._queue = queue
-            call = self._stub.Deliver(self._requests(queue), metadata=grpc_metadata())
+            call = self._stub.Deliver(metadata=grpc_metadata())
+            writer = loop.create_task(self._write_loop(call, queue), name=f"app {client_id} writer")
             try:
                 async for down in call:
                     if not self.connected:
                         self.connected = True
-                        backoff = 0.5
+                        backoff = self._backoff_s
                     if down.HasField("record"):
                         self._on_record(down.record)
                 log.info("app-delivery stream of %s ended by %s; reopening", client_id, self.target)
-            except asyncio.CancelledError:
-                call.cancel()
-                raise
             except grpc.aio.AioRpcError as exc:
                 log.warning("app-delivery stream of %s at %s failed: %s; retrying in %.1fs",
                             client_id, self.target, exc.code().name, backoff)
             finally:
                 self._queue = None
                 self.connected = False
+                call.cancel()
+                writer.cancel()
+                # shielded: a second cancellation of this task must not leave the writer un-awaited
+                await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            backoff = min(backoff * 2, self._max_backoff_s)

@@ -1,0 +1,180 @@
+"""AppStream: the connector's AppDelivery.Deliver stream of an APPLICATION client, against an in-process
+grpc.aio AppDelivery server. Every attempt (failed, ended by the server, stopped, reopened) must release
+what it holds: no task left pending, no "Task was destroyed but it is pending" / "aclose(): asynchronous
+generator is already running" from a request iterator left blocked on its queue."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+import grpc
+import pytest
+from connector.grpc_clients import AppDeliveryChannels, AppStream
+from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
+from tbmq.v1 import services_pb2_grpc as sgrpc
+
+pytestmark = pytest.mark.unit
+
+BAD_LOG_LINES = ("Task was destroyed but it is pending", "asynchronous generator is already running",
+                 "_consume_request_iterator", "request_iterator raised exception")
+
+
+def _record(offset: int) -> spb.AppRecord:
+    return spb.AppRecord(ref=spb.AppRecordRef(topic="tbmq.msg.app.c", partition=0, offset=offset),
+                         msg=pb.PublishMsg(topic="t", qos=1, payload=b"x"))
+
+
+class Server:
+    """AppDelivery that sends `per_stream` records on each stream, then fails it (mode "fail"), ends it
+    (mode "end") or keeps it open recording acks (mode "hold")."""
+
+    def __init__(self, mode: str, per_stream: int = 2) -> None:
+        self.mode = mode
+        self.per_stream = per_stream
+        self.opens: list[spb.AppOpen] = []
+        self.acks: list[int] = []
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> "Server":
+        fake = self
+
+        class Servicer(sgrpc.AppDeliveryServicer):
+            async def Deliver(self, request_iterator, context):
+                first = await request_iterator.__anext__()
+                fake.opens.append(first.open)
+                for i in range(fake.per_stream):
+                    yield spb.AppDownstream(record=_record(i))
+                if fake.mode == "fail":
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
+                if fake.mode == "end":
+                    return
+                async for up in request_iterator:
+                    if up.HasField("ack"):
+                        fake.acks.append(up.ack.ref.offset)
+
+        self.server = grpc.aio.server()
+        sgrpc.add_AppDeliveryServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return self
+
+    async def stop(self) -> None:
+        await self.server.stop(0)
+
+
+async def _wait(pred, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def _server_side(task: asyncio.Task) -> bool:
+    """The in-process server's own tasks (it keeps one waiting for the next call): not the client's."""
+    return any(s in repr(task) for s in ("AioServer", "_handle_rpc", "_handle_stream_stream_rpc"))
+
+
+async def _settle(before: set) -> set:
+    """The client-side tasks created since `before` still pending after a short settle."""
+    for _ in range(50):
+        gc.collect()
+        await asyncio.sleep(0.01)
+        left = {t for t in asyncio.all_tasks() if t not in before and not t.done() and not _server_side(t)}
+        left.discard(asyncio.current_task())
+        if not left:
+            return left
+    return left
+
+
+def _assert_clean_logs(caplog) -> None:
+    gc.collect()
+    bad = [r.getMessage() for r in caplog.records if any(s in r.getMessage() for s in BAD_LOG_LINES)]
+    assert not bad, bad
+
+
+def _stream(channels, on_record, client_id: str = "c") -> AppStream:
+    return AppStream(channels, spb.AppOpen(client_id=client_id, session_id="s", receive_maximum=10), on_record,
+                     backoff_s=0.001, max_backoff_s=0.001)
+
+
+@pytest.mark.parametrize("mode", ["fail", "end"])
+async def test_stream_failing_and_reopening_many_times_leaves_nothing_behind(mode, caplog):
+    caplog.set_level(logging.DEBUG)
+    server = await Server(mode).start()
+    channels = AppDeliveryChannels((f"127.0.0.1:{server.port}",))
+    before = set(asyncio.all_tasks())
+    got: list[int] = []
+    stream = _stream(channels, lambda rec: (got.append(rec.ref.offset), stream.ack(rec.ref)))
+    try:
+        stream.start()
+        await _wait(lambda: len(server.opens) >= 40)
+        await stream.stop()
+        assert not await _settle(before)
+    finally:
+        await stream.stop()
+        await channels.close()
+        await server.stop()
+    assert len(got) >= 39 * 2  # every reopened stream delivered its records
+    assert all(o.client_id == "c" and o.receive_maximum == 10 for o in server.opens)
+    _assert_clean_logs(caplog)
+
+
+async def test_stream_stopped_and_reopened_many_times_leaves_nothing_behind(caplog):
+    """As after a SUBSCRIBE that changes the shared subscriptions: stop the stream, open a new one."""
+    caplog.set_level(logging.DEBUG)
+    server = await Server("hold").start()
+    channels = AppDeliveryChannels((f"127.0.0.1:{server.port}",))
+    before = set(asyncio.all_tasks())
+    try:
+        for i in range(30):
+            stream = _stream(channels, lambda rec: None)
+            stream.start()
+            await _wait(lambda: stream.connected)
+            stream.ack(_record(100 + i).ref)
+            await _wait(lambda: 100 + i in server.acks)
+            await stream.stop()
+        assert not await _settle(before)
+    finally:
+        await channels.close()
+        await server.stop()
+    assert len(server.opens) == 30
+    assert server.acks == list(range(100, 130))
+    _assert_clean_logs(caplog)
+
+
+async def test_stream_retrying_against_a_down_server_leaves_nothing_behind(caplog):
+    """app-delivery down: every attempt fails to connect; then it comes back and the stream reopens."""
+    caplog.set_level(logging.DEBUG)
+    server = await Server("hold").start()
+    port = server.port
+    await server.stop()
+    channels = AppDeliveryChannels((f"127.0.0.1:{port}",))
+    before = set(asyncio.all_tasks())
+    stream = _stream(channels, lambda rec: None)
+    attempts = []
+    try:
+        stream.start()
+        await _wait(lambda: (attempts.append(1) or True) and
+                    sum("failed" in r.getMessage() for r in caplog.records) >= 20)
+        await stream.stop()
+        assert not await _settle(before)
+    finally:
+        await stream.stop()
+        await channels.close()
+    _assert_clean_logs(caplog)
+
+
+async def test_ack_while_down_is_dropped_and_stop_is_idempotent(caplog):
+    server = await Server("hold").start()
+    channels = AppDeliveryChannels((f"127.0.0.1:{server.port}",))
+    stream = _stream(channels, lambda rec: None)
+    stream.ack(_record(1).ref)  # not started: dropped
+    await stream.stop()
+    await stream.stop()
+    await channels.close()
+    await server.stop()
+    _assert_clean_logs(caplog)
