@@ -42,3 +42,17 @@ def test_load_or_exit_exits_2_with_one_message(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "MQTT_PORT" in err and "DEMO_LIMIT" in err
+
+
+@dataclass(frozen=True)
+class WithFallback(CommonSettings):
+    grpc_port: int = env("DEMO_GRPC_PORT", 50061, parse=port, fallback="GRPC_PORT")
+
+
+def test_a_fallback_variable_is_read_only_when_the_own_one_is_unset():
+    assert load(WithFallback, {}).grpc_port == 50061
+    assert load(WithFallback, {"GRPC_PORT": "6000"}).grpc_port == 6000
+    assert load(WithFallback, {"GRPC_PORT": "6000", "DEMO_GRPC_PORT": "7000"}).grpc_port == 7000
+    with pytest.raises(SettingsError) as err:
+        load(WithFallback, {"GRPC_PORT": "x"})
+    assert "GRPC_PORT='x'" in str(err.value)

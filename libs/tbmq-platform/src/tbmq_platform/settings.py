@@ -26,9 +26,11 @@ class SettingsError(ValueError):
         super().__init__("invalid settings: " + "; ".join(problems))
 
 
-def env(name: str, default: Any, *, parse: Callable[[str], Any] | None = None, doc: str = "") -> Any:
-    """A dataclass field read from environment variable `name`."""
-    return dataclasses.field(default=default, metadata={"env": name, "parse": parse, "doc": doc})
+def env(name: str, default: Any, *, parse: Callable[[str], Any] | None = None, doc: str = "",
+        fallback: str | None = None) -> Any:
+    """A dataclass field read from environment variable `name` (or, when unset, from `fallback`)."""
+    return dataclasses.field(default=default, metadata={"env": name, "parse": parse, "doc": doc,
+                                                        "fallback": fallback})
 
 
 # --- parsers: each raises ValueError with a short reason --------------------------------------------
@@ -113,6 +115,8 @@ def load(cls: type[S], environ: Mapping[str, str] | None = None, **overrides: An
             values[f.name] = overrides[f.name]
             continue
         name = f.metadata.get("env")
+        if name is not None and name not in environ:
+            name = f.metadata.get("fallback")
         if name is None or name not in environ:
             continue
         raw = environ[name]

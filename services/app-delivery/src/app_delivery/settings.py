@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,7 +13,7 @@ class AppDeliverySettings(CommonSettings):
     service_name: str = "app-delivery"
     health_port: int = env("HEALTH_PORT", 8085, parse=port, doc="health/readiness HTTP port (0 = any)")
 
-    grpc_port: int = env("APP_DELIVERY_GRPC_PORT", 50062, parse=port,
+    grpc_port: int = env("APP_DELIVERY_GRPC_PORT", 50062, parse=port, fallback="GRPC_PORT",
                          doc="gRPC port of the AppDelivery service (0 = any free port); when unset, the "
                              "launcher's GRPC_PORT is used")
     grpc_host: str = env("APP_DELIVERY_GRPC_HOST", "0.0.0.0", doc="gRPC bind address")
@@ -43,16 +42,9 @@ class AppDeliverySettings(CommonSettings):
         return []
 
 
-def _environ(environ: Mapping[str, str] | None) -> dict[str, str]:
-    out = dict(os.environ if environ is None else environ)
-    if "APP_DELIVERY_GRPC_PORT" not in out and "GRPC_PORT" in out:
-        out["APP_DELIVERY_GRPC_PORT"] = out["GRPC_PORT"]  # tbmq-launcher passes GRPC_PORT
-    return out
-
-
 def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> AppDeliverySettings:
-    return load(AppDeliverySettings, _environ(environ), **overrides)
+    return load(AppDeliverySettings, environ, **overrides)
 
 
 def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> AppDeliverySettings:
-    return load_or_exit(AppDeliverySettings, _environ(environ))
+    return load_or_exit(AppDeliverySettings, environ)

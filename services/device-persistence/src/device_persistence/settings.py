@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,7 +28,7 @@ class Settings(CommonSettings):
     service_name: str = "device-persistence"
     health_port: int = env("HEALTH_PORT", 8084, parse=port, doc="health/readiness HTTP port (0 = any)")
 
-    grpc_port: int = env("DEVICE_PERSISTENCE_GRPC_PORT", 50061, parse=port,
+    grpc_port: int = env("DEVICE_PERSISTENCE_GRPC_PORT", 50061, parse=port, fallback="GRPC_PORT",
                          doc="gRPC port of the DevicePersistence service (0 = any free port); when unset, "
                              "the launcher's GRPC_PORT is used")
     grpc_host: str = env("DEVICE_PERSISTENCE_GRPC_HOST", "0.0.0.0", doc="gRPC bind address")
@@ -74,16 +73,9 @@ class Settings(CommonSettings):
                            key_prefix=self.redis_key_prefix)
 
 
-def _environ(environ: Mapping[str, str] | None) -> dict[str, str]:
-    out = dict(os.environ if environ is None else environ)
-    if "DEVICE_PERSISTENCE_GRPC_PORT" not in out and "GRPC_PORT" in out:
-        out["DEVICE_PERSISTENCE_GRPC_PORT"] = out["GRPC_PORT"]  # tbmq-launcher passes GRPC_PORT
-    return out
-
-
 def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> Settings:
-    return load(Settings, _environ(environ), **overrides)
+    return load(Settings, environ, **overrides)
 
 
 def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> Settings:
-    return load_or_exit(Settings, _environ(environ))
+    return load_or_exit(Settings, environ)
