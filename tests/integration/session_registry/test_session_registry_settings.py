@@ -3,7 +3,6 @@ no other registry of this test run is running then)."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 from tbmq.v1 import messages_pb2 as pb
@@ -23,8 +22,9 @@ async def test_expiry_interval_is_capped(start_registry, connectors, cid):
 
 
 async def test_quotas(start_registry, connectors, sessions, cid):
-    # other tests share this Kafka: the limit is set relative to the sessions that exist now
-    await asyncio.sleep(0.5)
+    # other tests share this Kafka: the limit is set relative to the sessions that exist now, counted once
+    # the table has read everything written so far
+    await sessions.view.wait_caught_up()
     base = sum(1 for s in sessions.sessions.values() if s is not None)
     await start_registry({"MQTT_SESSIONS_LIMIT": str(base + 3), "MQTT_APPLICATION_CLIENTS_LIMIT": "100000",
                           "TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS": "600000"})
@@ -40,7 +40,7 @@ async def test_quotas(start_registry, connectors, sessions, cid):
 
 
 async def test_application_quota(start_registry, connectors, sessions, cid):
-    await asyncio.sleep(0.5)
+    await sessions.view.wait_caught_up()
     apps = sum(1 for s in sessions.sessions.values() if s is not None and s.client_type == APPLICATION)
     await start_registry({"MQTT_APPLICATION_CLIENTS_LIMIT": str(apps + 1),
                           "TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS": "600000"})
