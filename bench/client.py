@@ -177,18 +177,10 @@ class MqttConn(asyncio.Protocol):
                     p += 2
                 if v5:
                     pl = data[p]
-                    p += 1
-                    if pl >= 0x80:  # multi-byte property length (never sent by sane brokers here)
-                        pl &= 0x7F
-                        mult = 128
-                        while True:
-                            bb = data[p]
-                            p += 1
-                            pl += (bb & 0x7F) * mult
-                            if bb < 0x80:
-                                break
-                            mult <<= 7
-                    p += pl
+                    if pl < 0x80:  # the usual one-byte property length, inline on the hot path
+                        p += 1 + pl
+                    else:
+                        p = codec.skip_properties(data, p)
                 if end - p >= 18 and seen is not None:
                     pub_id, seq, step, ts = _PAYLOAD_UNPACK(data, p)
                     rec.received += 1

@@ -141,6 +141,20 @@ def split(buf: bytearray):
     return out, i
 
 
+def skip_properties(buf, p: int) -> int:
+    """Offset just past the v5 properties that start at `p` (a variable byte integer length, then them)."""
+    plen = 0
+    mult = 1
+    while True:
+        b = buf[p]
+        p += 1
+        plen += (b & 0x7F) * mult
+        if b < 0x80:
+            break
+        mult <<= 7
+    return p + plen
+
+
 def parse_publish(buf, b0: int, start: int, end: int, version: int = 4):
     """-> (topic, qos, packet_id, payload_offset). Payload is buf[payload_offset:end]."""
     qos = (b0 >> 1) & 3
@@ -153,17 +167,7 @@ def parse_publish(buf, b0: int, start: int, end: int, version: int = 4):
         pid = (buf[p] << 8) | buf[p + 1]
         p += 2
     if version == 5:
-        # skip properties
-        plen = 0
-        mult = 1
-        while True:
-            b = buf[p]
-            p += 1
-            plen += (b & 0x7F) * mult
-            if b < 0x80:
-                break
-            mult <<= 7
-        p += plen
+        p = skip_properties(buf, p)
     return topic, qos, pid, p
 
 
@@ -176,14 +180,5 @@ def parse_suback(buf, start: int, end: int, version: int = 4) -> tuple[int, list
     pid = (buf[start] << 8) | buf[start + 1]
     p = start + 2
     if version == 5:
-        plen = 0
-        mult = 1
-        while True:
-            b = buf[p]
-            p += 1
-            plen += (b & 0x7F) * mult
-            if b < 0x80:
-                break
-            mult <<= 7
-        p += plen
+        p = skip_properties(buf, p)
     return pid, list(buf[p:end])

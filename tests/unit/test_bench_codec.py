@@ -171,3 +171,10 @@ def test_publisher_window_and_puback_latency():
     assert pub.send(3, 1) == 3 and pub.seq == 8
     pkts, _ = codec.split(bytearray(b"".join(conn.transport.written)))
     assert len(pkts) == 8
+
+
+def test_skip_properties_reads_one_and_multi_byte_lengths():
+    for n in (0, 5, 127, 128, 200, 20000):
+        buf = b"xx" + codec.varint(n) + bytes(n) + b"after"
+        end = codec.skip_properties(buf, 2)
+        assert buf[end:] == b"after", n
