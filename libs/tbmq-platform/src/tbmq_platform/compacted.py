@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from .kafka import make_consumer
+from .kafka import make_consumer, topic_partitions
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +39,7 @@ class CompactedTopicView:
 
     async def start(self) -> None:
         await self._consumer.start()
-        parts = None
-        for _ in range(100):
-            parts = self._consumer.partitions_for_topic(self.topic)
-            if parts:
-                break
-            await self._consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
-        if not parts:
-            raise RuntimeError(f"topic {self.topic} does not exist")
-        self._partitions = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        self._partitions = await topic_partitions(self._consumer, self.topic)
         self._consumer.assign(self._partitions)
         await self._consumer.seek_to_beginning(*self._partitions)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {self.topic}")

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
@@ -49,6 +49,19 @@ def make_consumer(bootstrap: str, *topics: str, group_id: str | None, client_id:
         max_poll_records=max_poll_records,
         **extra,
     )
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, *, attempts: int = 100,
+                           interval_s: float = 0.1) -> list[TopicPartition]:
+    """Every partition of `topic`, sorted, once the consumer's metadata knows it (a topic created a moment
+    ago by another process may take a few refreshes to appear). RuntimeError when it never does."""
+    for _ in range(attempts):
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return [TopicPartition(topic, p) for p in sorted(parts)]
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(interval_s)
+    raise RuntimeError(f"topic {topic} does not exist")
 
 
 async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_s: float = 60.0) -> list[str]:

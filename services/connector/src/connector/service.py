@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.compacted import CompactedTopicView
-from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (
     CLIENT_SESSION,
@@ -45,16 +45,7 @@ async def assign_at_end(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> li
     after this returns is missed)."""
     tps: list[TopicPartition] = []
     for topic in topics:
-        parts = None
-        for _ in range(100):
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                break
-            await consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
-        if not parts:
-            raise RuntimeError(f"topic {topic} does not exist")
-        tps.extend(TopicPartition(topic, p) for p in sorted(parts))
+        tps.extend(await topic_partitions(consumer, topic))
     consumer.assign(tps)
     await consumer.seek_to_end(*tps)
     for tp in tps:

@@ -25,11 +25,11 @@ import tempfile
 import time
 import uuid
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
-from tbmq_platform.kafka import ensure_topics, make_producer
+from tbmq_platform.kafka import ensure_topics, make_producer, topic_partitions
 
 
 async def _readyz(port: int) -> dict | None:
@@ -110,13 +110,7 @@ async def run(args) -> dict:
         await consumer.start()
         tps = []
         for c in connectors:
-            for _ in range(50):
-                parts = consumer.partitions_for_topic(topics.downlink_basic_topic(c))
-                if parts:
-                    break
-                await consumer._client.force_metadata_update()
-                await asyncio.sleep(0.1)
-            tps += [TopicPartition(topics.downlink_basic_topic(c), p) for p in parts]
+            tps += await topic_partitions(consumer, topics.downlink_basic_topic(c), attempts=50)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
 
