@@ -208,3 +208,31 @@ async def test_port_plan_and_environment_of_the_real_services():
     assert ordered.service_names == ["session-registry", "router", "connector"]
     with pytest.raises(ValueError):
         Suite(services=["nope"], run_dir="/tmp/unused")
+
+
+async def test_topic_profile_sets_the_partitions_and_every_service_environment(kafka, make_suite):
+    """`make run` uses the single-node profile: the topics the suite creates get its partition counts and
+    every service is started with the same TBMQ_TOPIC_PROFILE (so the topics it creates match)."""
+    import uuid
+
+    from tbmq_platform import topics as catalogue
+    from tbmq_platform.kafka import make_consumer, topic_partitions
+
+    suite = await make_suite(services=[], topic_profile="single-node")
+    sid = f"connector-profile-{uuid.uuid4().hex[:8]}"
+    await suite.ensure_topics(extra_service_ids=[sid])
+    consumer = make_consumer(suite.bootstrap_servers, group_id=None, client_id="profile-check")
+    await consumer.start()
+    try:
+        specs = catalogue.service_topics(sid)
+        for s in specs:  # topic_partitions waits (bounded) until the new topic is in the metadata
+            parts = await topic_partitions(consumer, s.name)
+            assert len(parts) == s.partitions_in(catalogue.SINGLE_NODE) == 1, s.name
+    finally:
+        await consumer.stop()
+    assert catalogue.spec(catalogue.DOWNLINK_BASIC_PREFIX + "<svc>").partitions_in(catalogue.PRODUCTION) > 1
+    one = Suite(run_dir="/tmp/unused", topic_profile="single-node")
+    assert {one.service_environment(n)["TBMQ_TOPIC_PROFILE"] for n in one.service_names} == {"single-node"}
+    assert Suite(run_dir="/tmp/unused").service_environment("router")["TBMQ_TOPIC_PROFILE"] == "production"
+    with pytest.raises(ValueError):
+        Suite(run_dir="/tmp/unused", topic_profile="tiny")

@@ -52,3 +52,39 @@ def test_shared_app_topic_name():
     assert topics.shared_app_topic_name("home/+/t/#") == "tbmq.msg.app.shared.home.slw.t.mlw"
     assert topics.shared_app_topic_name("a b").startswith("tbmq.msg.app.shared.")
     assert len(topics.shared_app_topic_name("a b")) == len("tbmq.msg.app.shared.") + 64
+
+
+def test_partition_profiles():
+    by_name = {s.name: s for s in topics.CATALOGUE}
+    prod = {n: s.partitions_in(topics.PRODUCTION) for n, s in by_name.items()}
+    single = {n: s.partitions_in(topics.SINGLE_NODE) for n, s in by_name.items()}
+    # production: TBMQ's counts
+    assert prod["tbmq.msg.all"] == 16 and prod["tbmq.msg.persisted"] == 12
+    assert prod["tbmq.client.session.event.request"] == 24 and prod["tbmq.msg.downlink.basic.<svc>"] == 12
+    # single-node: one partition per message topic, but a shared APPLICATION group keeps one partition per
+    # member it can serve at once
+    for name in ("tbmq.msg.all", "tbmq.msg.persisted", "tbmq.client.session.event.request",
+                 "tbmq.msg.downlink.basic.<svc>"):
+        assert single[name] == 1, name
+    assert single["tbmq.msg.app.shared.<filter>"] == prod["tbmq.msg.app.shared.<filter>"] > 1
+    assert all(single[n] <= prod[n] for n in by_name)
+    # derived specs keep the profile counts
+    assert topics.app_topic("c1").partitions_in(topics.SINGLE_NODE) == 1
+    assert all(s.partitions_in(topics.SINGLE_NODE) == 1 for s in topics.service_topics("c-1"))
+
+
+def test_unknown_profile_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown topic profile"):
+        topics.spec(topics.MSG_ALL).partitions_in("tiny")
+
+
+def test_the_profile_is_a_common_setting_and_a_bad_one_is_named():
+    import pytest
+    from tbmq_platform.settings import CommonSettings, SettingsError, load
+
+    assert load(CommonSettings, {}).topic_profile == topics.PRODUCTION
+    assert load(CommonSettings, {"TBMQ_TOPIC_PROFILE": "single-node"}).topic_profile == topics.SINGLE_NODE
+    with pytest.raises(SettingsError, match="TBMQ_TOPIC_PROFILE='tiny'"):
+        load(CommonSettings, {"TBMQ_TOPIC_PROFILE": "tiny"})

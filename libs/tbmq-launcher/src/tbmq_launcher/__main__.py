@@ -17,6 +17,8 @@ import signal
 import sys
 from pathlib import Path
 
+from tbmq_platform.topics import PROFILES
+
 from .launcher import Suite
 from .services import ORDER
 
@@ -42,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--log-format", default="console", choices=("console", "json"))
     r.add_argument("--start-timeout", type=float, default=90.0, help="per-service readiness timeout (s)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env for every service")
+    r.add_argument("--topic-profile", default="single-node", choices=PROFILES,
+                   help="partition counts of the topics (TBMQ_TOPIC_PROFILE; docs/topics.md): single-node "
+                        "(default: one instance of each service on this host) or production (TBMQ's counts)")
     r.add_argument("--spark", action="store_true",
                    help="also run the Spark statistics job (python -m tbmq_spark stats; output <run-dir>/spark, "
                         "log <run-dir>/logs/spark-stats.log; docs/spark.md)")
@@ -54,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--service-id", action="append", default=[],
                    help="also the .<svc> topics of this connector id (repeatable)")
     t.add_argument("--timeout", type=float, default=120.0, help="wait this long for Kafka (s)")
+    t.add_argument("--topic-profile", default="production", choices=PROFILES,
+                   help="partition counts of the topics created (docs/topics.md)")
     return p
 
 
@@ -64,7 +71,8 @@ async def _topics(args) -> int:
     specs = list(catalogue.static_topics())
     for sid in args.service_id:
         specs.extend(catalogue.service_topics(sid))
-    created = await ensure_topics(args.bootstrap_servers, specs, timeout_s=args.timeout)
+    created = await ensure_topics(args.bootstrap_servers, specs, profile=args.topic_profile,
+                                  timeout_s=args.timeout)
     print(f"topics: {len(specs)} ensured on {args.bootstrap_servers}, {len(created)} created", flush=True)
     return 0
 
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster, env=env,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
-            start_timeout=args.start_timeout, fresh=args.fresh,
+            start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),
             spark_start_timeout=args.spark_start_timeout)
     except ValueError as e:

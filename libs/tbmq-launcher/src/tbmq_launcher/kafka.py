@@ -172,8 +172,8 @@ class KafkaBroker:
             "share.coordinator.state.topic.min.isr": 1,
             # fast start / small machine
             "group.initial.rebalance.delay.ms": 0,
-            "num.network.threads": 2,
-            "num.io.threads": 4,
+            "num.network.threads": 1,
+            "num.io.threads": 2,
             "num.recovery.threads.per.data.dir": 1,
             "log.retention.check.interval.ms": 300000,
             "log.cleaner.threads": 1,

@@ -72,6 +72,8 @@ class Suite:
                       then get their own .<svc> topics.
       service_defs    extra or replacing ServiceDefs, by name.
       create_topics   ensure_topics(static_topics() + service_topics(<each connector id>)) after Kafka.
+      topic_profile   TBMQ_TOPIC_PROFILE of the topics it creates and of every service: "production" (TBMQ's
+                      partition counts; the default, which the tests use) or "single-node" (`make run`, bench).
       start_timeout   per service readiness timeout (s); stop_timeout: SIGTERM → SIGKILL delay (s).
       kafka_heap      -Xmx of the broker.
       spark           also run the Spark statistics job (`python -m tbmq_spark stats --bootstrap <kafka>
@@ -103,6 +105,7 @@ class Suite:
         id_tag: str = "",
         service_defs: Mapping[str, ServiceDef] | None = None,
         create_topics: bool = True,
+        topic_profile: str = "production",
         start_timeout: float = 60.0,
         stop_timeout: float = 10.0,
         kafka_heap: str = "512m",
@@ -135,6 +138,10 @@ class Suite:
         self.log_format = log_format
         self.id_tag = id_tag
         self.create_topics = create_topics
+        from tbmq_platform.topics import PROFILES
+        if topic_profile not in PROFILES:
+            raise ValueError(f"topic_profile must be one of {PROFILES}")
+        self.topic_profile = topic_profile
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.kafka_stop_timeout = kafka_stop_timeout
@@ -266,6 +273,7 @@ class Suite:
             "LOG_FORMAT": self.log_format,
             "OTEL_SERVICE_NAME": name,
             "PYTHONUNBUFFERED": "1",
+            "TBMQ_TOPIC_PROFILE": self.topic_profile,
         }
         if self.redis_cluster_nodes:
             env["REDIS_CLUSTER_NODES"] = ",".join(self.redis_cluster_nodes)
@@ -352,7 +360,7 @@ class Suite:
         specs = list(catalogue.static_topics())
         for sid in [*self.connector_ids, *extra_service_ids]:
             specs.extend(catalogue.service_topics(sid))
-        await ensure(self.bootstrap_servers, specs)
+        await ensure(self.bootstrap_servers, specs, profile=self.topic_profile)
 
     async def _start_proc(self, p: ServiceProcess) -> None:
         p.env = self.service_environment(p.name, p.instance)

@@ -9,19 +9,56 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.partitioner import murmur2
 
-from .topics import TopicSpec
+from .topics import PRODUCTION, TopicSpec
 
 log = logging.getLogger(__name__)
 
 
+class KeyPartitioner:
+    """Kafka's default key partitioning — murmur2 of the key, masked positive, modulo the partition count,
+    as the Java client and aiokafka's DefaultPartitioner do — with each key's hash cached (the same MQTT
+    topics and client ids come back again and again, and aiokafka's murmur2 is pure Python) and no hashing
+    at all for a topic of one partition. Records without a key go to a random available partition.
+
+    Called by aiokafka as ``partitioner(key, all_partitions, available)`` (``make_producer`` installs one);
+    ``hash(key)`` serves code that picks partitions itself (the router)."""
+
+    __slots__ = ("_hashes", "max_keys")
+
+    def __init__(self, max_keys: int = 200_000) -> None:
+        self._hashes: dict[bytes, int] = {}
+        self.max_keys = max_keys
+
+    def hash(self, key: bytes) -> int:
+        h = self._hashes.get(key)
+        if h is None:
+            if len(self._hashes) >= self.max_keys:
+                self._hashes.clear()
+            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return h
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if len(all_partitions) == 1:
+            return all_partitions[0]
+        if key is None:
+            return random.choice(available or all_partitions)
+        return all_partitions[self.hash(key) % len(all_partitions)]
+
+
 def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | None = None,
-                  linger_ms: int = 5, max_batch_size: int = 256 * 1024, **extra) -> AIOKafkaProducer:
+                  linger_ms: int = 1, max_batch_size: int = 256 * 1024, **extra) -> AIOKafkaProducer:
+    """An idempotent acks=all producer. ``linger_ms`` is short: records also batch while the previous
+    request to the broker is in flight (aiokafka keeps one per broker), so batches grow with the load
+    while a quiet producer adds at most this much latency."""
+    extra.setdefault("partitioner", KeyPartitioner())
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         client_id=client_id,
@@ -64,8 +101,10 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, *, attempts: 
     raise RuntimeError(f"topic {topic} does not exist")
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_s: float = 60.0) -> list[str]:
-    """Create the topics that do not exist yet, with the catalogue's settings. Returns the created names.
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, profile: str = PRODUCTION,
+                        timeout_s: float = 60.0) -> list[str]:
+    """Create the topics that do not exist yet, with the catalogue's settings and the partition counts of
+    `profile` (TBMQ_TOPIC_PROFILE). Returns the created names.
 
     Idempotent: an existing topic is left as it is (TopicAlreadyExists is not an error).
     """
@@ -76,7 +115,7 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout_s
         todo = [s for s in specs if s.name not in existing]
         if not todo:
             return []
-        new = [NewTopic(name=s.name, num_partitions=s.partitions, replication_factor=1,
+        new = [NewTopic(name=s.name, num_partitions=s.partitions_in(profile), replication_factor=1,
                         topic_configs=s.configs()) for s in todo]
         created = []
         try:

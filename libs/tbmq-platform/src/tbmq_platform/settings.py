@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from .topics import PRODUCTION, PROFILES
+
 T = TypeVar("T")
 
 
@@ -175,6 +177,9 @@ class CommonSettings:
     log_format: str = env("LOG_FORMAT", "console", parse=choice("console", "json"))
     log_level: str = env("LOG_LEVEL", "INFO", parse=choice("DEBUG", "INFO", "WARNING", "ERROR"))
     otlp_endpoint: str = env("OTEL_EXPORTER_OTLP_ENDPOINT", "", doc="OTLP/gRPC endpoint; empty = off")
+    topic_profile: str = env("TBMQ_TOPIC_PROFILE", PRODUCTION, parse=choice(*PROFILES),
+                             doc="partition counts of the topics this service creates: production (TBMQ's) "
+                                 "or single-node (one per message topic; make run); see docs/topics.md")
 
     @property
     def instance_id(self) -> str:

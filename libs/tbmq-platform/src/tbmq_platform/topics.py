@@ -12,6 +12,16 @@ from dataclasses import dataclass, replace
 from tbmq_routing.naming import APP_TOPIC_PREFIX, SHARED_APP_TOPIC_PREFIX, app_topic_name, shared_app_topic_name
 
 DAY_MS = 24 * 3600 * 1000
+
+# Partition profiles (TBMQ_TOPIC_PROFILE, read by every service and the launcher): "production" keeps TBMQ's
+# counts, sized for many router / device-persistence / session-registry instances; "single-node" gives the
+# per-message topics one partition each, for one instance of each service on one host (`make run`, the tests,
+# the benchmark). Every partition costs a fetch slot per poll, a record batch per produce request and a
+# share of each batch's records: spread over 16 partitions, a live rate of 1,000 msg/s arrives as one-record
+# batches. Topics exist with whatever count they were created with; the profile only matters at creation.
+PRODUCTION = "production"
+SINGLE_NODE = "single-node"
+PROFILES = (PRODUCTION, SINGLE_NODE)
 GB = 1024 * 1024 * 1024
 
 MSG_ALL = "tbmq.msg.all"
@@ -41,6 +51,15 @@ class TopicSpec:
     compact: bool = False
     retention_ms: int | None = 7 * DAY_MS
     retention_bytes: int | None = GB
+    single_node_partitions: int | None = None  # partitions in the single-node profile (None: as production)
+
+    def partitions_in(self, profile: str) -> int:
+        """The partition count of this topic in `profile` (PRODUCTION or SINGLE_NODE)."""
+        if profile == SINGLE_NODE and self.single_node_partitions is not None:
+            return self.single_node_partitions
+        if profile not in PROFILES:
+            raise ValueError(f"unknown topic profile {profile!r}; known: {', '.join(PROFILES)}")
+        return self.partitions
 
     def configs(self) -> dict[str, str]:
         """Topic-level Kafka configs for creation."""
@@ -63,9 +82,9 @@ def _compacted(name: str, key: str, payload: str, producers: str, consumers: str
 
 CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(MSG_ALL, "MQTT topic", "PublishMsg", 16, "connector (after PUBLISH)", "router",
-              retention_bytes=2 * GB),
+              retention_bytes=2 * GB, single_node_partitions=1),
     TopicSpec(MSG_PERSISTED, "subscriber client id", "PersistedMsg", 12, "router",
-              "device-persistence"),
+              "device-persistence", single_node_partitions=1),
     TopicSpec(MSG_APP_PREFIX + "<client>", "MQTT topic", "PublishMsg (receiver copy)", 1, "router",
               "app-delivery (group app-delivery.<client>)"),
     TopicSpec(MSG_APP_SHARED_PREFIX + "<filter>", "MQTT topic", "PublishMsg (receiver copy)", 4, "router",
@@ -77,15 +96,15 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     _compacted(CLIENT_SUBSCRIPTIONS, "client id", "ClientSubscriptions (whole set)",
                "connector, session-registry", "router, connector (from the beginning)"),
     TopicSpec(SESSION_EVENT_REQUEST, "client id", "SessionEventRequest", 24, "connector",
-              "session-registry"),
+              "session-registry", single_node_partitions=1),
     TopicSpec(SESSION_EVENT_RESPONSE_PREFIX + "<svc>", "client id", "SessionEventResponse", 1,
               "session-registry", "connector <svc>"),
     TopicSpec(CLIENT_DISCONNECT_PREFIX + "<svc>", "client id", "DisconnectCommand", 1, "session-registry",
               "connector <svc>"),
     TopicSpec(DOWNLINK_BASIC_PREFIX + "<svc>", "MQTT topic", "BasicDownlink", 12, "router",
-              "connector <svc>"),
+              "connector <svc>", single_node_partitions=1),
     TopicSpec(DOWNLINK_PERSISTED_PREFIX + "<svc>", "client id", "DevicePublishMsg", 12,
-              "device-persistence", "connector <svc>"),
+              "device-persistence", "connector <svc>", single_node_partitions=1),
     TopicSpec(SYS_APP_REMOVED, "client id", "ApplicationRemovedEvent", 1, "session-registry",
               "app-delivery (deletes the topic)"),
     TopicSpec(SYS_HISTORICAL_DATA, "window start", "UsageStats", 1, "spark stats job", "operators"),
@@ -149,6 +168,9 @@ def render_markdown() -> str:
         "`/`→`.`, `+`→`slw`, `#`→`mlw` (SHA-256 hex when the filter has other characters).",
         "All topics are created idempotently at start-up (`ensure_topics`); producers are idempotent "
         "with acks=all.",
+        "Partitions: `production / single-node`, the two profiles of `TBMQ_TOPIC_PROFILE` (services default to",
+        "production; `make run`, the tests and the benchmark use single-node); the count is fixed when a topic",
+        "is created.",
         "",
         "| topic | key | payload | partitions | retention | producers | consumers |",
         "|---|---|---|---|---|---|---|",
@@ -158,7 +180,8 @@ def render_markdown() -> str:
             retention = "compacted"
         else:
             retention = f"{s.retention_ms // DAY_MS} d, {s.retention_bytes // GB} GiB"
-        lines.append(f"| `{s.name}` | {s.key} | {s.payload} | {s.partitions} | {retention} | "
+        parts = f"{s.partitions_in(PRODUCTION)} / {s.partitions_in(SINGLE_NODE)}"
+        lines.append(f"| `{s.name}` | {s.key} | {s.payload} | {parts} | {retention} | "
                      f"{s.producers} | {s.consumers} |")
     return "\n".join(lines) + "\n"
 

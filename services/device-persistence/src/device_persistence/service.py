@@ -84,7 +84,7 @@ class DevicePersistenceService(Service):
         s = self.s
         await self.store.start()  # connects, loads the scripts (a Lua error fails start-up)
         await self.store.ping()
-        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)])
+        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], profile=s.topic_profile)
         self.producer = make_producer(s.bootstrap, client_id=s.instance_id)
         await self.producer.start()
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,

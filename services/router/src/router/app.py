@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from functools import partial
 
 import faust
-from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.tuples import ack_lock
 from google.protobuf.message import DecodeError
@@ -41,9 +40,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from tbmq_platform import topics
+from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow
 from tbmq_platform.compacted import CompactedTopicView
 from tbmq_platform.health import HealthServer
-from tbmq_platform.kafka import ensure_topics
+from tbmq_platform.kafka import KeyPartitioner, ensure_topics
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 
 from .convert import OutRecord
@@ -80,6 +80,8 @@ class RecordBatch:
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
+    adaptive_fetch: AdaptiveFetch | None = None
+
     """Faust's aiokafka consumer, delivering the records of ``batch_topic`` in batches.
 
     ``_drain_messages`` (Faust's fetch loop) is the same as Faust's, but per POLL rather than per
@@ -134,11 +136,20 @@ class BatchConsumer(faust_aiokafka.Consumer):
         set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
         acks_enabled_for = self.app.topics.acks_enabled_for
         suspend_flow = self.suspend_flow
+        adaptive = None
+        window_s = getattr(self.app, "fetch_window_s", 0.0)
+        monotonic = time.monotonic
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 set_flag("FETCHING")
                 try:
                     records, active = await self._wait_next_records(1.0)
+                    if adaptive is None and window_s > 0:
+                        # the aiokafka consumer of Faust's consumer thread exists once it has started
+                        adaptive = self.adaptive_fetch = AdaptiveFetch(self._thread._ensure_consumer(),
+                                                                       FetchWindow(max_wait_s=window_s))
+                    if adaptive is not None:
+                        adaptive.polled(sum(map(len, records.values())) if records else 0, monotonic())
                     await self.sleep(0)
                     if not records or self.should_stop:
                         continue
@@ -224,6 +235,7 @@ class IdempotentTransport(faust_aiokafka.Transport):
 class RouterApp(faust.App):
     batch_topic: str | None = None  # records of this topic are delivered in batches...
     deliver_batch = None  # ...to this coroutine function (RecordBatch) -> None
+    fetch_window_s: float = 0.0  # adaptive fetch window of the batch consumer (0 = off)
 
     def _new_transport(self):
         return IdempotentTransport(self.conf.broker_consumer, self)
@@ -232,26 +244,25 @@ class RouterApp(faust.App):
         return IdempotentTransport(self.conf.broker_producer, self)
 
 
-class KeyPartitioner:
-    """aiokafka's DefaultPartitioner (murmur2 of the key, modulo the partition count) with the
-    hash of each key cached: the same MQTT topics and client ids come back again and again."""
+class TopicPartitioner:
+    """The partition of (topic, key) for records the router sends with an explicit partition: Kafka's
+    default key partitioning with cached hashes (tbmq_platform.kafka.KeyPartitioner), over the partition
+    count the producer's metadata has for the topic."""
 
-    __slots__ = ("_cluster", "_hashes")
+    __slots__ = ("_cluster", "_keys")
 
     def __init__(self, cluster):
         self._cluster = cluster
-        self._hashes: dict[bytes, int] = {}
+        self._keys = KeyPartitioner()
 
     def __call__(self, topic: str, key: bytes | None) -> int | None:
         parts = self._cluster.partitions_for_topic(topic)
         if not parts or key is None:
             return None  # unknown topic yet (aiokafka waits for its metadata) / no key: aiokafka decides
-        h = self._hashes.get(key)
-        if h is None:
-            if len(self._hashes) >= 200_000:
-                self._hashes.clear()
-            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
         n = len(parts)
+        if n == 1:
+            return next(iter(parts))
+        h = self._keys.hash(key)
         if n - 1 in parts:  # partitions 0..n-1, as Kafka numbers them
             return h % n
         return sorted(parts)[h % n]
@@ -415,6 +426,10 @@ class RouterRuntime(Service):
             d.update(inflight=self.pipeline.inflight, acked_events=self.pipeline.acked_events,
                      produced=self.pipeline.produced)
         d.update(batches=self.batches, stale_batches=self.stale_batches)
+        adaptive = getattr(getattr(self.app, "_consumer", None), "adaptive_fetch", None)
+        if adaptive is not None:
+            d.update(fetch_busy=adaptive.window.window.busy, fetch_rate=round(adaptive.window.rate, 1),
+                     fetch_switches=adaptive.window.switches)
         if self.rebuilt_in is not None:
             d["rebuilt_in_s"] = round(self.rebuilt_in, 3)
         return d
@@ -424,7 +439,8 @@ class RouterRuntime(Service):
         await self.health.start()
         t0 = time.monotonic()
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
-            topics.MSG_ALL, topics.MSG_PERSISTED, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS)])
+            topics.MSG_ALL, topics.MSG_PERSISTED, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS)],
+            profile=s.topic_profile)
         self.views = [
             CompactedTopicView(s.bootstrap, topics.CLIENT_SUBSCRIPTIONS, self.routing.apply_subscriptions,
                                client_id=f"{s.instance_id}-subscriptions"),
@@ -464,14 +480,14 @@ class RouterRuntime(Service):
     def make_pipeline(self) -> Pipeline:
         app = self.app
         producer = app.producer.aiokafka_producer()
-        partition = KeyPartitioner(producer.client.cluster)
+        partition = TopicPartitioner(producer.client.cluster)
         aio_send = producer.send
 
         def send(topic: str, key: bytes, value: bytes, headers):
             return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
 
         async def ensure(specs):
-            await ensure_topics(self.settings.bootstrap, specs)
+            await ensure_topics(self.settings.bootstrap, specs, profile=self.settings.topic_profile)
 
         self.pipeline = Pipeline(send, ensure, self.settings.max_inflight, self.on_send_failure)
         return self.pipeline
@@ -619,6 +635,7 @@ def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[f
 
     app.on_before_shutdown.connect(drain_before_shutdown)
     app.batch_topic = topics.MSG_ALL
+    app.fetch_window_s = settings.fetch_window_ms / 1000
     app.deliver_batch = runtime.deliver
     runtime.agent = route
     return app, runtime

@@ -33,8 +33,14 @@ class Settings(CommonSettings):
                               doc="fetched batches waiting for the agent, at most")
     commit_interval_s: float = env("ROUTER_COMMIT_INTERVAL_S", 1.0, parse=number(0.05),
                                    doc="how often acknowledged offsets are committed (s)")
-    linger_ms: int = env("ROUTER_PRODUCER_LINGER_MS", 5, parse=integer(0),
-                         doc="producer linger (ms): how long records wait to be batched per partition")
+    linger_ms: int = env("ROUTER_PRODUCER_LINGER_MS", 1, parse=integer(0),
+                         doc="producer linger (ms): how long records wait to be batched per partition "
+                             "(more batch while a request is in flight)")
+    fetch_window_ms: float = env(
+        "ROUTER_FETCH_WINDOW_MS", 5.0, parse=number(0),
+        doc="adaptive fetch window: under load a fetch of tbmq.msg.all waits up to this long so the "
+            "records of this window are routed as one batch; when quiet it returns at the first record "
+            "(0 = always at once); tbmq_platform.coalesce")
     session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(1),
                                    doc="consumer group session timeout (s): how soon the partitions of "
                                        "a crashed instance move to the others")

@@ -22,12 +22,11 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError, ProducerFenced
-from aiokafka.partitioner import murmur2
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedTopicView
-from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import KeyPartitioner, ensure_topics, make_consumer, make_producer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 
@@ -50,9 +49,12 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_KEYS = KeyPartitioner()
+
+
 def partition_of(client_id: str, partitions: int) -> int:
-    """The request partition of a client id: aiokafka's (= Java's) default partitioner on the key bytes."""
-    return (murmur2(client_id.encode("utf-8")) & 0x7FFFFFFF) % partitions
+    """The request partition of a client id: Kafka's default key partitioner on the key bytes."""
+    return _KEYS(client_id.encode("utf-8"), list(range(partitions)), [])
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -96,7 +98,8 @@ class SessionRegistry(Service):
     async def start(self) -> None:
         s = self.s
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
-            REQUESTS, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.SYS_APP_REMOVED)])
+            REQUESTS, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.SYS_APP_REMOVED)],
+            profile=s.topic_profile)
         self.view = CompactedTopicView(s.bootstrap, topics.CLIENT_SESSION, self.store.apply_record,
                                        client_id=f"{s.instance_id}-sessions", read_committed=True)
         await self.view.start()
@@ -410,7 +413,7 @@ class SessionRegistry(Service):
     async def _ensure_service_topics(self, service_id: str) -> None:
         if service_id and service_id not in self._svc_topics:
             specs = topics.service_topics(service_id)
-            await ensure_topics(self.s.bootstrap, specs)
+            await ensure_topics(self.s.bootstrap, specs, profile=self.s.topic_profile)
             await self._wait_for_topics([topics.response_topic(service_id), topics.disconnect_topic(service_id)])
             self._svc_topics.add(service_id)
 
@@ -437,7 +440,7 @@ class SessionRegistry(Service):
     async def _ensure_app_topic(self, client_id: str) -> None:
         name = topics.app_topic_name(client_id)
         if name not in self._app_topics:
-            await ensure_topics(self.s.bootstrap, [topics.app_topic(client_id)])
+            await ensure_topics(self.s.bootstrap, [topics.app_topic(client_id)], profile=self.s.topic_profile)
             await self._wait_for_topics([name])
             self._app_topics.add(name)
 

@@ -1,0 +1,111 @@
+"""Adaptive fetch window: records coalesce into batches under load, latency stays low when quiet.
+
+Every hop of the message path pays per exchange (a fetch, a Redis pipeline, a produce request, a commit),
+not per record. A fixed Kafka fetch window cannot serve both ends: `fetch.min.bytes` = 1 with a long
+`fetch.max.wait.ms` answers a quiet consumer at once (one record per fetch, one exchange per record under
+load); a large min-bytes with a few ms of wait coalesces under load but adds those ms to every message
+when quiet, and polls the broker every few ms while idle.
+
+`FetchWindow` (pure: fed the records of each poll and the time, no I/O) picks the window of the NEXT fetch
+from the arrival rate it observes:
+
+- quiet (fewer than `enter_records` would arrive within `max_wait_s`): long poll — min bytes 1, wait
+  `idle_wait_ms`: the broker answers as soon as one record is there, and an idle consumer costs one
+  fetch per `idle_wait_ms`;
+- busy: min bytes `busy_min_bytes`, wait `max_wait_s`: the broker holds the fetch until the window is
+  over (or that much data is there, e.g. a backlog), so one fetch carries what arrived in `max_wait_s`
+  and the consumer's per-exchange work is paid once per window. At most `max_wait_s` is added per hop.
+
+It leaves the busy mode when fewer than `leave_records` arrive per window (hysteresis). The rate is an
+exponentially weighted average with time constant `tau_s` (roughly: the records of the last `tau_s`
+divided by `tau_s`), so one burst does not flip the mode.
+
+`AdaptiveFetch` applies the window to an aiokafka consumer (the fetcher reads `_fetch_min_bytes` and
+`_fetch_max_wait_ms` when it builds each fetch request: an internal of aiokafka 0.14, checked by
+`check_fetcher` at start-up so an upgrade that moves them fails loudly instead of silently not adapting).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import aiokafka
+
+CHECKED_AIOKAFKA = ("0.14.",)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    min_bytes: int
+    max_wait_ms: int
+    busy: bool
+
+
+class FetchWindow:
+    def __init__(self, *, max_wait_s: float = 0.005, idle_wait_ms: int = 500, busy_min_bytes: int = 1 << 20,
+                 enter_records: float = 3.0, leave_records: float = 1.0, tau_s: float = 0.05) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be > 0")
+        if leave_records > enter_records:
+            raise ValueError("leave_records must be <= enter_records")
+        self.max_wait_s = max_wait_s
+        self.enter_records = enter_records
+        self.leave_records = leave_records
+        self.tau_s = tau_s
+        self.idle = Window(1, idle_wait_ms, False)
+        self.busy_window = Window(busy_min_bytes, max(1, round(max_wait_s * 1000)), True)
+        self.rate = 0.0                   # records per second (EWMA)
+        self.window = self.idle
+        self._last: float | None = None
+        self.switches = 0
+
+    def observe(self, records: int, now: float) -> Window:
+        """A poll returned `records` at monotonic time `now`: the window of the next fetch."""
+        last, self._last = self._last, now
+        if last is None or self.max_wait_s <= 0:
+            return self.window
+        elapsed = now - last
+        if elapsed <= 0:
+            return self.window
+        alpha = 1.0 - math.exp(-elapsed / self.tau_s)
+        self.rate += alpha * (records / elapsed - self.rate)
+        per_window = self.rate * self.max_wait_s
+        if not self.window.busy and per_window >= self.enter_records:
+            self.window = self.busy_window
+            self.switches += 1
+        elif self.window.busy and per_window < self.leave_records:
+            self.window = self.idle
+            self.switches += 1
+        return self.window
+
+
+def check_fetcher(consumer) -> None:
+    """The aiokafka internals AdaptiveFetch writes exist (call once the consumer is started)."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if not aiokafka.__version__.startswith(CHECKED_AIOKAFKA) or fetcher is None or not all(
+            isinstance(getattr(fetcher, a, None), int) for a in ("_fetch_min_bytes", "_fetch_max_wait_ms")):
+        raise RuntimeError(f"aiokafka {aiokafka.__version__}: the adaptive fetch window needs Fetcher."
+                           f"_fetch_min_bytes/_fetch_max_wait_ms as in {CHECKED_AIOKAFKA} (requirements.lock)")
+
+
+class AdaptiveFetch:
+    """A started aiokafka consumer's fetch window, adapted after every poll (`polled(records, now)`)."""
+
+    def __init__(self, consumer, window: FetchWindow) -> None:
+        check_fetcher(consumer)
+        self._fetcher = consumer._fetcher
+        self.window = window
+        self._apply(window.window)
+
+    def polled(self, records: int, now: float) -> None:
+        w = self.window.observe(records, now)
+        if w.max_wait_ms != self._fetcher._fetch_max_wait_ms or w.min_bytes != self._fetcher._fetch_min_bytes:
+            self._apply(w)
+
+    def _apply(self, w: Window) -> None:
+        self._fetcher._fetch_min_bytes = w.min_bytes
+        self._fetcher._fetch_max_wait_ms = w.max_wait_ms
+
+
+__all__ = ["AdaptiveFetch", "FetchWindow", "Window", "check_fetcher"]

@@ -1,0 +1,109 @@
+"""The adaptive fetch window (tbmq_platform.coalesce): pure decisions on an injected clock."""
+
+import pytest
+from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow, check_fetcher
+
+
+def feed(w: FetchWindow, rate: float, seconds: float, t0: float = 0.0, poll_s: float | None = None):
+    """Polls of a consumer seeing `rate` records/s: one poll per record when idle (the broker answers at the
+    first record), one per window when busy. Returns the time reached."""
+    t = t0
+    end = t0 + seconds
+    while t < end:
+        if poll_s is not None:
+            step = poll_s
+        elif w.window.busy:
+            step = w.max_wait_s
+        else:
+            step = 1.0 / rate if rate else 0.5
+        t += step
+        w.observe(round(rate * step) if rate else 0, t)
+    return t
+
+
+def test_quiet_consumer_long_polls_and_answers_at_the_first_record():
+    w = FetchWindow(max_wait_s=0.005)
+    feed(w, 100, 2.0)  # 100 msg/s: half a record per 5 ms window
+    assert not w.window.busy
+    assert w.window.min_bytes == 1 and w.window.max_wait_ms == 500
+    assert 80 < w.rate < 120
+
+
+def test_load_switches_to_the_window_and_back_when_it_goes():
+    w = FetchWindow(max_wait_s=0.005)
+    t = feed(w, 100, 1.0)
+    assert not w.window.busy
+    t = feed(w, 2000, 0.5, t)  # 10 records per window
+    assert w.window.busy
+    assert w.window.max_wait_ms == 5 and w.window.min_bytes == 1 << 20
+    feed(w, 0, 3.0, t, poll_s=0.5)  # idle: empty polls
+    assert not w.window.busy
+    assert w.switches == 2
+
+
+def test_hysteresis_keeps_the_mode_between_the_thresholds():
+    w = FetchWindow(max_wait_s=0.005, enter_records=3, leave_records=1)
+    t = feed(w, 1000, 1.0)  # 5 per window: busy
+    assert w.window.busy
+    feed(w, 400, 2.0, t)  # 2 per window: below enter, above leave
+    assert w.window.busy
+    w2 = FetchWindow(max_wait_s=0.005, enter_records=3, leave_records=1)
+    feed(w2, 400, 2.0)
+    assert not w2.window.busy
+
+
+def test_one_odd_poll_does_not_flip_the_mode():
+    w = FetchWindow(max_wait_s=0.005, tau_s=0.05)
+    t = feed(w, 100, 1.0)
+    w.observe(5, t + 0.001)  # a burst of five in one poll
+    assert not w.window.busy
+
+
+def test_zero_window_never_waits():
+    w = FetchWindow(max_wait_s=0)
+    feed(w, 5000, 1.0)
+    assert not w.window.busy
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError):
+        FetchWindow(tau_s=0)
+    with pytest.raises(ValueError):
+        FetchWindow(enter_records=1, leave_records=2)
+
+
+class _Fetcher:
+    def __init__(self):
+        self._fetch_min_bytes = 1
+        self._fetch_max_wait_ms = 1500
+
+
+class _Consumer:
+    def __init__(self):
+        self._fetcher = _Fetcher()
+
+
+def test_adaptive_fetch_writes_the_window_into_the_fetcher():
+    c = _Consumer()
+    a = AdaptiveFetch(c, FetchWindow(max_wait_s=0.004))
+    assert (c._fetcher._fetch_min_bytes, c._fetcher._fetch_max_wait_ms) == (1, 500)
+    t = 0.0
+    for _ in range(50):
+        t += 0.0005
+        a.polled(1, t)  # 2000 records/s
+    assert (c._fetcher._fetch_min_bytes, c._fetcher._fetch_max_wait_ms) == (1 << 20, 4)
+
+
+def test_a_consumer_without_the_internals_is_refused():
+    with pytest.raises(RuntimeError, match="adaptive fetch window"):
+        check_fetcher(object())
+
+
+def test_the_real_aiokafka_fetcher_has_the_internals():
+    """The pinned aiokafka builds each FetchRequest from these two attributes."""
+    import inspect
+
+    from aiokafka.consumer import fetcher
+
+    src = inspect.getsource(fetcher.Fetcher._get_actions_per_node)
+    assert "self._fetch_max_wait_ms" in src and "self._fetch_min_bytes" in src
