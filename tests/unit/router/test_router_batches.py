@@ -187,3 +187,28 @@ def test_spliced_records_equal_the_serialized_messages():
     assert [r.key for r in recs] == [b"a/b", b"a/b", b"d1", b"d2", b""]
     # without the received bytes, msg is serialized here: same records
     assert [r.value for r in plan_records(msg, plan, b"a/b")] == expected
+
+
+async def test_the_pinned_faust_has_the_internals_the_batch_consumer_uses():
+    from router.app import check_faust_internals
+    from router.settings import Settings
+    from tbmq_platform.settings import load
+
+    app, _runtime = create_app(load(Settings, {}))
+    check_faust_internals(app.consumer)  # raises when an upgrade moved one of them
+
+
+def test_a_changed_faust_stops_the_router_with_a_message(monkeypatch):
+    import faust
+    from router import app as router_app
+
+    monkeypatch.setattr(faust, "__version__", "0.99.0")
+    with pytest.raises(RuntimeError, match="faust-streaming 0.99.0"):
+        router_app.check_faust_internals()
+
+    class Bare:
+        pass
+
+    monkeypatch.setattr(faust, "__version__", router_app.FAUST_CHECKED)
+    with pytest.raises(RuntimeError, match="consumer._read_offset is missing"):
+        router_app.check_faust_internals(Bare())

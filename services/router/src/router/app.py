@@ -56,6 +56,31 @@ tracer = trace.get_tracer("router")
 EXIT_SEND_FAILED = 70
 
 
+# ------------------------------------------------------------------------------ Faust internals
+FAUST_CHECKED = "0.15.3"
+# What BatchConsumer and RouterRuntime use of Faust beyond its public API (docs/router.md, Batches):
+# methods of its aiokafka Consumer, and attributes its instances set in __init__ / on start.
+_FAUST_METHODS = ("_wait_next_records", "_drain_messages", "_add_gap", "_to_message", "wait_first",
+                  "perform_seek", "commit", "track_message")
+_FAUST_ATTRIBUTES = ("_read_offset", "_unacked_messages", "_committed_offset", "_acked_index", "_acked",
+                     "_n_acked", "_commit_every", "_buffered_partitions", "_waiting_for_ack", "suspend_flow",
+                     "_thread")
+
+
+def check_faust_internals(consumer=None) -> None:
+    """Start-up check: the pinned Faust (requirements.lock) has the internals the batch path relies on.
+    An upgrade that changes them stops the router with a message instead of routing wrongly."""
+    problems = []
+    if faust.__version__ != FAUST_CHECKED:
+        problems.append(f"faust-streaming {faust.__version__} (the batch consumer is checked against "
+                        f"{FAUST_CHECKED})")
+    problems += [f"Consumer.{m} is missing" for m in _FAUST_METHODS if not hasattr(faust_aiokafka.Consumer, m)]
+    if consumer is not None:
+        problems += [f"consumer.{a} is missing" for a in _FAUST_ATTRIBUTES if not hasattr(consumer, a)]
+    if problems:
+        raise RuntimeError("router: Faust internals changed: " + "; ".join(problems))
+
+
 # ------------------------------------------------------------------------------ batch consumption
 class RecordBatch:
     """The tbmq.msg.all records of one poll (``records``: partition -> aiokafka ConsumerRecords in
@@ -127,6 +152,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         deliver = getattr(self.app, "deliver_batch", None)  # RouterApp: RouterRuntime.deliver
         if deliver is None:
             return await super()._drain_messages(fetcher)
+        check_faust_internals(self)
         batch_topic = self.batch_topic
         callback = self.callback
         consumer_should_stop = self._stopped.is_set
@@ -597,6 +623,7 @@ _TRACE_KEYS = ("traceparent", "tracestate")
 
 # ------------------------------------------------------------------------------ app
 def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[faust.App, RouterRuntime]:
+    check_faust_internals()
     app = RouterApp(
         settings.group_id,
         broker=[f"kafka://{hp}" for hp in settings.kafka_bootstrap_servers],
