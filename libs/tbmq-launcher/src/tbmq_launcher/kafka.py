@@ -174,6 +174,7 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": 0,
             "num.network.threads": 1,
             "num.io.threads": 2,
+            "metadata.max.idle.interval.ms": 5000,
             "num.recovery.threads.per.data.dir": 1,
             "log.retention.check.interval.ms": 300000,
             "log.cleaner.threads": 1,
