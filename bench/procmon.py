@@ -13,6 +13,8 @@ import time
 
 import psutil
 
+from .stats import expand_names
+
 
 def _tree(pid: int) -> list[psutil.Process]:
     try:
@@ -150,13 +152,7 @@ LAYOUT_ALIASES = {"both": LAYOUTS, "all": LAYOUTS, "whole-machine": ("whole",), 
 
 def parse_layouts(spec: str) -> list[str]:
     """"both" → ["whole", "one-core"]; "one-core,whole" keeps the order given."""
-    out: list[str] = []
-    for n in [x.strip() for x in spec.split(",") if x.strip()]:
-        for lay in LAYOUT_ALIASES.get(n, (n,)):
-            if lay not in LAYOUTS:
-                raise ValueError(f"unknown layout {n!r}; known: whole, one-core, both")
-            if lay not in out:
-                out.append(lay)
+    out = expand_names(spec, LAYOUTS, LAYOUT_ALIASES, "layout")
     if not out:
         raise ValueError("no layout given")
     return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .gen import Generator
 from .procmon import ProcMonitor
-from .stats import judge, latency_summary, merge_ranges, merge_us, search_max_rate, us_per_msg, wait_cool
+from .stats import expand_names, judge, latency_summary, merge_ranges, merge_us, search_max_rate, us_per_msg, wait_cool
 
 RATE_SCENARIOS = ("p2p", "fan-in-app", "fan-in-dev", "fan-out-q0", "fan-out-q1")
 BACKLOG_SCENARIOS = ("backlog", "backlog-100k", "backlog-app")
@@ -22,14 +22,7 @@ ALIASES = {"fan-out": ("fan-out-q0", "fan-out-q1"), "fanout": ("fan-out-q0", "fa
 
 
 def expand(names: str) -> list[str]:
-    out: list[str] = []
-    for n in [x.strip() for x in names.split(",") if x.strip()]:
-        for s in ALIASES.get(n, (n,)):
-            if s not in SCENARIOS:
-                raise ValueError(f"unknown scenario {n!r}; known: {', '.join(SCENARIOS)}, fan-out, all")
-            if s not in out:
-                out.append(s)
-    return out
+    return expand_names(names, SCENARIOS, ALIASES, "scenario")
 
 
 @dataclass

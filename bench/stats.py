@@ -141,6 +141,19 @@ def search_max_rate(probe: Callable[[float], StepResult], start: float, *, facto
 
 # -- fixed rates, per-process cost, cool-down (pure) ---------------------------------------------------
 
+def expand_names(spec: str, known: tuple, aliases: dict, what: str) -> list[str]:
+    """A comma list of names and aliases → the names, in the order given, without repeats.
+    ValueError on an unknown name."""
+    out: list[str] = []
+    for n in [x.strip() for x in spec.split(",") if x.strip()]:
+        for s in aliases.get(n, (n,)):
+            if s not in known:
+                raise ValueError(f"unknown {what} {n!r}; known: {', '.join(known)}, {', '.join(aliases)}")
+            if s not in out:
+                out.append(s)
+    return out
+
+
 def parse_rates(spec: str) -> tuple[str, list[float]]:
     """"p2p=100,1000,2500" → ("p2p", [100.0, 1000.0, 2500.0]); rates kept in the order given, no duplicates."""
     name, sep, vals = spec.partition("=")
