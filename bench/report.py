@@ -206,6 +206,17 @@ def process_kinds(steps: list[dict]) -> list[str]:
 def process_us_table(results: dict, broker: str, fmt: str = "text") -> str:
     """CPU µs per delivered message of each of `broker`'s processes (instances of a kind summed) and the
     total, for every fixed-rate step and backlog drain. Empty for a broker without per-step figures."""
+    items = _process_items(results, broker)
+    kinds = process_kinds([st for _, _, st in items])
+    if not kinds:
+        return ""
+    rows = [[scen, rate, *[_num((st.get("us_per_msg") or {}).get(k)) for k in kinds],
+             _num((st.get("us_per_msg") or {}).get("total"))] for scen, rate, st in items]
+    return _render(["scenario", "step", *kinds, "total"], rows, fmt)
+
+
+def _process_items(results: dict, broker: str) -> list[tuple[str, str, dict]]:
+    """(scenario, step label, step or backlog result) of `broker` that carry us_per_msg."""
     items = []
     for scen, by_b in results.items():
         r = by_b.get(broker)
@@ -215,12 +226,14 @@ def process_us_table(results: dict, broker: str, fmt: str = "text") -> str:
             items += [(scen, _num(st["rate"]) + "/s", st) for st in fixed_steps(r)]
         elif scen.startswith("backlog") and r.get("us_per_msg"):
             items.append((scen, "drain", r))
-    kinds = process_kinds([st for _, _, st in items])
-    if not kinds:
-        return ""
-    rows = [[scen, rate, *[_num((st.get("us_per_msg") or {}).get(k)) for k in kinds],
-             _num((st.get("us_per_msg") or {}).get("total"))] for scen, rate, st in items]
-    return _render(["scenario", "step", *kinds, "total"], rows, fmt)
+    return items
+
+
+def per_process_tables(results: dict, brokers: list[str], fmt: str = "text") -> list[tuple[str, str]]:
+    """(broker, process_us_table) of the brokers with more than one process kind (for a one-process broker
+    the fixed-rate steps table's µs/msg is that process)."""
+    return [(b, process_us_table(results, b, fmt)) for b in brokers
+            if len(process_kinds([st for _, _, st in _process_items(results, b)])) > 1]
 
 
 def idle_table(meta: dict, brokers: list[str], fmt: str = "text") -> str:
@@ -267,10 +280,8 @@ def layout_text(run: dict, brokers: list[str]) -> str:
     fs = fixed_steps_table(res, brokers)
     if fs:
         parts.append("fixed-rate steps:\n" + fs)
-    for b in brokers:
-        pt = process_us_table(res, b)
-        if pt and len(process_kinds([st for _, _, r in _ok_results(res, [b]) for st in fixed_steps(r)])) > 1:
-            parts.append(f"{b}: CPU µs per delivered message, per process:\n" + pt)
+    for b, pt in per_process_tables(res, brokers):
+        parts.append(f"{b}: CPU µs per delivered message, per process:\n" + pt)
     it = idle_table(meta, brokers)
     if it:
         parts.append("idle (no clients):\n" + it)
@@ -550,11 +561,9 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         if fs:
             lines += ["Fixed-rate steps (µs/msg: CPU of all the broker's processes per delivered message):", "", fs,
                       ""]
-        for b in brokers:
-            pt = process_us_table(res, b, "md")
-            if pt:
-                lines += [f"{b}: CPU µs per delivered message of each process (instances of a service summed), "
-                          "fixed-rate steps and backlog drains:", "", pt, ""]
+        for b, pt in per_process_tables(res, brokers, "md"):
+            lines += [f"{b}: CPU µs per delivered message of each process (instances of a service summed), "
+                      "fixed-rate steps and backlog drains:", "", pt, ""]
         it = idle_table(meta, brokers, "md")
         if it:
             lines += ["Idle CPU (% of one core) with no clients:", "", it, ""]

@@ -248,3 +248,10 @@ def test_latency_chart_renders(tmp_path):
     out = tmp_path / "x.png"
     report.latency_chart(out, report.runs_of(doc), ["tbmq"], title="t")
     assert out.exists() and out.stat().st_size > 1000
+
+
+def test_per_process_tables_only_for_multi_process_brokers():
+    res = {"p2p": {"tbmq": {"fixed_steps": [_step(100.0, TBMQ_US)]},
+                   "mosquitto": {"fixed_steps": [_step(100.0, {"mosquitto": 60.0, "total": 60.0})]}}}
+    for fmt in ("text", "md"):
+        assert [b for b, _ in report.per_process_tables(res, ["tbmq", "mosquitto"], fmt)] == ["tbmq"]
