@@ -126,9 +126,6 @@ class Runner:
         return (sum(procs[k]["cpu_s"] for k in labels), sum(procs[k]["cpu_pct"] for k in labels),
                 sum(procs[k]["rss_mb"] for k in labels))
 
-    def _broker_pct(self, procs: dict) -> float:
-        return sum(v["cpu_pct"] for k, v in procs.items() if not k.startswith("generator-"))
-
     def measure_idle(self) -> dict:
         """Idle CPU of the broker's processes: nothing connected for `idle_warmup` s, then a window of
         `idle_window` s. → {"processes": {label: {cpu_s, cpu_pct, rss_mb}}, "total_pct", "after_s"}; also
@@ -138,7 +135,7 @@ class Runner:
         win = self.mon.window_start()
         time.sleep(max(p.idle_window, 0.5))
         procs = {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
-        total = round(self._broker_pct(procs), 1)
+        total = round(self._broker_cpu(procs)[1], 1)
         self.idle_pct = total
         return {"processes": procs, "total_pct": total, "after_s": p.idle_warmup, "window_s": p.idle_window}
 
@@ -150,7 +147,7 @@ class Runner:
         def measure() -> float:
             win = self.mon.window_start()
             time.sleep(1.0)
-            return self._broker_pct(self.mon.window_end(win))
+            return self._broker_cpu(self.mon.window_end(win))[1]
 
         return wait_cool(measure, self.idle_pct, margin_pct=self.prof.cooldown_margin,
                          max_wait=self.prof.cooldown_max)
