@@ -13,7 +13,9 @@ help:
 	@echo "             (RUN_ARGS='--connectors 2 --redis-cluster --fresh' ...; see: $(PY) -m tbmq_launcher run -h)"
 	@echo "make test    every test under tests/ (PYTEST_ARGS='-k kafka' ...)"
 	@echo "make proto   regenerate libs/tbmq-proto from proto/"
-	@echo "make bench   the benchmark"
+	@echo "make bench   the benchmark: tbmq-py, Mosquitto, amqtt in both cpu layouts (whole machine, one core)"
+	@echo "             (BENCH_ARGS='--quick' smoke run; '--layout whole|one-core|both'; see: $(PY) -m bench run -h)"
+	@echo "             $(PY) -m bench doc bench/results/<stamp>.json --write   regenerates docs/performance.md's results"
 
 bootstrap:
 	@scripts/bootstrap.sh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import platform
 import shutil
@@ -15,10 +16,12 @@ from pathlib import Path
 from . import report
 from .brokers import BROKERS, BrokerUnavailable, make_workdir
 from .gen import Generator
-from .procmon import ProcMonitor, cpu_layout, renice_tree
+from .procmon import ProcMonitor, layout_cpus, parse_layouts, renice_tree
 from .scenarios import Profile, Runner, expand
+from .stats import parse_rates
 
 RESULTS = Path(__file__).resolve().parent / "results"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 
 
 def machine() -> dict:
@@ -66,21 +69,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--brokers", default="tbmq,mosquitto,amqtt", help="comma list of tbmq,mosquitto,amqtt")
-    ap.add_argument("--scenarios", default="all", help="p2p,fan-in,fan-out(-q0,-q1),backlog,connect or all")
+    ap.add_argument("--scenarios", default="all",
+                    help="p2p, fan-in (= fan-in-app,fan-in-dev), fan-out (= fan-out-q0,fan-out-q1), backlog, "
+                         "backlog-100k, backlog-app (backlogs = the three), connect, or all")
+    ap.add_argument("--layout", default="both",
+                    help="whole (nothing pinned: broker and generator share every cpu, as under `make run`), "
+                         "one-core (broker on cpu0, generator on cpu1), or both (default; whole first)")
     ap.add_argument("--quick", action="store_true", help="CI smoke profile: small sizes, ~2 s steps")
     ap.add_argument("--duration", type=float, help="measured seconds per step")
-    ap.add_argument("--warmup", type=float)
+    ap.add_argument("--warmup", type=float, help="unmeasured seconds at the start of every step")
     ap.add_argument("--pairs", type=int, help="p2p pairs")
     ap.add_argument("--fanin-pubs", type=int)
     ap.add_argument("--fanout-subs", type=int)
-    ap.add_argument("--backlog", type=int, help="messages queued for the offline subscriber")
-    ap.add_argument("--rate", action="append", default=[], metavar="SCENARIO=MSG_S",
-                    help="fixed in-rate of a scenario, e.g. --rate p2p=2000 (repeatable)")
+    ap.add_argument("--backlog", type=int, help="messages queued for the offline DEVICE subscriber ('backlog')")
+    ap.add_argument("--backlog-big", type=int, help="the same for 'backlog-100k' (default 100000)")
+    ap.add_argument("--backlog-app", type=int, help="messages queued for the offline APPLICATION subscriber "
+                                                     "('backlog-app', default 50000)")
+    ap.add_argument("--rates", "--rate", dest="rates", action="append", default=[], metavar="SCENARIO=R1[,R2...]",
+                    help="fixed-rate steps (msg/s in) of a scenario, e.g. --rates p2p=100,1000,2500 (repeatable); "
+                         "the max-rate search starts from the step nearest 1000 msg/s (--search-start)")
     ap.add_argument("--search", default=None, help="scenarios with a max-rate search (comma list, 'none')")
+    ap.add_argument("--search-start", action="append", default=[], metavar="SCENARIO=MSG_S",
+                    help="first rate of a scenario's max-rate search (default: p2p 1000, others their first rate)")
     ap.add_argument("--search-steps", type=int)
+    ap.add_argument("--broker-warmup", type=float,
+                    help="seconds of unmeasured p2p load after a broker starts (default 25, --quick 5)")
+    ap.add_argument("--broker-warmup-rate", type=float, help="msg/s of that load (default 500, --quick 200)")
+    ap.add_argument("--idle-warmup", type=float,
+                    help="seconds with no clients before the broker's idle CPU is measured (default 60, --quick 5)")
+    ap.add_argument("--idle-window", type=float, help="seconds the idle CPU is measured over (default 10)")
+    ap.add_argument("--cooldown-max", type=float,
+                    help="before each step wait at most this long for the broker to be back near idle CPU "
+                         "(default 30, --quick 5; 0 = no cool-down)")
+    ap.add_argument("--cooldown-margin", type=float, help="'near idle' = idle + this many %% of one core (default 5)")
     ap.add_argument("--mqtt-version", type=int, choices=(4, 5), help="3.1.1 (4, default) or 5 (amqtt: always 4)")
     ap.add_argument("--workers", type=int, default=0, help="generator processes (default: 2, or generator cpus)")
-    ap.add_argument("--no-pin", action="store_true", help="do not pin broker / generator to separate cpus")
+    ap.add_argument("--no-pin", action="store_true", help="same as --layout whole")
     ap.add_argument("--nice", type=int, default=None,
                     help="nice value for the broker and generator processes (e.g. -5 on a shared machine; root)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -89,93 +113,100 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
                     help="TBMQ_APPLICATION_CLIENT_ID_PATTERNS given to the tbmq-py suite")
 
 
+_PROFILE_ARGS = ("duration", "warmup", "pairs", "fanin_pubs", "fanout_subs", "backlog", "backlog_big", "backlog_app",
+                 "search_steps", "broker_warmup", "broker_warmup_rate", "idle_warmup", "idle_window", "cooldown_max",
+                 "cooldown_margin")
+
+
 def profile_from(args) -> Profile:
     prof = Profile.quick() if args.quick else Profile()
-    for k in ("duration", "warmup", "pairs", "fanin_pubs", "fanout_subs", "backlog", "search_steps"):
+    for k in _PROFILE_ARGS:
         v = getattr(args, k, None)
         if v is not None:
             setattr(prof, k, v)
     if args.mqtt_version:
         prof.mqtt_version = args.mqtt_version
-    for spec in args.rate:
-        k, v = spec.split("=", 1)
+    prof.rates = {k: list(v) for k, v in prof.rates.items()}
+    prof.search_start = dict(prof.search_start)
+    for spec in args.rates:
+        k, rates = parse_rates(spec)
         for s in expand(k):
-            prof.rates[s] = float(v)
+            prof.rates[s] = list(rates)
+            prof.search_start[s] = min(rates, key=lambda r: abs(math.log(r / 1000.0)))
+    for spec in getattr(args, "search_start", None) or []:
+        k, rates = parse_rates(spec)
+        for s in expand(k):
+            prof.search_start[s] = rates[0]
     if args.search is not None:
         prof.search = () if args.search in ("none", "") else tuple(expand(args.search))
     return prof
 
 
-def run(args) -> int:
-    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
-    for b in brokers:
-        if b not in BROKERS:
-            print(f"unknown broker {b!r}; known: {', '.join(BROKERS)}", file=sys.stderr)
-            return 2
-    scenarios = expand(args.scenarios)
-    prof = profile_from(args)
-    bcpus, gcpus = (None, None) if args.no_pin else cpu_layout()
+def _start_broker(bname: str, workdir: Path, bcpus, args, mon: ProcMonitor) -> tuple[object | None, dict]:
+    """→ (started broker or None, its meta)."""
+    kw = {"app_pattern": args.app_pattern} if bname == "tbmq" else {}
+    broker = BROKERS[bname](workdir, cpus=bcpus, **kw)
+    try:
+        t0 = time.monotonic()
+        broker.start()
+    except BrokerUnavailable as e:
+        print(f"  skipped: {e}")
+        return None, {"error": f"unavailable: {e}"}
+    except Exception as e:
+        print(f"  failed to start: {e!r}")
+        broker.stop()
+        return None, {"error": f"start failed: {e!r}"[:2000]}
+    print(f"  started in {time.monotonic() - t0:.1f}s on {broker.host}:{broker.port}; "
+          f"processes: {', '.join(f'{k}={v}' for k, v in broker.pids().items())}")
+    for n in broker.notes:
+        print(f"  {n}")
+    for label, pid in broker.pids().items():
+        mon.add(label, pid)
+        if args.nice is not None:
+            renice_tree(pid, args.nice)
+    return broker, {"notes": broker.notes, "pids": broker.pids(), "client": broker.client_cfg}
+
+
+def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Profile, args, mon: ProcMonitor,
+               workdir: Path, all_cpus: set[int]) -> dict:
+    """Every broker, one after the other, in one cpu layout → {layout, pinning, brokers (meta), results}."""
+    bcpus, gcpus = layout_cpus(layout)
     n_workers = args.workers or max(2, len(gcpus or ()))
-    mach = machine()
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    print(f"machine: {mach['nproc']} cpus ({mach['cpu_model']}), {mach['mem_gib']} GiB, load {mach['loadavg_at_start']}")
-    if bcpus:
-        print(f"pinning: broker processes → cpu {sorted(bcpus)}, generator ({n_workers} workers) → cpu {sorted(gcpus)}")
-    else:
-        print("pinning: off" + ("" if args.no_pin else " (fewer than 2 cpus)"))
-    print(f"profile: {'quick' if args.quick else 'full'}; scenarios {', '.join(scenarios)}; brokers {', '.join(brokers)}")
-    if gcpus:
-        os.sched_setaffinity(0, gcpus)
-    workdir = make_workdir()
+    os.sched_setaffinity(0, gcpus or all_cpus)  # the generator's workers (spawned from here) inherit it
+    print(f"\n##### layout {layout}: " + (
+        f"broker processes → cpu {sorted(bcpus)}, generator ({n_workers} workers) → cpu {sorted(gcpus)}" if bcpus
+        else f"nothing pinned: broker and generator ({n_workers} workers) share cpus {sorted(all_cpus)}"))
     results: dict = {s: {} for s in scenarios}
     meta: dict = {}
-    mon = ProcMonitor().start()
-    if args.nice is not None:
-        renice_tree(os.getpid(), args.nice)  # the workers inherit it
-        print(f"nice: {args.nice} for the broker and generator processes")
-    gen = Generator(n_workers, gcpus)
-    mon_labels = gen.pids()
-    for k, v in mon_labels.items():
-        mon.add(k, v)
     t_start = time.monotonic()
+    gen = Generator(n_workers, gcpus)
+
+    def watch_gen() -> None:
+        for k, v in gen.pids().items():
+            mon.add(k, v)
+
+    watch_gen()
     try:
         for bname in brokers:
-            print(f"\n=== {bname} ===")
-            broker = BROKERS[bname](workdir, cpus=bcpus)
-            try:
-                t0 = time.monotonic()
-                broker.start()
-            except BrokerUnavailable as e:
-                print(f"  skipped: {e}")
+            print(f"\n=== {bname} ({layout}) ===")
+            broker, meta[bname] = _start_broker(bname, workdir / layout, bcpus, args, mon)
+            if broker is None:
                 for s in scenarios:
-                    results[s][bname] = {"error": f"unavailable: {e}"}
-                meta[bname] = {"error": str(e)}
+                    results[s][bname] = {"error": meta[bname]["error"][:300]}
                 continue
-            except Exception as e:
-                print(f"  failed to start: {e!r}")
-                for s in scenarios:
-                    results[s][bname] = {"error": f"start failed: {e!r}"[:300]}
-                meta[bname] = {"error": repr(e)[:2000]}
-                broker.stop()
-                continue
-            print(f"  started in {time.monotonic() - t0:.1f}s on {broker.host}:{broker.port}; "
-                  f"processes: {', '.join(f'{k}={v}' for k, v in broker.pids().items())}")
-            for n in broker.notes:
-                print(f"  {n}")
-            meta[bname] = {"notes": broker.notes, "pids": broker.pids(), "client": broker.client_cfg}
-            for label, pid in broker.pids().items():
-                mon.add(label, pid)
-                if args.nice is not None:
-                    renice_tree(pid, args.nice)
-            # idle baseline: what the broker's processes burn with connected-nothing (background polling)
-            win = mon.window_start()
-            time.sleep(3.0 if not args.quick else 1.0)
-            idle = {k: v for k, v in mon.window_end(win).items() if not k.startswith("generator-")}
-            meta[bname]["idle"] = idle
-            parts = ", ".join("%s %.1f%%" % (k, v["cpu_pct"]) for k, v in idle.items())
-            print(f"  idle CPU: {sum(v['cpu_pct'] for v in idle.values()):.1f}% of one core ({parts})")
             runner = Runner(broker, gen, mon, prof)
             try:
+                w = runner.warm_up()
+                if w:
+                    meta[bname]["warmup_load"] = w
+                    print(f"  warm-up load: {w['seconds']:.0f}s of p2p at {w['rate']:.0f}/s (not measured), "
+                          f"broker {w['broker_cpu_pct']:.0f}% of a core, {w['us_per_msg'].get('total', math.nan):.0f}"
+                          " µs/msg")
+                idle = runner.measure_idle()
+                meta[bname]["idle"] = idle
+                parts = ", ".join("%s %.1f%%" % (k, v["cpu_pct"]) for k, v in idle["processes"].items())
+                print(f"  idle CPU after {idle['after_s']:.0f}s with no clients: {idle['total_pct']:.1f}% of one core "
+                      f"({parts})")
                 for s in scenarios:
                     print(f"  -- {s}")
                     if hasattr(broker, "repin"):
@@ -187,68 +218,140 @@ def run(args) -> int:
                         results[s][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
                         # a worker that timed out may still be busy: restart the generator
                         gen.close()
-                        for k in list(mon_labels):
-                            mon.remove_prefix(k)
+                        mon.remove_prefix("generator-")
                         gen = Generator(n_workers, gcpus)
-                        mon_labels = gen.pids()
-                        for k, v in mon_labels.items():
-                            mon.add(k, v)
+                        watch_gen()
                         runner.gen = gen
                     if not broker.alive():
                         print("    broker died")
                         break
+            except Exception as e:  # warm-up / idle failed: the broker is unusable, the others still run
+                print(f"  ERROR before the scenarios: {type(e).__name__}: {e}")
+                meta[bname]["error"] = f"{type(e).__name__}: {e}"[:2000]
+                for s in scenarios:
+                    results[s].setdefault(bname, {"error": meta[bname]["error"][:300]})
             finally:
                 for label in broker.pids():
                     mon.remove_prefix(label)
                 broker.stop()
     finally:
         gen.close()
+        mon.remove_prefix("generator-")
+    return {"layout": layout, "pinning": {"broker": sorted(bcpus) if bcpus else None,
+                                          "generator": sorted(gcpus) if gcpus else None, "workers": n_workers},
+            "brokers": meta, "results": results, "elapsed_s": round(time.monotonic() - t_start, 1)}
+
+
+def run(args) -> int:
+    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    for b in brokers:
+        if b not in BROKERS:
+            print(f"unknown broker {b!r}; known: {', '.join(BROKERS)}", file=sys.stderr)
+            return 2
+    try:
+        layouts = ["whole"] if args.no_pin else parse_layouts(args.layout)
+        scenarios = expand(args.scenarios)
+        prof = profile_from(args)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    all_cpus = set(os.sched_getaffinity(0))
+    mach = machine()
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    print(f"machine: {mach['nproc']} cpus ({mach['cpu_model']}), {mach['mem_gib']} GiB, load {mach['loadavg_at_start']}")
+    print(f"profile: {'quick' if args.quick else 'full'}; layouts {', '.join(layouts)}; scenarios "
+          f"{', '.join(scenarios)}; brokers {', '.join(brokers)}")
+    print(f"fixed rates: {'; '.join(f'{k} ' + ','.join(f'{r:g}' for r in v) for k, v in prof.rates.items() if k in scenarios)}"
+          f"; per broker: {prof.broker_warmup:g}s warm-up load, idle after {prof.idle_warmup:g}s, cool-down ≤ "
+          f"{prof.cooldown_max:g}s to idle+{prof.cooldown_margin:g}%")
+    workdir = make_workdir()
+    mon = ProcMonitor().start()
+    if args.nice is not None:
+        renice_tree(os.getpid(), args.nice)  # the workers inherit it
+        print(f"nice: {args.nice} for the broker and generator processes")
+    runs: dict = {}
+    t_start = time.monotonic()
+    try:
+        for layout in layouts:
+            runs[layout] = run_layout(layout, brokers, scenarios, prof, args, mon, workdir, all_cpus)
+    finally:
+        os.sched_setaffinity(0, all_cpus)
         mon.stop()
         if args.keep_workdir:
             print(f"broker logs and data kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.monotonic() - t_start
-    text = report.table(results, brokers)
-    print("\n" + text)
-    ptext = report.process_table(results)
-    print("\nprocesses (CPU % of one core, peak RSS) during the fixed-rate step:\n" + ptext)
+    for layout, r in runs.items():
+        print(f"\n##### layout {layout}\n")
+        print(report.layout_text(r, brokers))
     doc = {
         "timestamp": stamp, "command": " ".join([_exe(), "-m", "bench", *sys.argv[1:]]),
-        "machine": mach, "pinning": {"broker": sorted(bcpus) if bcpus else None,
-                                     "generator": sorted(gcpus) if gcpus else None, "workers": n_workers},
-        "nice": args.nice, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        "profile": prof.__dict__, "brokers": meta, "results": results, "elapsed_s": round(elapsed, 1),
-        "table_md": report.table(results, brokers, "md"),
-        "processes_md": report.process_table(results, "md"),
+        "machine": mach, "nice": args.nice, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "profile": prof.__dict__, "broker_order": brokers, "layouts": runs, "elapsed_s": round(elapsed, 1),
     }
     out_json = args.out / f"{stamp}.json"
     report.save_json(out_json, doc)
-    out_png = args.out / f"{stamp}.png"
+    pngs = render_charts(out_json, doc)
+    print(f"\nresults: {out_json}\ncharts:  {', '.join(str(p) for p in pngs)}\ntook {elapsed:.0f}s")
+    return 0
+
+
+def render_charts(src: Path, doc: dict) -> list[Path]:
+    """<stamp>.png: e2e latency (p50, p99) against in-rate, every layout; <stamp>-<layout>.png: the summary."""
+    m = doc["machine"]
+    title = f"{m['nproc']}× {m['cpu_model']} — {doc['timestamp']} — {doc['command']}"
+    runs = report.runs_of(doc)
+    brokers = report.broker_order(doc)
+    out = []
+    jobs = [(src.with_suffix(".png"), lambda p: report.latency_chart(p, runs, brokers, title=title))]
+    for layout, r in runs.items():
+        jobs.append((src.with_name(f"{src.stem}-{layout}.png"),
+                     lambda p, r=r, layout=layout: report.chart(p, r["results"], brokers,
+                                                                title=f"{layout} — {title}")))
+    for path, fn in jobs:
+        try:
+            fn(path)
+            out.append(path)
+        except Exception as e:  # a chart is a convenience; never lose the JSON for it
+            print(f"chart {path.name} failed: {e!r}")
+    return out
+
+
+def doc_cmd(argv: list[str]) -> int:
+    """python -m bench doc results.json [profile-summary.md] [--write [docs/performance.md]]"""
+    import json
+    ap = argparse.ArgumentParser(prog="python -m bench doc",
+                                 description="the results section of docs/performance.md from a run")
+    ap.add_argument("results", type=Path)
+    ap.add_argument("profile_md", type=Path, nargs="?", help="a py-spy profile summary to append")
+    ap.add_argument("--write", type=Path, nargs="?", const=DOC, default=None, metavar="DOC",
+                    help=f"replace the section between the markers in DOC (default {DOC.relative_to(DOC.parents[1])})"
+                         " instead of printing it")
+    a = ap.parse_args(argv)
+    section = report.doc_section(json.loads(a.results.read_text()),
+                                 a.profile_md.read_text() if a.profile_md else None)
+    if a.write is None:
+        print(section)
+        return 0
     try:
-        report.chart(out_png, results, brokers,
-                     title=f"{mach['nproc']}× {mach['cpu_model']} — {stamp} — {doc['command']}")
-    except Exception as e:  # the chart is a convenience; never lose the JSON for it
-        print(f"chart failed: {e!r}")
-    print(f"\nresults: {out_json}\nchart:   {out_png}\ntook {elapsed:.0f}s")
+        a.write.write_text(report.replace_section(a.write.read_text(), section))
+    except ValueError as e:
+        print(f"{a.write}: {e}", file=sys.stderr)
+        return 1
+    print(f"{a.write}: results section replaced from {a.results}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "doc":  # python -m bench doc results.json [profile-summary.md]
-        import json
-        doc = json.loads(Path(argv[1]).read_text())
-        print(report.doc_section(doc, Path(argv[2]).read_text() if len(argv) > 2 else None))
-        return 0
-    if argv and argv[0] == "chart":  # python -m bench chart results.json: re-render the PNG next to it
+    if argv and argv[0] == "doc":
+        return doc_cmd(argv[1:])
+    if argv and argv[0] == "chart":  # python -m bench chart results.json: re-render the PNGs next to it
         import json
         src = Path(argv[1])
-        doc = json.loads(src.read_text())
-        m = doc["machine"]
-        report.chart(src.with_suffix(".png"), doc["results"], list(doc.get("brokers") or []),
-                     title=f"{m['nproc']}× {m['cpu_model']} — {doc['timestamp']} — {doc['command']}")
-        print(src.with_suffix(".png"))
+        for p in render_charts(src, json.loads(src.read_text())):
+            print(p)
         return 0
     if not argv or argv[0] not in ("run", "profile", "-h", "--help"):
         argv = ["run", *argv]

@@ -13,6 +13,8 @@ import time
 
 import psutil
 
+from .stats import expand_names
+
 
 def _tree(pid: int) -> list[psutil.Process]:
     try:
@@ -131,10 +133,7 @@ def cpu_layout(n_cpus: int | None = None) -> tuple[set[int] | None, set[int] | N
         return None, None
     if n_cpus:
         avail = avail[:n_cpus]
-    if len(avail) < 2:
-        return None, None
-    half = len(avail) // 2
-    return set(avail[:half]), set(avail[half:])
+    return layout_cpus("one-core", avail)
 
 
 def renice_tree(pid: int, nice: int) -> None:
@@ -144,3 +143,33 @@ def renice_tree(pid: int, nice: int) -> None:
             p.nice(nice)
         except psutil.Error:
             pass
+
+
+LAYOUTS = ("whole", "one-core")
+LAYOUT_ALIASES = {"both": LAYOUTS, "all": LAYOUTS, "whole-machine": ("whole",), "onecore": ("one-core",),
+                  "one": ("one-core",), "pinned": ("one-core",)}
+
+
+def parse_layouts(spec: str) -> list[str]:
+    """"both" → ["whole", "one-core"]; "one-core,whole" keeps the order given."""
+    out = expand_names(spec, LAYOUTS, LAYOUT_ALIASES, "layout")
+    if not out:
+        raise ValueError("no layout given")
+    return out
+
+
+def layout_cpus(layout: str, avail: list[int] | None = None) -> tuple[set[int] | None, set[int] | None]:
+    """(broker cpus, generator cpus) of a layout. "whole": nothing pinned (None, None), broker and generator
+    share every cpu as under `make run`. "one-core": the broker on the first half of the cpus (cpu0 on a
+    2-core machine), the generator on the second half; (None, None) with a single cpu."""
+    if layout == "whole":
+        return None, None
+    if layout != "one-core":
+        raise ValueError(layout)
+    if avail is None:
+        return cpu_layout()
+    avail = sorted(avail)
+    if len(avail) < 2:
+        return None, None
+    half = len(avail) // 2
+    return set(avail[:half]), set(avail[half:])

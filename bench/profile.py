@@ -154,21 +154,14 @@ def profile(args) -> int:
         for k, v in {**broker.pids(), **gen.pids()}.items():
             mon.add(k, v)
         prof = Profile(duration=args.seconds + 2, warmup=1.0, drain=10.0, pairs=args.pairs,
-                       rates={"p2p": args.rate}, search=())
+                       rates={"p2p": [args.rate]}, search=())
         runner = Runner(broker, gen, mon, prof, log=lambda *a: None)
-        t = args.token if hasattr(args, "token") else None  # noqa: F841
-        n = prof.pairs
-        w = len(gen)
-        tok = runner.token
-        subs = [{"id": i, "client_id": f"bench-dev-{tok}-s{i}", "filter": f"bench/{tok}/p2p/{i}", "qos": 1,
-                 "clean": False, "session_expiry": 3600, "expects": [i], "worker": i % w} for i in range(n)]
+        subs, pubs = runner._p2p_clients()
         if args.mode == "publish":  # publishers only: the ingestion path (PUBLISH → PUBACK), nobody subscribed
             subs = []
         elif args.mode == "p2p-clean":  # non-persistent subscribers (no device persistence on the path)
             for s in subs:
                 s["clean"] = True
-        pubs = [{"id": i, "client_id": f"bench-{tok}-p{i}", "topic": f"bench/{tok}/p2p/{i}", "qos": 1,
-                 "worker": i % w} for i in range(n)]
         runner._setup(subs, pubs)
         result: dict = {}
         th = threading.Thread(target=lambda: result.update(runner.step(args.rate)), daemon=True)

@@ -7,6 +7,15 @@ import math
 from pathlib import Path
 
 
+# rate scenarios ("fan-in": results written before fan-in-app / fan-in-dev existed)
+RATE_SCENARIOS = ("p2p", "fan-in-app", "fan-in-dev", "fan-in", "fan-out-q0", "fan-out-q1")
+# the order of tbmq-py's process kinds in tables; other kinds (mosquitto, amqtt, redis-2...) follow
+PROCESS_ORDER = ("connector", "router", "device-persistence", "app-delivery", "session-registry", "kafka", "redis")
+COLORS = {"tbmq": "#1f77b4", "mosquitto": "#2ca02c", "amqtt": "#ff7f0e"}
+LAYOUT_TITLES = {"whole": "whole machine (nothing pinned; broker and generator share both cores, as under `make run`)",
+                 "one-core": "one core (broker pinned to cpu0, generator to cpu1)"}
+
+
 def _num(v, nd=1):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -30,7 +39,7 @@ def _get(d, path):
 
 # (scenario, metric label, path into the scenario result, higher is better?)
 def rows_for(scenario: str, res_by_broker: dict) -> list[tuple[str, tuple, bool | None]]:
-    if scenario in ("p2p", "fan-in", "fan-out-q0", "fan-out-q1"):
+    if scenario in RATE_SCENARIOS:
         rate = next((r["fixed"]["rate"] for r in res_by_broker.values() if r and "fixed" in r), None)
         rows = [
             ("max in msg/s (p99≤100ms, 0 lost)", ("search", "best_in"), True),
@@ -51,9 +60,12 @@ def rows_for(scenario: str, res_by_broker: dict) -> list[tuple[str, tuple, bool 
         if not any(r and "search" in r for r in res_by_broker.values()):
             rows = rows[2:]
         return rows
-    if scenario == "backlog":
+    if scenario.startswith("backlog"):
+        n = next((r["params"].get("messages") for r in res_by_broker.values() if r and "params" in r), None)
+        kind = next((r["params"].get("client_type") for r in res_by_broker.values() if r and "params" in r), None)
         return [
-            ("drain s (after reconnect)", ("drain_s",), False),
+            (f"{_num(n)} msgs{' to ' + kind if kind else ''}: drain s (after reconnect)", ("drain_s",), False),
+            ("drain msg/s", ("drain_rate",), True),
             ("delivered", ("delivered",), True),
             ("lost / dup", None, None),
             ("publish msg/s (offline sub)", ("publish_rate",), True),
@@ -136,30 +148,212 @@ def table(results: dict, brokers: list[str], fmt: str = "text") -> str:
     return "\n".join(out)
 
 
-def process_table(results: dict, fmt: str = "text") -> str:
-    """CPU % and peak RSS of every process of each broker during one fixed-rate step: p2p's when that ran,
-    else the first scenario that has one."""
-    rows = []
-    brokers = []
-    for by_b in results.values():
-        for b in by_b:
-            if b not in brokers:
-                brokers.append(b)
-    order = sorted(results, key=lambda s: s != "p2p")
-    for b in brokers:
-        for scen in order:
-            r = results[scen].get(b)
-            procs = _get(r, ("fixed", "processes")) if isinstance(r, dict) and "error" not in r else None
-            if procs:
-                for label, v in procs.items():
-                    rows.append([scen, b, label, _num(v["cpu_pct"]), _num(v["rss_mb"])])
-                break
-    head = ["scenario", "broker", "process", "CPU %", "RSS MB"]
+def _render(head: list[str], rows: list[list], fmt: str, left: int = 2) -> str:
+    """A table as markdown or aligned text; the first `left` columns are left-aligned, the rest right."""
+    rows = [[str(c) for c in r] for r in rows]
     if fmt == "md":
-        return "\n".join(["| " + " | ".join(head) + " |", "|---|---|---|---:|---:|"] +
-                          ["| " + " | ".join(r) + " |" for r in rows])
+        return "\n".join(["| " + " | ".join(head) + " |",
+                          "|" + "".join("---|" if i < left else "---:|" for i in range(len(head)))] +
+                         ["| " + " | ".join(r) + " |" for r in rows])
     widths = [max(len(str(x[i])) for x in [head, *rows]) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(ln, widths)) for ln in [head, *rows])
+    return "\n".join("  ".join(str(c).ljust(w) if i < left else str(c).rjust(w)
+                               for i, (c, w) in enumerate(zip(ln, widths))).rstrip() for ln in [head, *rows])
+
+
+def _ok_results(results: dict, brokers: list[str]):
+    """(scenario, broker, result) of every rate scenario that ran, in table order."""
+    for scen, by_b in results.items():
+        if scen not in RATE_SCENARIOS:
+            continue
+        for b in brokers:
+            r = by_b.get(b)
+            if isinstance(r, dict) and "error" not in r and ("fixed_steps" in r or "fixed" in r):
+                yield scen, b, r
+
+
+def fixed_steps(r: dict) -> list[dict]:
+    return r.get("fixed_steps") or ([r["fixed"]] if r.get("fixed") else [])
+
+
+def fixed_steps_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
+    """Every fixed-rate step: rates, e2e percentiles, loss, the cool-down before it, broker CPU per message."""
+    head = ["scenario", "broker", "rate/s", "in/s", "out/s", "p50 ms", "p95 ms", "p99 ms", "lost / dup",
+            "cool-down s", "broker CPU %", "µs/msg", "ok"]
+    rows = []
+    for scen, b, r in _ok_results(results, brokers):
+        for st in fixed_steps(r):
+            e = st.get("e2e_ms") or {}
+            cool = st.get("cooldown")
+            cd = "–" if not cool else _num(cool["waited_s"]) + ("" if cool["reached"] else " (not reached)")
+            total = (st.get("us_per_msg") or {}).get("total", st.get("broker_us_per_msg"))
+            rows.append([scen, b, _num(st["rate"]), _num(st.get("in_rate")), _num(st.get("out_rate")),
+                         _num(e.get("p50")), _num(e.get("p95")), _num(e.get("p99")),
+                         f"{_num(st.get('lost'))} / {_num(st.get('dup'))}", cd, _num(st.get("broker_cpu_pct")),
+                         _num(total), "yes" if st.get("ok") else "no: " + str(st.get("reason", ""))])
+    return _render(head, rows, fmt) if rows else ""
+
+
+def process_kinds(steps: list[dict]) -> list[str]:
+    """The process kinds found in steps' us_per_msg, tbmq-py's in PROCESS_ORDER first, "total" left out."""
+    seen: list[str] = []
+    for st in steps:
+        for k in st.get("us_per_msg") or {}:
+            if k != "total" and k not in seen:
+                seen.append(k)
+    return sorted(seen, key=lambda k: (PROCESS_ORDER.index(k) if k in PROCESS_ORDER else len(PROCESS_ORDER), k))
+
+
+def process_us_table(results: dict, broker: str, fmt: str = "text") -> str:
+    """CPU µs per delivered message of each of `broker`'s processes (instances of a kind summed) and the
+    total, for every fixed-rate step and backlog drain. Empty for a broker without per-step figures."""
+    items = _process_items(results, broker)
+    kinds = process_kinds([st for _, _, st in items])
+    if not kinds:
+        return ""
+    rows = [[scen, rate, *[_num((st.get("us_per_msg") or {}).get(k)) for k in kinds],
+             _num((st.get("us_per_msg") or {}).get("total"))] for scen, rate, st in items]
+    return _render(["scenario", "step", *kinds, "total"], rows, fmt)
+
+
+def _process_items(results: dict, broker: str) -> list[tuple[str, str, dict]]:
+    """(scenario, step label, step or backlog result) of `broker` that carry us_per_msg."""
+    items = []
+    for scen, by_b in results.items():
+        r = by_b.get(broker)
+        if not isinstance(r, dict) or "error" in r:
+            continue
+        if scen in RATE_SCENARIOS:
+            items += [(scen, _num(st["rate"]) + "/s", st) for st in fixed_steps(r)]
+        elif scen.startswith("backlog") and r.get("us_per_msg"):
+            items.append((scen, "drain", r))
+    return items
+
+
+def per_process_tables(results: dict, brokers: list[str], fmt: str = "text") -> list[tuple[str, str]]:
+    """(broker, process_us_table) of the brokers with more than one process kind (for a one-process broker
+    the fixed-rate steps table's µs/msg is that process)."""
+    return [(b, process_us_table(results, b, fmt)) for b in brokers
+            if len(process_kinds([st for _, _, st in _process_items(results, b)])) > 1]
+
+
+def idle_table(meta: dict, brokers: list[str], fmt: str = "text") -> str:
+    """Idle CPU (% of one core) and RSS of every broker process, and the total per broker."""
+    rows = []
+    for b in brokers:
+        idle = (meta.get(b) or {}).get("idle")
+        if not idle:
+            continue
+        procs = idle.get("processes", idle)  # results written before idle had "processes" / "total_pct"
+        total = idle.get("total_pct", sum(v["cpu_pct"] for v in procs.values()))
+        for label, v in procs.items():
+            rows.append([b, label, _num(v["cpu_pct"]), _num(v.get("rss_mb"))])
+        rows.append([b, "**total**" if fmt == "md" else "total", _num(total), ""])
+    return _render(["broker", "process", "idle CPU %", "RSS MB"], rows, fmt) if rows else ""
+
+
+def runs_of(doc: dict) -> dict:
+    """layout → {layout, pinning, brokers (meta), results}; a results file from before layouts existed
+    is one run, named after its pinning."""
+    if doc.get("layouts"):
+        return doc["layouts"]
+    pin = doc.get("pinning") or {}
+    layout = "one-core" if pin.get("broker") else "whole"
+    return {layout: {"layout": layout, "pinning": pin, "brokers": doc.get("brokers") or {},
+                     "results": doc.get("results") or {}, "elapsed_s": doc.get("elapsed_s")}}
+
+
+def broker_order(doc: dict) -> list[str]:
+    if doc.get("broker_order"):
+        return list(doc["broker_order"])
+    out: list[str] = []
+    for r in runs_of(doc).values():
+        for b in [*r.get("brokers", {}), *[b for by_b in r["results"].values() for b in by_b]]:
+            if b not in out:
+                out.append(b)
+    return out
+
+
+def layout_text(run: dict, brokers: list[str]) -> str:
+    """Everything printed for one layout at the end of a run."""
+    res, meta = run["results"], run.get("brokers") or {}
+    parts = [table(res, brokers)]
+    fs = fixed_steps_table(res, brokers)
+    if fs:
+        parts.append("fixed-rate steps:\n" + fs)
+    for b, pt in per_process_tables(res, brokers):
+        parts.append(f"{b}: CPU µs per delivered message, per process:\n" + pt)
+    it = idle_table(meta, brokers)
+    if it:
+        parts.append("idle (no clients):\n" + it)
+    return "\n\n".join(parts)
+
+
+def latency_points(r: dict) -> list[tuple[float, float, float, bool]]:
+    """(in msg/s, p50 ms, p99 ms, passed) of every fixed and search step of a rate scenario, by in-rate."""
+    pts = {}
+    for st in fixed_steps(r):
+        e = st.get("e2e_ms") or {}
+        pts[st["rate"]] = (st.get("in_rate") or st["rate"], e.get("p50"), e.get("p99"), bool(st.get("ok")))
+    for st in _get(r, ("search", "steps")) or []:
+        if st["rate"] in pts:
+            continue
+        x = st.get("extra") or {}
+        e = x.get("e2e_ms") or {}
+        pts[st["rate"]] = (x.get("in_rate") or st.get("achieved") or st["rate"], e.get("p50", math.nan),
+                           e.get("p99", st.get("p99_ms")), bool(st.get("ok")))
+    clean = [(a, b if b is not None else math.nan, c if c is not None else math.nan, ok)
+             for a, b, c, ok in pts.values() if a]
+    return sorted(clean)
+
+
+def latency_chart(path: Path, runs: dict, brokers: list[str], title: str = "") -> None:
+    """e2e latency p50 (dashed) and p99 (solid) against in-rate, every broker, one row per layout and one
+    column per rate scenario; failing steps are marked with a red x."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scens = [s for s in RATE_SCENARIOS if any(s in r["results"] for r in runs.values())]
+    if not scens:
+        return
+    fig, axes = plt.subplots(len(runs), len(scens), figsize=(4.6 * len(scens), 3.6 * len(runs)), squeeze=False)
+    for i, (layout, run) in enumerate(runs.items()):
+        for j, scen in enumerate(scens):
+            ax = axes[i][j]
+            ax.set_title(f"{layout}: {scen}", fontsize=9)
+            drawn = False
+            for b in brokers:
+                r = run["results"].get(scen, {}).get(b)
+                if not isinstance(r, dict) or "error" in r:
+                    continue
+                pts = latency_points(r)
+                if not pts:
+                    continue
+                drawn = True
+                xs = [p[0] for p in pts]
+                color = COLORS.get(b, "grey")
+                ax.plot(xs, [p[2] if p[2] == p[2] else None for p in pts], "-o", color=color, ms=3, label=f"{b} p99")
+                ax.plot(xs, [p[1] if p[1] == p[1] else None for p in pts], "--.", color=color, ms=3, alpha=0.7,
+                        label=f"{b} p50")
+                for x, _, p99, ok in pts:
+                    if not ok and p99 == p99:
+                        ax.plot([x], [p99], "x", color="red", ms=6)
+            if not drawn:
+                ax.axis("off")
+                continue
+            ax.axhline(100, color="red", lw=0.6, ls=":")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("in msg/s", fontsize=8)
+            ax.set_ylabel("e2e ms", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=6)
+    if title:
+        fig.suptitle("e2e latency against in-rate (p99 solid, p50 dashed, x = step failed) — " + title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.96) if title else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def save_json(path: Path, doc: dict) -> None:
@@ -185,12 +379,12 @@ def chart(path: Path, results: dict, brokers: list[str], title: str = "") -> Non
         ok = {b: r for b, r in by_b.items() if isinstance(r, dict) and "error" not in r}
         if not ok:
             continue
-        if scen == "backlog":
-            panels.append((f"backlog {next(iter(ok.values()))['params']['messages']:,}: drain s (lower=better)",
+        if scen.startswith("backlog"):
+            panels.append((f"{scen} {next(iter(ok.values()))['params']['messages']:,}: drain s (lower=better)",
                            {b: _get(r, ("drain_s",)) for b, r in ok.items()}, "bar"))
         elif scen == "connect":
             panels.append(("connect storm: max connects/s", {b: _get(r, ("best_rate",)) for b, r in ok.items()}, "bar"))
-        else:
+        elif scen in RATE_SCENARIOS:
             if any("search" in r for r in ok.values()):
                 def best(r):
                     v = _get(r, ("search", "best_in"))
@@ -217,7 +411,7 @@ def chart(path: Path, results: dict, brokers: list[str], title: str = "") -> Non
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
-    colors = {"tbmq": "#1f77b4", "mosquitto": "#2ca02c", "amqtt": "#ff7f0e"}
+    colors = COLORS
     for ax, (ttl, data, kind) in zip(axes.flat, panels):
         ax.set_title(ttl, fontsize=9)
         if kind == "group":
@@ -278,57 +472,107 @@ def chart(path: Path, results: dict, brokers: list[str], title: str = "") -> Non
     plt.close(fig)
 
 
+DOC_BEGIN = "<!-- bench:results:begin (generated: python -m bench doc <results.json> --write) -->"
+DOC_END = "<!-- bench:results:end -->"
+
+
+def replace_section(text: str, section: str) -> str:
+    """`text` with everything from the begin marker to the end marker replaced by `section` (which carries
+    both markers). ValueError when the markers are missing."""
+    b = text.find(DOC_BEGIN.split(" (")[0])
+    e = text.find(DOC_END, b if b >= 0 else 0)
+    if b < 0 or e < 0:
+        raise ValueError(f"markers {DOC_BEGIN.split(' (')[0]} … {DOC_END} not found")
+    return text[:b] + section.strip() + text[e + len(DOC_END):]
+
+
 def doc_section(doc: dict, profile_md: str | None = None) -> str:
-    """The "## Broker comparison" section of docs/performance.md from a results JSON (and a profile summary).
-    The tables are rebuilt from the results with this version of the report code."""
-    brokers = list(doc.get("brokers") or [])
-    doc = {**doc, "table_md": table(doc["results"], brokers, "md"), "processes_md": process_table(doc["results"], "md")}
+    """The "## Broker comparison" section of docs/performance.md from a results JSON (and a profile summary),
+    between the markers `replace_section` looks for. The tables are rebuilt from the results with this
+    version of the report code; results files from before layouts existed render as one layout."""
+    runs = runs_of(doc)
+    brokers = broker_order(doc)
     m = doc["machine"]
-    pin = doc.get("pinning", {})
     prof = doc.get("profile", {})
+    rates = "; ".join(f"{k} " + ", ".join(_num(float(x)) for x in (v if isinstance(v, list) else [v]))
+                      for k, v in (prof.get("rates") or {}).items())
+    stem = doc["timestamp"]
     lines = [
+        DOC_BEGIN,
         "## Broker comparison",
         "",
-        f"Run `{doc['timestamp']}` (`bench/results/{doc['timestamp']}.json`, chart `bench/results/{doc['timestamp']}.png`), "
-        f"{doc.get('elapsed_s', '?')} s wall.",
+        f"Run `{stem}` (`bench/results/{stem}.json`; charts `bench/results/{stem}.png`: e2e latency against "
+        f"in-rate, `bench/results/{stem}-<layout>.png`: summary per layout), {doc.get('elapsed_s', '?')} s wall.",
         "",
         f"Machine: `nproc` = {m['nproc']}, `lscpu` model {m['cpu_model']}, {m['mem_gib']} GiB, kernel {m['kernel']}, "
         f"CPython {m['python']}. Load average at start {m['loadavg_at_start']}, at end {doc.get('loadavg_at_end')} "
-        "(other engineers' test suites were running on the same 2 cores: every figure below shares the CPU with "
-        "them).",
-        "",
-        f"Pinning: broker processes (for tbmq-py: every service, Kafka's JVM and Redis) on cpu {pin.get('broker')}, "
-        f"load generator ({pin.get('workers')} worker processes, uvloop, raw asyncio.Protocol client) on cpu "
-        f"{pin.get('generator')}.",
+        "(other engineers' work shares the machine: every figure below shares the CPU with it).",
         "",
         "Command:",
         "",
         "```",
-        f"cd /work/main && {doc['command']}",
+        f"{doc['command']}",
         "```",
         "",
-        f"Load: p2p {prof.get('pairs')} pairs (persistent subscribers, MQTT 3.1.1 clean session false, QoS 1), "
-        f"fan-in {prof.get('fanin_pubs')} publishers → 1 persistent subscriber on a wildcard (client id "
-        f"`bench-app-…`, APPLICATION in tbmq-py), fan-out 1 publisher → {prof.get('fanout_subs')} clean-session "
-        f"subscribers, backlog {prof.get('backlog')} QoS 1 messages to an offline persistent subscriber, connect "
-        f"storm of clean-session connections for {prof.get('storm_step')} s per rate; {prof.get('payload')}-byte "
-        f"payloads; steps of {prof.get('warmup')} s warm-up + {prof.get('duration')} s measured; \"lost\" = not "
-        f"delivered within {prof.get('drain')} s after publishing stopped. Max rate = highest step with p99 ≤ "
+        f"Load: p2p {prof.get('pairs')} pairs (persistent subscribers, MQTT 3.1.1 clean session false, QoS 1); "
+        f"fan-in {prof.get('fanin_pubs')} publishers → 1 persistent subscriber on a wildcard, as an APPLICATION "
+        "client (`bench-app-…`, fan-in-app) and as a DEVICE client (`bench-dev-…`, fan-in-dev) in tbmq-py (for "
+        f"Mosquitto and amqtt both are plain persistent subscribers); fan-out 1 publisher → {prof.get('fanout_subs')} "
+        f"clean-session subscribers; backlogs of {_num(prof.get('backlog'))} and {_num(prof.get('backlog_big'))} "
+        f"QoS 1 messages to an offline persistent DEVICE subscriber and {_num(prof.get('backlog_app'))} to an "
+        f"offline APPLICATION subscriber, drained on reconnect; connect storm for {prof.get('storm_step')} s per "
+        f"rate; {prof.get('payload')}-byte payloads. Fixed-rate steps: {rates or '?'} msg/s in, each "
+        f"{prof.get('warmup')} s warm-up + {prof.get('duration')} s measured; \"lost\" = not delivered within "
+        f"{prof.get('drain')} s after publishing stopped. Max rate = highest step with p99 ≤ "
         f"{prof.get('p99_limit_ms')} ms, nothing lost and ≥ 95 % of the target really sent (×2 steps, then "
         "bisection); ≥ means no step failed. Ratios are the first broker ÷ the others (for \"lower is better\" "
         "rows a ratio > 1 means the first broker is worse).",
         "",
-        doc["table_md"],
-        "",
-        "CPU (% of one core) and peak RSS of every process during a fixed-rate step:",
-        "",
-        doc["processes_md"],
+        f"Per broker start: {prof.get('broker_warmup', '–')} s of unmeasured p2p load at "
+        f"{prof.get('broker_warmup_rate', '–')} msg/s (Kafka's JVM JIT-compiles during its first ~30 s under load), "
+        f"then the idle CPU of every process over {prof.get('idle_window', '–')} s after "
+        f"{prof.get('idle_warmup', '–')} s with no clients. Before every measured step the run waits until the "
+        f"broker's processes are back within idle + {prof.get('cooldown_margin', '–')} % of one core (1 s windows, "
+        f"at most {prof.get('cooldown_max', '–')} s; the wait is in the \"cool-down\" column). CPU µs per delivered "
+        "message = CPU seconds of the broker's processes during the measured window ÷ messages delivered in it.",
         "",
     ]
-    for b, meta in doc.get("brokers", {}).items():
-        notes = meta.get("notes") or ([meta["error"]] if meta.get("error") else [])
-        if notes:
-            lines.append(f"- {b}: " + "; ".join(notes))
+    for layout, run in runs.items():
+        res, meta = run["results"], run.get("brokers") or {}
+        pin = run.get("pinning") or {}
+        lines += [f"### Layout: {LAYOUT_TITLES.get(layout, layout)}", ""]
+        if pin.get("broker"):
+            lines.append(f"Broker processes (for tbmq-py: every service, Kafka's JVM and Redis) pinned to cpu "
+                         f"{pin.get('broker')}, load generator ({pin.get('workers')} worker processes, uvloop, raw "
+                         f"asyncio.Protocol client) to cpu {pin.get('generator')}.")
+        else:
+            lines.append(f"Nothing pinned: the broker's processes and the load generator ({pin.get('workers')} "
+                         "worker processes) share every cpu.")
+        lines.append("")
+        for b in brokers:
+            w = (meta.get(b) or {}).get("warmup_load")
+            if w:
+                lines.append(f"- {b}: warm-up load {_num(w['seconds'])} s at {_num(w['rate'])} msg/s: broker "
+                             f"{_num(w['broker_cpu_pct'])} % of a core, {_num((w.get('us_per_msg') or {}).get('total'))}"
+                             f" µs/msg, p99 {_num((w.get('e2e_ms') or {}).get('p99'))} ms")
+        lines += ["", "Summary (max-rate search, the fixed step at the search's start rate, backlogs, connect storm):",
+                  "", table(res, brokers, "md"), ""]
+        fs = fixed_steps_table(res, brokers, "md")
+        if fs:
+            lines += ["Fixed-rate steps (µs/msg: CPU of all the broker's processes per delivered message):", "", fs,
+                      ""]
+        for b, pt in per_process_tables(res, brokers, "md"):
+            lines += [f"{b}: CPU µs per delivered message of each process (instances of a service summed), "
+                      "fixed-rate steps and backlog drains:", "", pt, ""]
+        it = idle_table(meta, brokers, "md")
+        if it:
+            lines += ["Idle CPU (% of one core) with no clients:", "", it, ""]
+        for b, bm in meta.items():
+            notes = bm.get("notes") or ([bm["error"]] if bm.get("error") else [])
+            if notes:
+                lines.append(f"- {b}: " + "; ".join(notes))
+        lines.append("")
     if profile_md:
-        lines += ["", profile_md]
+        lines += [profile_md, ""]
+    lines.append(DOC_END)
     return "\n".join(lines) + "\n"

@@ -11,61 +11,81 @@ from dataclasses import dataclass, field
 
 from .gen import Generator
 from .procmon import ProcMonitor
-from .stats import judge, latency_summary, merge_ranges, merge_us, search_max_rate
+from .stats import expand_names, judge, latency_summary, merge_ranges, merge_us, search_max_rate, us_per_msg, wait_cool
 
-SCENARIOS = ("p2p", "fan-in", "fan-out-q0", "fan-out-q1", "backlog", "connect")
+RATE_SCENARIOS = ("p2p", "fan-in-app", "fan-in-dev", "fan-out-q0", "fan-out-q1")
+BACKLOG_SCENARIOS = ("backlog", "backlog-100k", "backlog-app")
+SCENARIOS = (*RATE_SCENARIOS, *BACKLOG_SCENARIOS, "connect")
 ALIASES = {"fan-out": ("fan-out-q0", "fan-out-q1"), "fanout": ("fan-out-q0", "fan-out-q1"),
-           "fanin": ("fan-in",), "storm": ("connect",), "connect-storm": ("connect",), "all": SCENARIOS}
+           "fan-in": ("fan-in-app", "fan-in-dev"), "fanin": ("fan-in-app", "fan-in-dev"),
+           "backlogs": BACKLOG_SCENARIOS, "storm": ("connect",), "connect-storm": ("connect",), "all": SCENARIOS}
 
 
 def expand(names: str) -> list[str]:
-    out: list[str] = []
-    for n in [x.strip() for x in names.split(",") if x.strip()]:
-        for s in ALIASES.get(n, (n,)):
-            if s not in SCENARIOS:
-                raise ValueError(f"unknown scenario {n!r}; known: {', '.join(SCENARIOS)}, fan-out, all")
-            if s not in out:
-                out.append(s)
-    return out
+    return expand_names(names, SCENARIOS, ALIASES, "scenario")
 
 
 @dataclass
 class Profile:
     """Sizes and times of a run. `quick()` is the CI smoke profile (seconds per scenario)."""
     duration: float = 10.0        # measured seconds per step
-    warmup: float = 2.0
+    warmup: float = 2.0           # unmeasured seconds at the start of every step
     drain: float = 10.0           # after publishing stops, how long deliveries may still arrive
     pairs: int = 100              # p2p
     fanin_pubs: int = 200
     fanout_subs: int = 1000
-    backlog: int = 10_000
+    backlog: int = 10_000         # "backlog": offline persistent DEVICE subscriber
+    backlog_big: int = 100_000    # "backlog-100k": the same, 0 lost expected
+    backlog_app: int = 50_000     # "backlog-app": offline APPLICATION subscriber, drained through the suite
     payload: int = 62
-    # fixed in-rates (msg/s); a search starts from the same rate
-    rates: dict = field(default_factory=lambda: {"p2p": 1000, "fan-in": 1000, "fan-out-q0": 10, "fan-out-q1": 10})
-    search: tuple = ("p2p", "fan-in", "fan-out-q0", "fan-out-q1")
+    # fixed-rate steps (msg/s in) of every rate scenario, in order; each is measured and reported
+    rates: dict = field(default_factory=lambda: {"p2p": [100.0, 1000.0, 2500.0], "fan-in-app": [1000.0],
+                                                 "fan-in-dev": [1000.0], "fan-out-q0": [10.0], "fan-out-q1": [10.0]})
+    # where the max-rate search starts (a fixed step at the same rate is reused); default: the first rate
+    search_start: dict = field(default_factory=lambda: {"p2p": 1000.0})
+    search: tuple = ("p2p", "fan-in-app", "fan-in-dev", "fan-out-q0", "fan-out-q1")
     search_steps: int = 7
     p99_limit_ms: float = 100.0
     storm_rates: tuple = (250, 500, 1000, 2000, 4000, 8000)
     storm_step: float = 1.0
     mqtt_version: int = 4
+    # after a broker starts: an unmeasured p2p load (Kafka's JVM JIT-compiles during its first ~30 s under load)
+    broker_warmup: float = 25.0
+    broker_warmup_rate: float = 500.0
+    # idle CPU of the broker's processes: a window of idle_window s after idle_warmup s with no clients
+    idle_warmup: float = 60.0
+    idle_window: float = 10.0
+    # before every measured step: wait until the broker's total CPU ≤ idle + margin (% of one core) over
+    # 1 s windows, at most cooldown_max s
+    cooldown_margin: float = 5.0
+    cooldown_max: float = 30.0
 
     @classmethod
     def quick(cls) -> "Profile":
         return cls(duration=2.0, warmup=0.5, drain=3.0, pairs=10, fanin_pubs=20, fanout_subs=100, backlog=1000,
-                   rates={"p2p": 500, "fan-in": 500, "fan-out-q0": 10, "fan-out-q1": 10},
-                   search=("p2p",),
-                   search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0)
+                   backlog_big=5000, backlog_app=2000,
+                   rates={"p2p": [100.0, 500.0], "fan-in-app": [500.0], "fan-in-dev": [500.0], "fan-out-q0": [10.0],
+                          "fan-out-q1": [10.0]},
+                   search_start={"p2p": 500.0}, search=("p2p",),
+                   search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0,
+                   broker_warmup=5.0, broker_warmup_rate=200.0, idle_warmup=5.0, idle_window=2.0,
+                   cooldown_max=5.0)
+
+    def start_rate(self, scenario: str) -> float:
+        return float(self.search_start.get(scenario) or self.rates[scenario][0])
 
 
 class Runner:
     """Runs scenarios against one broker that is already started."""
 
-    def __init__(self, broker, gen: Generator, mon: ProcMonitor, prof: Profile, log=print) -> None:
+    def __init__(self, broker, gen: Generator, mon: ProcMonitor, prof: Profile, log=print,
+                 idle_pct: float | None = None) -> None:
         self.broker = broker
         self.gen = gen
         self.mon = mon
         self.prof = prof
         self.log = log
+        self.idle_pct = idle_pct  # the broker's idle CPU (% of one core); None: no cool-down between steps
         self.token = uuid.uuid4().hex[:6]
         self.step_no = 0
         self.cfg = {"host": broker.host, "port": broker.port, "payload_size": prof.payload,
@@ -106,9 +126,55 @@ class Runner:
         return (sum(procs[k]["cpu_s"] for k in labels), sum(procs[k]["cpu_pct"] for k in labels),
                 sum(procs[k]["rss_mb"] for k in labels))
 
+    def measure_idle(self) -> dict:
+        """Idle CPU of the broker's processes: nothing connected for `idle_warmup` s, then a window of
+        `idle_window` s. → {"processes": {label: {cpu_s, cpu_pct, rss_mb}}, "total_pct", "after_s"}; also
+        sets the baseline of the cool-down."""
+        p = self.prof
+        time.sleep(max(p.idle_warmup, 0.0))
+        win = self.mon.window_start()
+        time.sleep(max(p.idle_window, 0.5))
+        procs = {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
+        total = round(self._broker_cpu(procs)[1], 1)
+        self.idle_pct = total
+        return {"processes": procs, "total_pct": total, "after_s": p.idle_warmup, "window_s": p.idle_window}
+
+    def cooldown(self) -> dict | None:
+        """Before a measured step: wait (bounded) until the broker's processes are back near their idle CPU."""
+        if self.idle_pct is None or self.prof.cooldown_max <= 0:
+            return None
+
+        def measure() -> float:
+            win = self.mon.window_start()
+            time.sleep(1.0)
+            return self._broker_cpu(self.mon.window_end(win))[1]
+
+        return wait_cool(measure, self.idle_pct, margin_pct=self.prof.cooldown_margin,
+                         max_wait=self.prof.cooldown_max)
+
+    def warm_up(self) -> dict | None:
+        """Unmeasured p2p load right after the broker started (Kafka's JVM JIT-compiles in its first ~30 s)."""
+        p = self.prof
+        if p.broker_warmup <= 0 or p.broker_warmup_rate <= 0:
+            return None
+        saved = (p.duration, p.warmup, self.idle_pct)
+        self.idle_pct = None
+        t0 = time.monotonic()
+        self._setup(*self._p2p_clients("warm"))
+        try:
+            p.duration, p.warmup = p.broker_warmup, 0.0
+            r = self.step(p.broker_warmup_rate, label="warm-up ")
+        finally:
+            p.duration, p.warmup, self.idle_pct = saved
+            self._cleanup()
+        return {"rate": p.broker_warmup_rate, "seconds": p.broker_warmup, "took_s": round(time.monotonic() - t0, 1),
+                "e2e_ms": r["e2e_ms"], "lost": r["lost"], "broker_cpu_pct": r["broker_cpu_pct"],
+                "us_per_msg": r["us_per_msg"]}
+
     # -- a fixed-rate step -----------------------------------------------------------------------------
     def step(self, rate: float, *, label: str = "") -> dict:
         p = self.prof
+        cool = self.cooldown()
         self.step_no += 1
         step = self.step_no & 0x7FFF
         start_ns = time.monotonic_ns() + int(0.3e9)
@@ -144,7 +210,8 @@ class Runner:
             "throttled": sum(r["throttled"] for r in runs), "disconnects": disc,
             "broker_cpu_pct": round(cpu_pct, 1), "broker_rss_mb": round(rss, 1),
             "broker_us_per_msg": round(cpu_s * 1e6 / out_w, 1) if out_w else math.nan,
-            "generator_cpu_pct": round(gen_pct, 1), "processes": procs,
+            "us_per_msg": us_per_msg(procs, out_w),
+            "generator_cpu_pct": round(gen_pct, 1), "processes": procs, "cooldown": cool,
         }
         # rate × duration is not an integer: allow one message per publishing worker of rounding
         slack = sum(1 for share in self._pub_share if share > 0) / p.duration
@@ -161,8 +228,10 @@ class Runner:
         res["generator_saturated"] = gen_pct >= 85.0 * (len(gen_cpus) if gen_cpus else (os.cpu_count() or 1))
         self.log(f"    {label}rate {rate:8.0f}/s  in {res['in_rate']:8.0f}/s out {res['out_rate']:9.0f}/s  "
                  f"p50 {e2e['p50']:7.1f} p99 {e2e['p99']:7.1f} ms  lost {lost} dup {dups}  "
-                 f"broker {cpu_pct:5.0f}% gen {gen_pct:4.0f}%{' (SATURATED)' if res['generator_saturated'] else ''}  "
-                 f"{'PASS' if ok.ok else 'FAIL: ' + ok.reason}"
+                 f"broker {cpu_pct:5.0f}% {res['broker_us_per_msg']:.0f} µs/msg "
+                 f"gen {gen_pct:4.0f}%{' (SATURATED)' if res['generator_saturated'] else ''}  "
+                 + (f"cool-down {cool['waited_s']:.0f}s{'' if cool['reached'] else ' (not reached)'}  " if cool else "")
+                 + f"{'PASS' if ok.ok else 'FAIL: ' + ok.reason}"
                  + (f" (then {res['stragglers']} late deliveries over {res['quiesce_s']}s)"
                     if res.get("stragglers") else ""))
         return res
@@ -173,47 +242,52 @@ class Runner:
         result: dict = {"params": {"subscribers": len(subs), "publishers": len(pubs), "payload": p.payload,
                                    "duration": p.duration, "warmup": p.warmup, "out_per_in": out_factor}}
         try:
-            result["fixed"] = self.step(p.rates[name], label="fixed ")
+            steps = result["fixed_steps"] = [self.step(rate, label="fixed ") for rate in p.rates[name]]
+            start = p.start_rate(name)
+            # "fixed": the step at the search's start rate (the table's "@rate" rows), else the first
+            result["fixed"] = next((st for st in steps if st["rate"] == start), steps[0])
             if search:
-                fixed = result["fixed"]
-
                 def probe(rate):
-                    # the fixed-rate step doubles as the search's first step when the rates agree
-                    r = fixed if rate == fixed["rate"] else self.step(rate, label="search ")
+                    # a fixed-rate step doubles as a search step when the rates agree
+                    r = next((st for st in steps if st["rate"] == rate), None) or self.step(rate, label="search ")
                     return judge(rate, r["e2e_ms"]["p99"], r["lost"], r["achieved_for_judge"],
                                  p99_limit_ms=p.p99_limit_ms,
                                  disconnects=r["disconnects"], extra={k: r[k] for k in (
                                      "in_rate", "out_rate", "e2e_ms", "broker_cpu_pct", "generator_cpu_pct",
-                                     "broker_us_per_msg", "lost", "dup")})
+                                     "broker_us_per_msg", "us_per_msg", "lost", "dup", "cooldown")})
 
-                best, steps = search_max_rate(probe, p.rates[name], factor=2.0, max_steps=p.search_steps,
-                                              resolution=0.15)
+                best, sst = search_max_rate(probe, start, factor=2.0, max_steps=p.search_steps, resolution=0.15)
                 result["search"] = {"best_in": best, "best_in_out": (best * (1 + out_factor)) if best else None,
-                                    "unbounded": bool(steps) and all(s.ok for s in steps),
-                                    "steps": [s.to_dict() for s in steps]}
+                                    "unbounded": bool(sst) and all(x.ok for x in sst),
+                                    "steps": [x.to_dict() for x in sst]}
         finally:
             self._cleanup()
         return result
 
     # -- scenarios -------------------------------------------------------------------------------------
-    def p2p(self, search: bool) -> dict:
-        t = self.token
+    def _p2p_clients(self, tag: str = "p2p") -> tuple[list[dict], list[dict]]:
+        t = f"{self.token}-{tag}" if tag != "p2p" else self.token
         n = self.prof.pairs
         w = len(self.gen)
         subs = [{"id": i, "client_id": f"bench-dev-{t}-s{i}", "filter": f"bench/{t}/p2p/{i}", "qos": 1,
                  "clean": False, "session_expiry": 3600, "expects": [i], "worker": i % w} for i in range(n)]
         pubs = [{"id": i, "client_id": f"bench-{t}-p{i}", "topic": f"bench/{t}/p2p/{i}", "qos": 1, "worker": i % w}
                 for i in range(n)]
-        return self._rate_scenario("p2p", subs, pubs, 1.0, search)
+        return subs, pubs
 
-    def fan_in(self, search: bool) -> dict:
+    def p2p(self, search: bool) -> dict:
+        return self._rate_scenario("p2p", *self._p2p_clients(), 1.0, search)
+
+    def fan_in(self, kind: str, search: bool) -> dict:
+        """kind "app": the subscriber's client id matches bench-app-… (an APPLICATION client in tbmq-py);
+        "dev": bench-dev-… (a persistent DEVICE client). Both persistent; for Mosquitto and amqtt the same."""
         t = self.token
         n = self.prof.fanin_pubs
-        subs = [{"id": 0, "client_id": f"bench-app-{t}-fanin", "filter": f"bench/{t}/fanin/+", "qos": 1,
+        subs = [{"id": 0, "client_id": f"bench-{kind}-{t}-fanin", "filter": f"bench/{t}/fanin{kind}/+", "qos": 1,
                  "clean": False, "session_expiry": 3600, "expects": "all", "worker": 0}]
-        pubs = [{"id": i, "client_id": f"bench-{t}-fi{i}", "topic": f"bench/{t}/fanin/{i}", "qos": 1}
+        pubs = [{"id": i, "client_id": f"bench-{t}-fi{kind}{i}", "topic": f"bench/{t}/fanin{kind}/{i}", "qos": 1}
                 for i in range(n)]
-        return self._rate_scenario("fan-in", subs, pubs, 1.0, search)
+        return self._rate_scenario(f"fan-in-{kind}", subs, pubs, 1.0, search)
 
     def fan_out(self, qos: int, search: bool) -> dict:
         t = self.token
@@ -224,44 +298,54 @@ class Runner:
                  "worker": 0}]
         return self._rate_scenario(f"fan-out-q{qos}", subs, pubs, float(n), search)
 
-    def backlog(self) -> dict:
-        p = self.prof
+    def backlog(self, count: int, kind: str = "dev", tag: str = "backlog") -> dict:
+        """`count` QoS 1 messages to an offline persistent subscriber (kind "dev": DEVICE client id, "app":
+        APPLICATION), then reconnect it and time the drain."""
         t = self.token
-        sub = {"id": 0, "client_id": f"bench-dev-{t}-backlog", "filter": f"bench/{t}/backlog", "qos": 1,
+        sub = {"id": 0, "client_id": f"bench-{kind}-{t}-{tag}", "filter": f"bench/{t}/{tag}", "qos": 1,
                "clean": False, "session_expiry": 3600, "expects": [0], "worker": 0}
-        pub = {"id": 0, "client_id": f"bench-{t}-backlog-p", "topic": f"bench/{t}/backlog", "qos": 1, "worker": 0}
+        pub = {"id": 0, "client_id": f"bench-{t}-{tag}-p", "topic": f"bench/{t}/{tag}", "qos": 1, "worker": 0}
         self._setup([sub], [pub])
         only0 = lambda a, rest=None: [a] + [rest if rest is not None else {}] * (len(self.gen) - 1)  # noqa: E731
         try:
             self.gen.call("disconnect", {}, timeout=30)
             time.sleep(1.0)  # amqtt can lose a session reconnected < ~1 s after its first connect
+            cool = self.cooldown()
             self.step_no += 1
             step = self.step_no
-            b = self.gen.call("burst", only0({"count": p.backlog, "step": step}, {"count": 0, "step": step}),
-                              timeout=p.backlog / 100 + 120)
+            ack_timeout = max(60.0, count / 500)
+            b = self.gen.call("burst", only0({"count": count, "step": step, "ack_timeout": ack_timeout},
+                                             {"count": 0, "step": step}),
+                              timeout=2 * ack_timeout + count / 100 + 60)
             ranges = merge_ranges(b)
             time.sleep(0.5)
             win = self.mon.window_start()
             rc = self.gen.call("reconnect", {"step": step}, timeout=60)
-            cols = self.gen.call("collect", {"ranges": ranges, "timeout": max(60.0, p.backlog / 200)},
-                                 timeout=max(60.0, p.backlog / 200) + 30)
+            collect_s = max(60.0, count / 200)
+            cols = self.gen.call("collect", {"ranges": ranges, "timeout": collect_s}, timeout=collect_s + 30)
             procs = self.mon.window_end(win)
             start_ns = rc[0]["start_ns"]
             last = max(c["last_recv_ns"] for c in cols)
             lost = sum(c["missing"] for c in cols)
             cpu_s, cpu_pct, rss = self._broker_cpu(procs)
             delivered = sum(c["received"] for c in cols)
+            drain_s = (last - start_ns) / 1e9 if last > start_ns else math.nan
             res = {
-                "params": {"messages": p.backlog, "qos": 1, "payload": p.payload},
-                "publish_s": round(b[0]["publish_s"], 3), "publish_rate": round(p.backlog / b[0]["publish_s"], 1),
+                "params": {"messages": count, "qos": 1, "payload": self.prof.payload,
+                           "subscriber": f"bench-{kind}-…",
+                           "client_type": "APPLICATION" if kind == "app" else "DEVICE"},
+                "publish_s": round(b[0]["publish_s"], 3), "publish_rate": round(count / b[0]["publish_s"], 1),
                 "unacked": sum(x["unacked"] for x in b), "session_present": rc[0]["session_present"],
-                "drain_s": round((last - start_ns) / 1e9, 4) if last > start_ns else math.nan,
+                "drain_s": round(drain_s, 4),
+                "drain_rate": round(delivered / drain_s, 1) if delivered and drain_s > 0 else math.nan,
                 "delivered": delivered, "lost": lost, "dup": sum(c["dups"] for c in cols),
                 "e2e_ms": latency_summary(merge_us(c["lat_us"] for c in cols)),
                 "broker_cpu_s": round(cpu_s, 3), "broker_rss_mb": rss, "processes": procs,
+                "us_per_msg": us_per_msg(procs, delivered), "cooldown": cool,
             }
-            self.log(f"    backlog {p.backlog}: published in {res['publish_s']:.2f}s, session_present="
-                     f"{res['session_present']}, drained in {res['drain_s']:.3f}s, lost {lost} dup {res['dup']}")
+            self.log(f"    {tag} {count} ({res['params']['client_type']}): published in {res['publish_s']:.2f}s, "
+                     f"session_present={res['session_present']}, drained in {res['drain_s']:.3f}s "
+                     f"({res['drain_rate']:,.0f} msg/s), lost {lost} dup {res['dup']}")
             return res
         finally:
             self._cleanup()
@@ -276,6 +360,7 @@ class Runner:
         while i < len(rates):
             rate = rates[i]
             i += 1
+            cool = self.cooldown()
             start_ns = time.monotonic_ns() + int(0.3e9)
             win = None
             self.gen.send("storm", [{"rate": rate / len(self.gen), "start_ns": start_ns, "duration": p.storm_step,
@@ -293,7 +378,7 @@ class Runner:
             st = {"rate": rate, "started": started, "connected": okc, "errors": errs,
                   "error_samples": [e for r in rs for e in r["error_samples"]][:3],
                   "achieved": round(okc / p.storm_step, 1), "connect_ms": lat, "ok": ok,
-                  "broker_cpu_pct": round(cpu_pct, 1), "broker_rss_mb": rss}
+                  "broker_cpu_pct": round(cpu_pct, 1), "broker_rss_mb": rss, "cooldown": cool}
             steps.append(st)
             self.log(f"    connect {rate:6d}/s: {okc}/{started} ok, errors {errs}, p50 {lat['p50']:.1f} "
                      f"p99 {lat['p99']:.1f} ms, broker {cpu_pct:.0f}%  {'PASS' if ok else 'FAIL'}")
@@ -314,12 +399,16 @@ class Runner:
     def run(self, scenario: str, search: bool) -> dict:
         if scenario == "p2p":
             return self.p2p(search)
-        if scenario == "fan-in":
-            return self.fan_in(search)
+        if scenario in ("fan-in-app", "fan-in-dev"):
+            return self.fan_in(scenario[-3:], search)
         if scenario.startswith("fan-out-q"):
             return self.fan_out(int(scenario[-1]), search)
         if scenario == "backlog":
-            return self.backlog()
+            return self.backlog(self.prof.backlog)
+        if scenario == "backlog-100k":
+            return self.backlog(self.prof.backlog_big, tag="backlog-100k")
+        if scenario == "backlog-app":
+            return self.backlog(self.prof.backlog_app, kind="app", tag="backlog-app")
         if scenario == "connect":
             return self.connect_storm()
         raise ValueError(scenario)

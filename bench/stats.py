@@ -137,3 +137,85 @@ def search_max_rate(probe: Callable[[float], StepResult], start: float, *, facto
         else:
             fail = rate
     return best, steps
+
+
+# -- fixed rates, per-process cost, cool-down (pure) ---------------------------------------------------
+
+def expand_names(spec: str, known: tuple, aliases: dict, what: str) -> list[str]:
+    """A comma list of names and aliases → the names, in the order given, without repeats.
+    ValueError on an unknown name."""
+    out: list[str] = []
+    for n in [x.strip() for x in spec.split(",") if x.strip()]:
+        for s in aliases.get(n, (n,)):
+            if s not in known:
+                raise ValueError(f"unknown {what} {n!r}; known: {', '.join(known)}, {', '.join(aliases)}")
+            if s not in out:
+                out.append(s)
+    return out
+
+
+def parse_rates(spec: str) -> tuple[str, list[float]]:
+    """"p2p=100,1000,2500" → ("p2p", [100.0, 1000.0, 2500.0]); rates kept in the order given, no duplicates."""
+    name, sep, vals = spec.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"expected SCENARIO=RATE[,RATE...], got {spec!r}")
+    rates: list[float] = []
+    for v in vals.split(","):
+        v = v.strip().replace("_", "")
+        if not v:
+            continue
+        r = float(v[:-1]) * 1000 if v.lower().endswith("k") else float(v)
+        if not r > 0:
+            raise ValueError(f"rate must be > 0: {spec!r}")
+        if r not in rates:
+            rates.append(r)
+    if not rates:
+        raise ValueError(f"no rate in {spec!r}")
+    return name.strip(), rates
+
+
+def process_group(label: str) -> str:
+    """A monitored process label → its kind: "connector-1" → "connector", "redis-2" → "redis"."""
+    head, sep, tail = label.rpartition("-")
+    return head if sep and tail.isdigit() else label
+
+
+def us_per_msg(procs: dict, delivered: int) -> dict[str, float]:
+    """CPU µs per delivered message of every broker process kind (instances summed) and their "total";
+    generator workers are left out. Empty when nothing was delivered."""
+    if not delivered:
+        return {}
+    out: dict[str, float] = {}
+    for label, v in procs.items():
+        if label.startswith("generator-"):
+            continue
+        g = process_group(label)
+        out[g] = out.get(g, 0.0) + v["cpu_s"]
+    total = sum(out.values())
+    res = {g: round(s * 1e6 / delivered, 1) for g, s in out.items()}
+    res["total"] = round(total * 1e6 / delivered, 1)
+    return res
+
+
+def is_cool(cpu_pct: float, idle_pct: float, margin_pct: float = 5.0) -> bool:
+    """The broker is back near idle: its processes' total CPU (% of one core) ≤ idle + margin."""
+    return cpu_pct <= idle_pct + margin_pct
+
+
+def wait_cool(measure: Callable[[], float], idle_pct: float, *, margin_pct: float = 5.0, max_wait: float = 30.0,
+              clock: Callable[[], float] | None = None) -> dict:
+    """Cool-down before a measured step: call `measure()` (which itself takes a window, e.g. 1 s, and returns
+    the broker's total CPU % of one core over it) until `is_cool` or `max_wait` seconds have passed.
+    → {waited_s, cpu_pct (the last window), idle_pct, reached, windows}."""
+    import time as _time
+    clock = clock or _time.monotonic
+    t0 = clock()
+    n = 0
+    while True:
+        pct = measure()
+        n += 1
+        reached = is_cool(pct, idle_pct, margin_pct)
+        waited = clock() - t0
+        if reached or waited >= max_wait:
+            return {"waited_s": round(waited, 1), "cpu_pct": round(pct, 1), "idle_pct": round(idle_pct, 1),
+                    "reached": reached, "windows": n}

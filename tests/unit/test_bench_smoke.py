@@ -23,13 +23,16 @@ pytestmark = pytest.mark.skipif(shutil.which("mosquitto") is None and not Path("
 
 @pytest.mark.timeout(120)
 def test_p2p_smoke_against_mosquitto(tmp_path, capsys):
-    rc = main(["--brokers", "mosquitto", "--scenarios", "p2p", "--quick", "--search", "none",
+    rc = main(["--brokers", "mosquitto", "--scenarios", "p2p", "--quick", "--search", "none", "--layout", "one-core",
+               "--broker-warmup", "0", "--idle-warmup", "0", "--idle-window", "0.5", "--cooldown-max", "2",
                "--duration", "2", "--pairs", "5", "--rate", "p2p=200", "--out", str(tmp_path)])
     assert rc == 0
     files = sorted(tmp_path.glob("*.json"))
     assert len(files) == 1 and files[0].with_suffix(".png").exists()
     doc = json.loads(files[0].read_text())
-    r = doc["results"]["p2p"]["mosquitto"]
+    run = doc["layouts"]["one-core"]
+    assert run["layout"] == "one-core" and "idle" in run["brokers"]["mosquitto"]
+    r = run["results"]["p2p"]["mosquitto"]
     assert "error" not in r, r
     f = r["fixed"]
     assert f["lost"] == 0 and f["dup"] == 0 and f["disconnects"] == 0 and f["unacked"] == 0
@@ -43,5 +46,8 @@ def test_p2p_smoke_against_mosquitto(tmp_path, capsys):
     assert not math.isnan(f["puback_ms"]["p99"])
     assert "mosquitto" in f["processes"] and any(k.startswith("generator-") for k in f["processes"])
     assert f["processes"]["mosquitto"]["rss_mb"] > 0
+    assert f["us_per_msg"]["mosquitto"] == f["us_per_msg"]["total"] >= 0
+    assert f["cooldown"] is not None and f["cooldown"]["waited_s"] >= 0
+    assert r["fixed_steps"] == [f]
     out = capsys.readouterr().out
     assert "e2e p99 ms" in out and "mosquitto" in out
