@@ -212,3 +212,22 @@ def test_a_changed_faust_stops_the_router_with_a_message(monkeypatch):
     monkeypatch.setattr(faust, "__version__", router_app.FAUST_CHECKED)
     with pytest.raises(RuntimeError, match="consumer._read_offset is missing"):
         router_app.check_faust_internals(Bare())
+
+
+async def test_the_consumer_runs_on_the_worker_loop_when_asked():
+    from router.app import InLoopConsumerThread
+    from router.settings import Settings
+    from tbmq_platform.settings import load
+
+    app, _runtime = create_app(load(Settings, {}))
+    thread = app.consumer._thread
+    assert type(thread) is InLoopConsumerThread
+    assert thread.thread_loop is thread.parent_loop is asyncio.get_running_loop()
+
+    async def coro(x):
+        return x + 1
+
+    assert await thread.call_thread(coro, 1) == 2
+    assert await thread.call_thread(lambda x: x * 3, 2) == 6  # mode's method queue takes sync calls too
+    app2, _ = create_app(load(Settings, {"ROUTER_CONSUMER_IN_LOOP": "false"}))
+    assert type(app2.consumer._thread) is not InLoopConsumerThread

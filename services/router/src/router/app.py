@@ -35,7 +35,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.tuples import ack_lock
 from google.protobuf.message import DecodeError
 from mode import Service
-from mode.utils.futures import notify
+from mode.utils.futures import maybe_async, notify
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -61,7 +61,10 @@ FAUST_CHECKED = "0.15.3"
 # What BatchConsumer and RouterRuntime use of Faust beyond its public API (docs/router.md, Batches):
 # methods of its aiokafka Consumer, and attributes its instances set in __init__ / on start.
 _FAUST_METHODS = ("_wait_next_records", "_drain_messages", "_add_gap", "_to_message", "wait_first",
-                  "perform_seek", "commit", "track_message")
+                  "perform_seek", "commit", "track_message", "_new_consumer_thread")
+# ... and of mode's ServiceThread, which InLoopConsumerThread runs without a thread:
+_THREAD_METHODS = ("Worker", "_serve", "_gather_remaining_tasks", "call_thread", "cast_thread",
+                   "on_thread_stop", "start")
 _FAUST_ATTRIBUTES = ("_read_offset", "_unacked_messages", "_committed_offset", "_acked_index", "_acked",
                      "_n_acked", "_commit_every", "_buffered_partitions", "_waiting_for_ack", "suspend_flow",
                      "_thread")
@@ -75,10 +78,50 @@ def check_faust_internals(consumer=None) -> None:
         problems.append(f"faust-streaming {faust.__version__} (the batch consumer is checked against "
                         f"{FAUST_CHECKED})")
     problems += [f"Consumer.{m} is missing" for m in _FAUST_METHODS if not hasattr(faust_aiokafka.Consumer, m)]
+    problems += [f"AIOKafkaConsumerThread.{m} is missing" for m in _THREAD_METHODS
+                 if not hasattr(faust_aiokafka.AIOKafkaConsumerThread, m)]
     if consumer is not None:
         problems += [f"consumer.{a} is missing" for a in _FAUST_ATTRIBUTES if not hasattr(consumer, a)]
     if problems:
         raise RuntimeError("router: Faust internals changed: " + "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------ the consumer on the main loop
+class _InLoopWorker:
+    """Stands in for mode's WorkerThread: runs the service's ``_serve()`` as a task of the loop it was
+    started from instead of a thread with a loop of its own."""
+
+    def __init__(self, service: "InLoopConsumerThread") -> None:
+        self.service = service
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.service._serve(), name="kafka consumer")
+
+    def stop(self) -> None:  # mode calls it (synchronously) after the service stopped: the task has ended
+        pass
+
+
+class InLoopConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's aiokafka consumer, run on the worker's own event loop.
+
+    Faust runs its consumer in a thread with an event loop of its own and hands every call across
+    (``call_thread``: a method queue, a future, two cross-thread wake-ups per poll); with the router's
+    fetch loop that hand-over cost more than routing the records of a live poll. Here the service is the
+    same, but ``thread_loop`` is the worker's loop, ``_serve()`` runs as a task (``_InLoopWorker``) and
+    ``call_thread`` / ``cast_thread`` simply await the call. mode's thread sweep of "every task of the
+    thread's loop" at shutdown is skipped: that loop is the worker's."""
+
+    Worker = _InLoopWorker  # type: ignore[assignment]
+
+    async def call_thread(self, fun, *args, **kwargs):
+        return await maybe_async(fun(*args, **kwargs))  # as mode's method queue: sync or async
+
+    async def cast_thread(self, fun, *args, **kwargs):
+        await maybe_async(fun(*args, **kwargs))
+
+    async def _gather_remaining_tasks(self) -> None:
+        return None
 
 
 # ------------------------------------------------------------------------------ batch consumption
@@ -106,6 +149,11 @@ class RecordBatch:
 
 class BatchConsumer(faust_aiokafka.Consumer):
     adaptive_fetch: AdaptiveFetch | None = None
+
+    def _new_consumer_thread(self):
+        if getattr(self.app, "consumer_in_loop", False):
+            return InLoopConsumerThread(self, loop=self.loop, thread_loop=self.loop, beacon=self.beacon)
+        return super()._new_consumer_thread()
 
     """Faust's aiokafka consumer, delivering the records of ``batch_topic`` in batches.
 
@@ -262,6 +310,7 @@ class RouterApp(faust.App):
     batch_topic: str | None = None  # records of this topic are delivered in batches...
     deliver_batch = None  # ...to this coroutine function (RecordBatch) -> None
     fetch_window_s: float = 0.0  # adaptive fetch window of the batch consumer (0 = off)
+    consumer_in_loop: bool = False  # Faust's consumer on the worker's loop (InLoopConsumerThread)
 
     def _new_transport(self):
         return IdempotentTransport(self.conf.broker_consumer, self)
@@ -663,6 +712,7 @@ def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[f
     app.on_before_shutdown.connect(drain_before_shutdown)
     app.batch_topic = topics.MSG_ALL
     app.fetch_window_s = settings.fetch_window_ms / 1000
+    app.consumer_in_loop = settings.consumer_in_loop
     app.deliver_batch = runtime.deliver
     runtime.agent = route
     return app, runtime

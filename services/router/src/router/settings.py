@@ -41,6 +41,10 @@ class Settings(CommonSettings):
         doc="adaptive fetch window: under load a fetch of tbmq.msg.all waits up to this long so the "
             "records of this window are routed as one batch; when quiet it returns at the first record "
             "(0 = always at once); tbmq_platform.coalesce")
+    consumer_in_loop: bool = env(
+        "ROUTER_CONSUMER_IN_LOOP", True,
+        doc="run Faust's Kafka consumer on the worker's event loop instead of a thread of its own "
+            "(no cross-thread hand-over per poll; docs/router.md, Batches)")
     session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(1),
                                    doc="consumer group session timeout (s): how soon the partitions of "
                                        "a crashed instance move to the others")
