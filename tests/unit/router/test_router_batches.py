@@ -231,3 +231,20 @@ async def test_the_consumer_runs_on_the_worker_loop_when_asked():
     assert await thread.call_thread(lambda x: x * 3, 2) == 6  # mode's method queue takes sync calls too
     app2, _ = create_app(load(Settings, {"ROUTER_CONSUMER_IN_LOOP": "false"}))
     assert type(app2.consumer._thread) is not InLoopConsumerThread
+
+
+def test_a_poll_of_several_partitions_is_routed_in_arrival_order():
+    from router.app import in_arrival_order
+
+    def rec(partition, offset, ts):
+        return ConsumerRecord(topics.MSG_ALL, partition, offset, ts, 0, b"k", b"v", None, 1, 1, ())
+
+    p0 = [rec(0, 10, 100), rec(0, 11, 103), rec(0, 12, 103)]
+    p1 = [rec(1, 5, 101), rec(1, 6, 102), rec(1, 7, 104)]
+    p2 = [rec(2, 1, 99), rec(2, 2, 98)]  # another producer's clock: still in offset order
+    got = [(r.partition, r.offset) for r in in_arrival_order({"a": p0, "b": p1, "c": p2})]
+    assert got == [(2, 1), (2, 2), (0, 10), (1, 5), (1, 6), (0, 11), (0, 12), (1, 7)]
+    for part in (0, 1, 2):  # each partition's records stay in offset order
+        offs = [o for p, o in got if p == part]
+        assert offs == sorted(offs)
+    assert list(in_arrival_order({"a": p0})) == p0

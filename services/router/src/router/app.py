@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import partial
 
 import faust
@@ -473,6 +474,24 @@ def _header_pairs(headers) -> list:
     return list(headers)
 
 
+def in_arrival_order(records: Mapping) -> Iterable:
+    """The records of a poll (partition -> records in offset order) as one sequence in the order Kafka
+    received them: merged by record timestamp (the producer's create time), each partition's records
+    kept in offset order, ties in partition order.
+
+    MQTT orders messages per topic only, and tbmq.msg.all is keyed by topic (one partition each), so any
+    order across partitions is correct; but a poll under load holds several partitions, and routing them
+    partition after partition would let one publisher's message on topic b overtake its earlier message
+    on topic a that it had already seen acknowledged. Merging keeps what users see on a single broker."""
+    if len(records) == 1:
+        return next(iter(records.values()))
+    return heapq.merge(*records.values(), key=_timestamp)
+
+
+def _timestamp(rec) -> int:
+    return rec.timestamp
+
+
 # ------------------------------------------------------------------------------ runtime
 class RouterRuntime(Service):
     """State views + health endpoint; started by the Worker BEFORE the Faust app."""
@@ -602,21 +621,21 @@ class RouterRuntime(Service):
         for tp, recs in batch.records.items():
             inbound[tp] = now  # Faust's "stream is processing this partition" check
             n += len(recs)
-            for rec in recs:
-                hdrs = rec.headers
-                if spans:
-                    self._route_with_span(rec, route, now_ms, append)
-                    continue
-                try:
-                    records = route(rec.key, rec.value, now_ms).records
-                except DecodeError:
-                    self._undecodable(tp, rec.offset)
-                    continue
-                if records:
-                    # no span would be exported: forward the publisher's trace context as is
-                    h = [(k, v) for k, v in hdrs if k in _TRACE_KEYS] if hdrs else None
-                    for r in records:
-                        append((r, h))
+        for rec in in_arrival_order(batch.records):
+            hdrs = rec.headers
+            if spans:
+                self._route_with_span(rec, route, now_ms, append)
+                continue
+            try:
+                records = route(rec.key, rec.value, now_ms).records
+            except DecodeError:
+                self._undecodable(rec.partition, rec.offset)
+                continue
+            if records:
+                # no span would be exported: forward the publisher's trace context as is
+                h = [(k, v) for k, v in hdrs if k in _TRACE_KEYS] if hdrs else None
+                for r in records:
+                    append((r, h))
         await pipeline.submit_pairs(partial(consumer.ack_batch, batch), n, out)
 
     def _route_with_span(self, rec, route, now_ms: int, append) -> None:
