@@ -10,7 +10,7 @@ import time
 import uuid
 
 import pytest
-from mqtt_clients import Client, poll, real, routed, run
+from mqtt_clients import Client, has_real, poll, real, routed, run
 from tbmq_launcher.launcher import Suite, new_tag
 
 pytestmark = [pytest.mark.e2e]
@@ -82,7 +82,7 @@ async def test_200_publishers_fan_in_to_one_application_subscriber(ad_e2e):
     try:
         await asyncio.gather(*(run(publish_all, p, i) for i, p in enumerate(pubs)))
         total = n_pubs * per_pub
-        assert await run(sub.wait, lambda: len(real(sub.messages)) >= total, 120), \
+        assert await run(sub.wait, lambda: has_real(sub.messages, total), 120), \
             f"{len(real(sub.snapshot()))} of {total} arrived"
         got = real(sub.snapshot())
         assert {m.payload for m in got} == {f"{i}:{k}".encode() for i in range(n_pubs) for k in range(per_pub)}
@@ -127,7 +127,7 @@ async def test_offline_backlog_of_50000_arrives_in_order(ad_e2e):
     t1 = time.monotonic()
     connack = await run(back.connect, ports[0])
     assert connack[0].session_present
-    ok = await run(back.wait, lambda: len(real(back.messages)) >= n, 600)
+    ok = await run(back.wait, lambda: has_real(back.messages, n), 600)
     drain_s = time.monotonic() - t1
     got = [int(m.payload) for m in real(back.snapshot())]
     back.close()
@@ -156,11 +156,12 @@ async def test_app_delivery_sigkill_mid_stream_loses_nothing(ad_e2e):
     pub.close()
     back = Mqtt(cid, clean=False, session_expiry=3600)
     await run(back.connect, ports[0])
-    assert await run(back.wait, lambda: len(real(back.messages)) >= n // 3, 120), "drain started"
+    assert await run(back.wait, lambda: has_real(back.messages, n // 3), 120), "drain started"
     await ad_e2e.kill_service("app-delivery")
     await ad_e2e.start_service("app-delivery")
     try:
-        ok = await run(back.wait, lambda: {int(m.payload) for m in real(back.messages)} >= set(range(n)), 180)
+        ok = await run(back.wait, lambda: has_real(back.messages, n)
+                       and {int(m.payload) for m in real(back.messages)} >= set(range(n)), 180)
         got = [int(m.payload) for m in real(back.snapshot())]
         assert ok, f"{len(set(got))} of {n} arrived"
         assert list(dict.fromkeys(got)) == list(range(n)), "first arrivals in order"

@@ -62,7 +62,9 @@ class Producer:
 
 
 class FakeStream:
-    """One Deliver stream, as the connector holds it."""
+    """One Deliver stream, as the connector holds it: a current connector (`opening.batches`: records come
+    in AppRecordBatch messages, auto-acks go up as one AppAckBatch per batch) or an older one (one AppRecord
+    per message, one AppAck per record)."""
 
     def __init__(self, stub: sgrpc.AppDeliveryStub, opening: spb.AppOpen, auto_ack=False) -> None:
         """auto_ack: True, or a predicate of the AppRecord: acknowledge on receipt."""
@@ -72,6 +74,8 @@ class FakeStream:
         self.up.put_nowait(spb.AppUpstream(open=opening))
         self.records: asyncio.Queue = asyncio.Queue()
         self.all: list[spb.AppRecord] = []
+        self.sizes: list[int] = []           # records per downstream message
+        self.kinds: set[str] = set()         # downstream message kinds seen ("record", "batch")
         self.ended = asyncio.Event()
         self.error: BaseException | None = None
         self.call = stub.Deliver(self._requests())
@@ -87,11 +91,15 @@ class FakeStream:
     async def _read(self) -> None:
         try:
             async for down in self.call:
-                rec = down.record
-                self.all.append(rec)
-                self.records.put_nowait(rec)
-                if self.auto_ack is True or (callable(self.auto_ack) and self.auto_ack(rec)):
-                    self.ack(rec)
+                kind = down.WhichOneof("kind")
+                self.kinds.add(kind)
+                recs = list(down.batch.records) if kind == "batch" else [down.record]
+                self.sizes.append(len(recs))
+                self.all.extend(recs)
+                for rec in recs:
+                    self.records.put_nowait(rec)
+                self.ack_many([r for r in recs if self.auto_ack is True
+                               or (callable(self.auto_ack) and self.auto_ack(r))])
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 self.error = exc
@@ -101,8 +109,19 @@ class FakeStream:
             self.ended.set()
 
     def ack(self, rec_or_ref) -> None:
+        """One AppAck (a batch stream may send those too)."""
         ref = rec_or_ref.ref if isinstance(rec_or_ref, spb.AppRecord) else rec_or_ref
         self.up.put_nowait(spb.AppUpstream(ack=spb.AppAck(ref=ref)))
+
+    def ack_many(self, recs) -> None:
+        """One AppAckBatch on a batch stream; one AppAck each on a stream of single records."""
+        if not recs:
+            return
+        if not self.opening.batches:
+            for r in recs:
+                self.ack(r)
+            return
+        self.up.put_nowait(spb.AppUpstream(acks=spb.AppAckBatch(refs=[r.ref for r in recs])))
 
     async def take(self, n: int, timeout: float = 30.0) -> list[spb.AppRecord]:
         out = []
@@ -139,10 +158,12 @@ class FakeConnector:
         self.channel = grpc.aio.insecure_channel(target)
         self.stub = sgrpc.AppDeliveryStub(self.channel)
         self.streams: list[FakeStream] = []
+        self.batches = True   # streams open as a current connector's (AppOpen.batches)
 
     def open(self, client_id: str, receive_maximum: int = 100, shared=(), auto_ack=False,
-             session_id: str = "s") -> FakeStream:
+             session_id: str = "s", batches: bool | None = None) -> FakeStream:
         opening = spb.AppOpen(client_id=client_id, session_id=session_id, receive_maximum=receive_maximum,
+                              batches=self.batches if batches is None else batches,
                               shared=[spb.AppSharedSubscription(share_name=s[0], topic_filter=s[1],
                                                                 **({"qos": s[2]} if len(s) > 2 else {}))
                                       for s in shared])

@@ -1,5 +1,6 @@
 """app-delivery against a real Kafka, with a fake connector: order, flow control, acknowledged prefix,
-redelivery with DUP, takeover, expiry."""
+redelivery with DUP, takeover, expiry. Every test runs twice: as a current connector (batches down,
+AppAckBatch up) and as an older one (one AppRecord / AppAck per message)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import pytest
 from app_delivery_harness import payload_ints, publish_msg
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["batches", "single records"])
+def connector(request, connector):
+    connector.batches = request.param == "batches"
+    return connector
 
 
 def cid(unique) -> str:
@@ -24,8 +31,7 @@ async def test_in_order_partial_ack_reopen_redelivers_with_dup(connector, produc
     assert payload_ints(got) == list(range(20))
     assert [r.ref.offset for r in got] == list(range(20))
     assert not any(r.redelivery for r in got)
-    for r in got[:10]:
-        st.ack(r)
+    st.ack_many(got[:10])
     st.ack(got[15])  # out of order: the commit must stay at 10
     await st.half_close()
 
@@ -33,14 +39,12 @@ async def test_in_order_partial_ack_reopen_redelivers_with_dup(connector, produc
     again = await st2.take(10)
     assert payload_ints(again) == list(range(10, 20))
     assert all(r.redelivery for r in again), "records streamed before must carry DUP"
-    for r in again:
-        st2.ack(r)
+    st2.ack_many(again)
     await producer.to_client(client, [publish_msg(i) for i in range(20, 25)])
     fresh = await st2.take(5)
     assert payload_ints(fresh) == list(range(20, 25))
     assert not any(r.redelivery for r in fresh)
-    for r in fresh:
-        st2.ack(r)
+    st2.ack_many(fresh)
     await asyncio.sleep(0.5)  # acks in flight when the stream drops are lost: let them arrive
     await st2.cancel()  # an abrupt end commits the acknowledged prefix too
 
@@ -63,10 +67,46 @@ async def test_receive_maximum_limits_outstanding(connector, producer, unique):
     more = await st.take(2)
     assert payload_ints(more) == [5, 6]
     assert await st.nothing_for(0.5)
-    for r in first + more:
-        st.ack(r)
+    st.ack_many(first + more)
     rest = await st.take(5)
     assert payload_ints(rest) == [7, 8, 9, 10, 11]
+    await st.cancel()
+
+
+async def test_window_of_one_streams_one_record_at_a_time(connector, producer, unique):
+    client = cid(unique)
+    await producer.to_client(client, [publish_msg(i) for i in range(4)])
+    st = connector.open(client, receive_maximum=1)
+    for i in range(4):
+        got = await st.take(1)
+        assert payload_ints(got) == [i]
+        assert await st.nothing_for(0.3), "a window of 1: nothing more before the ack"
+        st.ack_many(got)
+    assert st.sizes == [1, 1, 1, 1]
+    assert st.kinds == ({"batch"} if connector.batches else {"record"})
+    await st.cancel()
+
+
+async def test_window_smaller_than_a_poll_is_never_exceeded(connector, producer, unique):
+    client = cid(unique)
+    await producer.to_client(client, [publish_msg(i) for i in range(300)])  # one poll (max 500)
+    st = connector.open(client, receive_maximum=64)
+    first = await st.take(64)
+    assert payload_ints(first) == list(range(64))
+    assert await st.nothing_for(1.0), "no more than the window outstanding"
+    st.ack_many(first[:10])
+    more = await st.take(10)
+    assert payload_ints(more) == list(range(64, 74))
+    assert await st.nothing_for(0.5)
+    st.auto_ack = True
+    st.ack_many(first[10:] + more)
+    rest = await st.take(300 - 74)
+    assert payload_ints(rest) == list(range(74, 300))
+    assert max(st.sizes) <= 64
+    if connector.batches:
+        assert st.kinds == {"batch"} and st.sizes[0] > 1, "the backlog goes down in batches"
+    else:
+        assert st.kinds == {"record"} and set(st.sizes) == {1}
     await st.cancel()
 
 

@@ -1,12 +1,16 @@
-"""Pure logic of app-delivery: acknowledged prefix, DUP marks, expiry, shared filters, settings."""
+"""Pure logic of app-delivery: acknowledged prefix, DUP marks, batch bounds, expiry, shared filters,
+settings."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 
-from app_delivery.settings import load_settings
-from app_delivery.tracking import (NO_MARK, AckTracker, SharedFilters, decode_mark, encode_mark, is_redelivery,
-                                   needs_reservation, remaining_expiry)
+from app_delivery.settings import AppDeliverySettings, load_settings
+from app_delivery.tracking import (NO_MARK, AckTracker, BatchLimit, SharedFilters, decode_mark, encode_mark,
+                                   is_redelivery, needs_reservation, record_size, remaining_expiry)
 from tbmq_platform.settings import SettingsError
 
 pytestmark = pytest.mark.unit
@@ -127,3 +131,93 @@ def test_settings_defaults_and_launcher_port():
     with pytest.raises(SettingsError) as e:
         load_settings({"APP_DELIVERY_GRPC_PORT": "x", "APP_DELIVERY_COMMIT_INTERVAL_MS": "1"})
     assert len(e.value.problems) == 2
+
+
+# ------------------------------------------------------------------------------------------- batches
+
+def _batches(sizes: list[int], window: int, max_bytes: int, acks_between: int) -> list[list[int]]:
+    """Split records (their sizes) into batches the way Source._stream does: a batch is started with the
+    free window slots, takes records while they fit; `acks_between` records are acknowledged before the next
+    batch is started. Returns the indexes of each batch; checks the window is never exceeded."""
+    out: list[list[int]] = []
+    outstanding = 0
+    i = 0
+    while i < len(sizes):
+        room = window - outstanding
+        assert room >= 1
+        limit = BatchLimit(room, max_bytes)
+        batch = []
+        while i < len(sizes) and limit.fits(sizes[i]):
+            limit.take(sizes[i])
+            batch.append(i)
+            i += 1
+        assert batch, "a batch started with a free slot takes at least one record"
+        outstanding += len(batch)
+        assert outstanding <= window
+        out.append(batch)
+        outstanding -= min(outstanding, acks_between) if outstanding == window else 0
+    return out
+
+
+def test_batch_takes_at_most_the_free_window_slots():
+    limit = BatchLimit(3, 1 << 20)
+    for _ in range(3):
+        assert limit.fits(10)
+        limit.take(10)
+    assert limit.full and not limit.fits(1)
+    with pytest.raises(ValueError):
+        BatchLimit(0, 1 << 20)
+
+
+def test_window_of_one_sends_one_record_per_batch():
+    assert _batches([100] * 5, window=1, max_bytes=1 << 20, acks_between=1) == [[0], [1], [2], [3], [4]]
+
+
+def test_window_smaller_than_a_poll_splits_the_poll():
+    got = _batches([100] * 500, window=64, max_bytes=1 << 20, acks_between=64)
+    assert [len(b) for b in got] == [64] * 7 + [52]
+    assert [i for b in got for i in b] == list(range(500))  # order kept
+
+
+def test_byte_bound_splits_and_a_large_record_goes_alone():
+    limit = BatchLimit(100, 1000)
+    limit.take(600)
+    assert limit.fits(400) and not limit.fits(401)
+    alone = BatchLimit(100, 1000)
+    assert alone.fits(5000)  # larger than the bound: alone, never held back for good
+    alone.take(5000)
+    assert alone.full and not alone.fits(1)
+    got = _batches([400, 400, 400, 5000, 10, 10], window=100, max_bytes=1000, acks_between=0)
+    assert got == [[0, 1], [2], [3], [4, 5]]
+
+
+def test_batches_random_never_exceed_window_or_bytes():
+    rnd = random.Random(7)
+    for _ in range(300):
+        window = rnd.randint(1, 40)
+        max_bytes = rnd.randint(1024, 8192)
+        sizes = [rnd.choice([50, 300, 2000, 10_000]) for _ in range(rnd.randint(1, 200))]
+        got = _batches(sizes, window, max_bytes, acks_between=rnd.randint(1, window))
+        assert [i for b in got for i in b] == list(range(len(sizes)))
+        for b in got:
+            assert len(b) <= window
+            assert len(b) == 1 or sum(sizes[i] for i in b) <= max_bytes
+
+
+def test_record_size_counts_value_and_topic():
+    assert record_size(b"x" * 100, "tbmq.msg.app.c") > 100 + len("tbmq.msg.app.c")
+    assert record_size(None, "t") > 0
+
+
+def test_docs_list_every_setting():
+    from tbmq_platform.settings import CommonSettings, describe
+
+    root = Path(__file__).resolve().parents[3]
+    doc = (root / "docs" / "app-delivery.md").read_text()
+    readme = (root / "services" / "app-delivery" / "README.md").read_text()
+    common = {var for var, _default, _doc in describe(CommonSettings)} - {"HEALTH_PORT"}
+    for var, _default, _doc in describe(AppDeliverySettings):
+        if var in common:
+            continue
+        assert f"`{var}`" in doc, var
+        assert f"`{var}`" in readme, var

@@ -29,13 +29,16 @@ def _record(offset: int) -> spb.AppRecord:
 
 class Server:
     """AppDelivery that sends `per_stream` records on each stream, then fails it (mode "fail"), ends it
-    (mode "end") or keeps it open recording acks (mode "hold")."""
+    (mode "end") or keeps it open recording acks (mode "hold"). `batches`: as a current app-delivery, one
+    AppRecordBatch to a stream that asked for it; else one AppRecord per message (an older one)."""
 
-    def __init__(self, mode: str, per_stream: int = 2) -> None:
+    def __init__(self, mode: str, per_stream: int = 2, batches: bool = False) -> None:
         self.mode = mode
         self.per_stream = per_stream
+        self.batches = batches
         self.opens: list[spb.AppOpen] = []
         self.acks: list[int] = []
+        self.ack_messages: list[tuple[str, int]] = []   # (kind, refs) of each upstream ack message
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -46,8 +49,12 @@ class Server:
             async def Deliver(self, request_iterator, context):
                 first = await request_iterator.__anext__()
                 fake.opens.append(first.open)
-                for i in range(fake.per_stream):
-                    yield spb.AppDownstream(record=_record(i))
+                if fake.batches and first.open.batches:
+                    yield spb.AppDownstream(batch=spb.AppRecordBatch(
+                        records=[_record(i) for i in range(fake.per_stream)]))
+                else:
+                    for i in range(fake.per_stream):
+                        yield spb.AppDownstream(record=_record(i))
                 if fake.mode == "fail":
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
                 if fake.mode == "end":
@@ -55,6 +62,10 @@ class Server:
                 async for up in request_iterator:
                     if up.HasField("ack"):
                         fake.acks.append(up.ack.ref.offset)
+                        fake.ack_messages.append(("ack", 1))
+                    elif up.HasField("acks"):
+                        fake.acks.extend(r.offset for r in up.acks.refs)
+                        fake.ack_messages.append(("acks", len(up.acks.refs)))
 
         self.server = grpc.aio.server()
         sgrpc.add_AppDeliveryServicer_to_server(Servicer(), self.server)
@@ -186,4 +197,49 @@ async def test_ack_while_down_is_dropped_and_stop_is_idempotent(caplog):
     await stream.stop()
     await channels.close()
     await server.stop()
+    _assert_clean_logs(caplog)
+
+
+async def test_batches_are_asked_for_and_acks_coalesced_into_one_message(caplog):
+    """A current app-delivery: records of a batch reach on_records in order, and the acks made while they
+    are handled go up as one AppAckBatch."""
+    server = await Server("hold", per_stream=50, batches=True).start()
+    channels = AppDeliveryChannels((f"127.0.0.1:{server.port}",))
+    calls: list[list[int]] = []
+
+    def on_records(records) -> None:
+        calls.append([r.ref.offset for r in records])
+        for r in records:
+            stream.ack(r.ref)
+
+    stream = AppStream(channels, spb.AppOpen(client_id="c", session_id="s", receive_maximum=100), None,
+                       on_records=on_records, backoff_s=0.001, max_backoff_s=0.001)
+    try:
+        stream.start()
+        await _wait(lambda: len(server.acks) >= 50)
+    finally:
+        await stream.stop()
+        await channels.close()
+        await server.stop()
+    assert server.opens[0].batches
+    assert calls == [list(range(50))]
+    assert server.acks == list(range(50))
+    assert server.ack_messages == [("acks", 50)]
+    _assert_clean_logs(caplog)
+
+
+async def test_older_server_gets_single_records_handled_and_single_acks(caplog):
+    server = await Server("hold", per_stream=5, batches=False).start()
+    channels = AppDeliveryChannels((f"127.0.0.1:{server.port}",))
+    got: list[int] = []
+    stream = _stream(channels, lambda rec: (got.append(rec.ref.offset), stream.ack(rec.ref)))
+    try:
+        stream.start()
+        await _wait(lambda: len(server.acks) >= 5)
+    finally:
+        await stream.stop()
+        await channels.close()
+        await server.stop()
+    assert got == list(range(5))
+    assert server.ack_messages == [("ack", 1)] * 5
     _assert_clean_logs(caplog)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, env, integer, load, load_or_exit, number, port
+from tbmq_platform.settings import CommonSettings, boolean, env, integer, load, load_or_exit, number, port
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,17 @@ class AppDeliverySettings(CommonSettings):
     max_outstanding: int = env("APP_DELIVERY_MAX_OUTSTANDING", 65535, parse=integer(1, 1_000_000),
                                doc="unacknowledged records per stream when AppOpen.receive_maximum is 0; "
                                    "also the upper cap of receive_maximum")
+    batch_max_bytes: int = env("APP_DELIVERY_BATCH_MAX_BYTES", 1 << 20, parse=integer(1024, 64 << 20),
+                               doc="bytes of records per AppRecordBatch message, about (a larger single "
+                                   "record goes alone); records per batch are bounded by the free window")
+    fetch_window_ms: float = env(
+        "APP_DELIVERY_FETCH_WINDOW_MS", 5.0, parse=number(0),
+        doc="adaptive fetch window of the per-client consumers: under load a fetch waits up to this long "
+            "so that what arrived meanwhile goes down as one batch; when quiet it returns at the first "
+            "record (0 = always at once); tbmq_platform.coalesce")
+    trace_spans: bool = env("APP_DELIVERY_TRACE_SPANS", False, parse=boolean,
+                            doc="create the per-record span (app-delivery deliver) even without an OTLP "
+                                "endpoint (on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")
     shared_session_timeout_ms: int = env(
         "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS", 10000, parse=integer(6000, 300_000),
         doc="Kafka session timeout of shared-subscription group members (how long a crashed instance "

@@ -8,6 +8,12 @@ A `StreamSession` owns
   so the members of a share name split the partitions;
 * the window: at most `receive_maximum` records streamed and not acknowledged, over all sources.
 
+Records go down in offset order per partition, in batches: per polled partition, as few AppRecordBatch
+messages as the free window slots and APP_DELIVERY_BATCH_MAX_BYTES allow (tracking.BatchLimit), one write
+lock per batch; a stream whose AppOpen did not ask for batches gets the same records one AppRecord each.
+The window is taken and the records counted outstanding with nothing awaited in between, so no more than
+the window is ever unacknowledged. Acks come up as AppAck or AppAckBatch; both apply alike.
+
 Offsets: see tracking.py (acknowledged prefix; DUP mark reserved in the commit metadata before streaming).
 """
 
@@ -27,12 +33,13 @@ from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq_platform import topics
+from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow
 from tbmq_platform.kafka import ensure_topics, make_consumer
 from tbmq_platform.tracing import context_from_kafka
 
 from .settings import AppDeliverySettings
-from .tracking import (NO_MARK, AckTracker, SharedFilters, decode_mark, encode_mark, is_redelivery,
-                       needs_reservation, remaining_expiry)
+from .tracking import (NO_MARK, AckTracker, BatchLimit, SharedFilters, decode_mark, encode_mark, is_redelivery,
+                       needs_reservation, record_size, remaining_expiry)
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("app_delivery")
@@ -87,6 +94,14 @@ class Source:
         self.parts: dict[TopicPartition, PartState] = {}
         self.topics: set[str] = set()
         self.commit_lock = asyncio.Lock()  # the pump's reservations and the periodic commits
+        self.adaptive: AdaptiveFetch | None = None
+
+    def _adapt_fetches(self) -> None:
+        """Under load, fetches wait up to APP_DELIVERY_FETCH_WINDOW_MS so that one poll (one batch down)
+        carries what arrived meanwhile; when quiet they return at the first record (tbmq_platform.coalesce)."""
+        window_s = self.s.fetch_window_ms / 1000
+        if window_s > 0 and self.consumer is not None:
+            self.adaptive = AdaptiveFetch(self.consumer, FetchWindow(max_wait_s=window_s))
 
     async def start(self) -> None:
         raise NotImplementedError
@@ -104,62 +119,102 @@ class Source:
         return part is not None and part.tracker.ack(key[2])
 
     # -- record handling --------------------------------------------------------------------------
-    def prepare(self, part: PartState, record) -> pb.PublishMsg | None:
-        """The receiver copy to stream, or None when the record is skipped (counts as acknowledged)."""
+    def prepare(self, record, msg: pb.PublishMsg) -> bool:
+        """Parse the receiver copy to stream into `msg` (empty); False when the record is skipped (counts
+        as acknowledged)."""
         try:
-            msg = pb.PublishMsg.FromString(record.value or b"")
+            msg.MergeFromString(record.value or b"")
         except Exception:
             log.error("%s: unreadable record at %s/%d@%d skipped", self.session.client_id, record.topic,
                       record.partition, record.offset)
-            return None
+            return False
         if msg.HasField("message_expiry_interval"):
             created = msg.created_at_ms if msg.created_at_ms > 0 else record.timestamp
             left = remaining_expiry(created, msg.message_expiry_interval, now_ms())
             if left is None:
                 self.session.expired += 1
-                return None
+                return False
             msg.message_expiry_interval = left
         return self.filter(record, msg)
 
-    def filter(self, record, msg: pb.PublishMsg) -> pb.PublishMsg | None:
-        return msg
+    def filter(self, record, msg: pb.PublishMsg) -> bool:
+        return True
 
     async def pump(self) -> None:
         """Stream records in order, within the window, until cancelled."""
-        session = self.session
         while True:
             consumer = self.consumer
             if consumer is None:
                 return
             batches = await consumer.getmany(timeout_ms=1000, max_records=self.s.max_poll_records)
+            if self.adaptive is not None:
+                self.adaptive.polled(sum(map(len, batches.values())), time.monotonic())
             for tp, records in batches.items():
                 part = self.parts.get(tp)
                 if part is None or not records:
                     continue  # revoked since the fetch
+                seen = part.tracker.last_seen
+                if seen is not None and records[0].offset <= seen:
+                    # fetched again after a rebalance that gave the partition back
+                    records = [r for r in records if r.offset > seen]
+                    if not records:
+                        continue
                 if needs_reservation(records[-1].offset, part.reserved):
                     if not await self.reserve(part, records[0].offset, records[-1].offset):
                         continue
-                for record in records:
-                    await session.acquire()
-                    if self.parts.get(tp) is not part:
-                        break  # revoked (shared) while waiting: the new owner streams the rest
-                    seen = part.tracker.last_seen
-                    if seen is not None and record.offset <= seen:
-                        continue  # fetched again after a rebalance that gave the partition back
-                    msg = self.prepare(part, record)
-                    if msg is None:
-                        part.tracker.skipped(record.offset)
-                        continue
-                    ref = spb.AppRecordRef(topic=tp.topic, partition=tp.partition, offset=record.offset)
-                    out = spb.AppDownstream(record=spb.AppRecord(
-                        ref=ref, msg=msg, redelivery=is_redelivery(record.offset, part.prev_mark)))
-                    part.tracker.sent(record.offset)
-                    with tracer.start_as_current_span(
-                            "app-delivery deliver", context=context_from_kafka(record.headers),
-                            kind=trace.SpanKind.CONSUMER,
-                            attributes={"client_id": session.client_id, "topic": tp.topic,
-                                        "offset": record.offset}):
-                        await session.write(out, (tp.topic, tp.partition, record.offset))
+                await self._stream(tp, part, records)
+
+    async def _stream(self, tp: TopicPartition, part: PartState, records: list) -> None:
+        """Stream the (reserved) records of one partition in order, as few batches as the window and the
+        byte bound allow. Between `acquire` returning the free slots and `send` counting the batch
+        outstanding nothing is awaited, so the window is never exceeded."""
+        session = self.session
+        topic, partition = tp.topic, tp.partition
+        max_bytes = self.s.batch_max_bytes
+        tracker = part.tracker
+        spans = session.spans
+        i, n = 0, len(records)
+        while i < n:
+            room = await session.acquire()
+            if self.parts.get(tp) is not part:
+                return  # revoked (shared) while waiting: the new owner streams the rest
+            limit = BatchLimit(room, max_bytes)
+            down = spb.AppDownstream()
+            out = down.batch.records
+            keys: list[RefKey] = []
+            traced = [] if spans else None
+            mark = part.prev_mark
+            while i < n:
+                record = records[i]
+                size = record_size(record.value, topic)
+                if not limit.fits(size):
+                    break
+                i += 1
+                offset = record.offset
+                rec = out.add()
+                if not self.prepare(record, rec.msg):
+                    del out[-1]
+                    tracker.skipped(offset)
+                    continue
+                limit.take(size)
+                ref = rec.ref
+                ref.topic, ref.partition, ref.offset = topic, partition, offset
+                if is_redelivery(offset, mark):
+                    rec.redelivery = True
+                tracker.sent(offset)
+                keys.append((topic, partition, offset))
+                if traced is not None:
+                    traced.append(tracer.start_span(
+                        "app-delivery deliver", context=context_from_kafka(record.headers),
+                        kind=trace.SpanKind.CONSUMER,
+                        attributes={"client_id": session.client_id, "topic": topic, "offset": offset}))
+            if not keys:
+                continue
+            try:
+                await session.send(down, keys)
+            finally:
+                for span in traced or ():
+                    span.end()
 
     async def reserve(self, part: PartState, first: int, last: int) -> bool:
         """Commit the DUP mark `last` before streaming up to it. False: the partition is no longer ours."""
@@ -187,6 +242,7 @@ class ClientSource(Source):
                                       client_id=f"{s.instance_id}-{self.session.client_id}",
                                       auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
         await self.consumer.start()
+        self._adapt_fetches()
         self.consumer.assign([self.tp])
         found = await self._fetch_committed()
         if found is not None:
@@ -275,15 +331,16 @@ class SharedSource(Source):
             auto_offset_reset="earliest", max_poll_records=s.max_poll_records,
             session_timeout_ms=s.shared_session_timeout_ms, heartbeat_interval_ms=s.shared_heartbeat_ms)
         await self.consumer.start()
+        self._adapt_fetches()
         self.consumer.subscribe(topics=sorted(self.topics), listener=_Listener(self))
         log.info("%s: joined %s on %s", self.session.client_id, self.group, ", ".join(sorted(self.topics)))
 
-    def filter(self, record, msg: pb.PublishMsg) -> pb.PublishMsg | None:
+    def filter(self, record, msg: pb.PublishMsg) -> bool:
         qos = self.filters[record.topic].delivery_qos(msg.topic, msg.qos)
         if qos is None:
-            return None  # another filter's copy on a colliding Kafka topic name
+            return False  # another filter's copy on a colliding Kafka topic name
         msg.qos = qos
-        return msg
+        return True
 
     # -- rebalance --------------------------------------------------------------------------------
     async def revoked(self, tps: list[TopicPartition]) -> None:
@@ -389,6 +446,9 @@ class StreamSession:
         self.context = context
         rm = opening.receive_maximum or settings.max_outstanding
         self.window = max(1, min(rm, settings.max_outstanding))
+        self.batches = opening.batches   # the connector takes AppRecordBatch
+        # a span per record costs more than streaming it: only when spans are exported or asked for
+        self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
         self.outstanding: dict[RefKey, int] = {}
         self._window_open = asyncio.Event()
         self._window_open.set()
@@ -414,25 +474,46 @@ class StreamSession:
         self.expired = 0
 
     # -- window and writes --------------------------------------------------------------------------
-    async def acquire(self) -> None:
+    async def acquire(self) -> int:
+        """Wait for a free window slot; the number of free slots (valid until the next await)."""
         while len(self.outstanding) >= self.window:
             self._window_open.clear()
             await self._window_open.wait()
         if self._closed.is_set():
             raise StreamClosed()
+        return self.window - len(self.outstanding)
 
-    async def write(self, out: spb.AppDownstream, key: RefKey) -> None:
-        self.outstanding[key] = self.outstanding.get(key, 0) + 1
+    async def send(self, down: spb.AppDownstream, keys: list[RefKey]) -> None:
+        """Stream the records of `down.batch` (keys: their refs, taken within what `acquire` returned):
+        counted outstanding at once, then written under the lock as one message (batch stream) or one
+        message per record (a connector that did not ask for batches)."""
+        outstanding = self.outstanding
+        for key in keys:
+            outstanding[key] = outstanding.get(key, 0) + 1
         async with self._write_lock:
-            await self.context.write(out)
-        self.sent += 1
+            if self.batches:
+                await self.context.write(down)
+            else:
+                for rec in down.batch.records:
+                    await self.context.write(spb.AppDownstream(record=rec))
+        self.sent += len(keys)
 
     def on_ack(self, ref: spb.AppRecordRef) -> None:
-        key = (ref.topic, ref.partition, ref.offset)
-        self.acked += 1
-        for src in self._by_topic.get(ref.topic, ()):
-            src.on_ack(key)  # every source holding it (two share names on one filter share a ref)
-        if self.outstanding.pop(key, None) is not None and len(self.outstanding) < self.window:
+        self.on_acks((ref,))
+
+    def on_acks(self, refs) -> None:
+        """Acknowledgements (AppAck or AppAckBatch: they apply alike); unknown or repeated refs are ignored."""
+        outstanding, by_topic = self.outstanding, self._by_topic
+        freed = False
+        for ref in refs:
+            topic = ref.topic
+            key = (topic, ref.partition, ref.offset)
+            for src in by_topic.get(topic, ()):
+                src.on_ack(key)  # every source holding it (two share names on one filter share a ref)
+            if outstanding.pop(key, None) is not None:
+                freed = True
+        self.acked += len(refs)
+        if freed and len(outstanding) < self.window:
             self._window_open.set()
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -471,7 +552,10 @@ class StreamSession:
                 if up is grpc.aio.EOF:
                     self.request_close("stream ended by the connector")
                     return
-                if up.HasField("ack"):
+                kind = up.WhichOneof("kind")
+                if kind == "acks":
+                    self.on_acks(up.acks.refs)
+                elif kind == "ack":
                     self.on_ack(up.ack.ref)
         except asyncio.CancelledError:
             raise

@@ -8,6 +8,8 @@
   scheme crash-safe: a record streamed before a crash is always at or below a mark already in Kafka.
   The price is over-flagging: records of a reserved batch that were never streamed also carry DUP=1
   after a crash or disconnect (DUP is "may have been sent before", so this is allowed).
+* Batches: one downstream message carries at most the free window slots (so never more than
+  ``receive_maximum`` records are unacknowledged) and about ``max_bytes`` (``BatchLimit``).
 * Message expiry: drop expired records, hand the remaining interval on.
 * Shared subscriptions: QoS cap at the member's granted QoS; the record's MQTT topic must match one of
   the member's filters (several filters can map to one Kafka topic).
@@ -112,6 +114,47 @@ def is_redelivery(offset: int, mark: int) -> bool:
 def needs_reservation(last_offset: int, reserved: int) -> bool:
     """A batch ending at `last_offset` must be reserved (mark committed) before it is streamed."""
     return last_offset > reserved
+
+
+# ------------------------------------------------------------------------------------------- batches
+
+class BatchLimit:
+    """The bounds of one downstream batch message: at most `room` records (the free window slots when
+    the batch was started: the window invariant is exact) and at most `max_bytes` of records, except
+    that a single record larger than `max_bytes` goes alone (it must go: the window alone holds it back).
+
+    ``fits(size)`` before taking a record, ``take(size)`` when it was taken; a record that does not fit
+    starts the next batch.
+    """
+
+    __slots__ = ("room", "max_bytes", "count", "size")
+
+    def __init__(self, room: int, max_bytes: int) -> None:
+        if room < 1:
+            raise ValueError("a batch needs a free window slot")
+        self.room = room
+        self.max_bytes = max_bytes
+        self.count = 0
+        self.size = 0
+
+    def fits(self, size: int) -> bool:
+        if self.count >= self.room:
+            return False
+        return self.count == 0 or self.size + size <= self.max_bytes
+
+    def take(self, size: int) -> None:
+        self.count += 1
+        self.size += size
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.room or self.size >= self.max_bytes
+
+
+def record_size(value: bytes | None, topic: str) -> int:
+    """Estimated encoded size of an AppRecord carrying a Kafka record value (its PublishMsg) of `topic`:
+    the value, the ref and the framing (exact enough for a byte bound; no encoding per record)."""
+    return len(value or b"") + len(topic) + 32
 
 
 # ------------------------------------------------------------------------------------- message expiry

@@ -148,6 +148,7 @@ class Connection(asyncio.Protocol):
         self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
         self.app_stream = None
         self.app_refs: dict[tuple, int] = {}
+        self._pump_held = False          # delivering a batch of records: the socket is written once after it
         self.dropped = 0
 
     # ---------------------------------------------------------------------------------- transport
@@ -663,7 +664,8 @@ class Connection(asyncio.Protocol):
                 log.warning("client %r: outbound queue full (%d), %d messages dropped so far",
                             self.client_id, self.out.max_queued, self.out.dropped)
             return
-        self._pump()
+        if not self._pump_held:
+            self._pump()
 
     def _pump(self) -> None:
         level = self.level
@@ -853,7 +855,7 @@ class Connection(asyncio.Protocol):
                   for t in self.subs.values() if t.share_name]
         opening = spb.AppOpen(client_id=self.client_id, session_id=self.session_id,
                               receive_maximum=self.out.window, shared=shared)
-        self.app_stream = AppStream(self.svc.apps, opening, self._on_app_record)
+        self.app_stream = AppStream(self.svc.apps, opening, self._on_app_record, on_records=self._on_app_records)
         self.app_stream.start()
 
     def _restart_app_stream(self) -> None:
@@ -861,6 +863,17 @@ class Connection(asyncio.Protocol):
             self.svc.spawn_bg(self.app_stream.stop())
             self.app_stream = None
         self._open_app_stream()
+
+    def _on_app_records(self, records) -> None:
+        """Records from app-delivery (a batch, or one): each handled as `_on_app_record`, in order; what
+        they add to the client's window is written in one go after the last."""
+        self._pump_held = True
+        try:
+            for rec in records:
+                self._on_app_record(rec)
+        finally:
+            self._pump_held = False
+        self._pump()
 
     def _on_app_record(self, rec: spb.AppRecord) -> None:
         if self.state != CONNECTED:

@@ -265,26 +265,44 @@ class AppDeliveryChannels:
 class AppStream:
     """The AppDelivery.Deliver stream of one connected APPLICATION client, reopened with backoff.
 
-    `on_record(AppRecord)` is called for every record, in order. `ack(ref)` sends AppAck up; acks made
-    while the stream is down are dropped: app-delivery redelivers what was not acknowledged on the
-    stream it reopens, and the connection answers those from its in-flight map.
+    `on_records(records)` is called for every record, in order: with the records of each AppRecordBatch,
+    or with a single AppRecord (default: `on_record` for each). `ack(ref)` sends the acknowledgement up;
+    acks made while the stream is down are dropped: app-delivery redelivers what was not acknowledged on
+    the stream it reopens, and the connection answers those from its in-flight map.
+
+    Batches are negotiated (services.proto): AppOpen.batches is set, so a current app-delivery sends
+    AppRecordBatch. Acks are coalesced: the writer task takes every ack waiting in its queue (at most
+    ACK_BATCH_MAX per message) and sends them as one AppAckBatch, once a batch came down on this attempt
+    (a server that sends batches takes them); before that (an older app-delivery) one AppAck each.
 
     Each attempt drives its call directly (`call.write` from one writer task per attempt, no request
     iterator): when an attempt ends — failure, end by the server, `stop()` — its writer task is cancelled
     and awaited and the call cancelled, so nothing of it outlives the attempt.
     """
 
+    ACK_BATCH_MAX = 1000
+
     def __init__(self, channels: AppDeliveryChannels, open_msg: spb.AppOpen,
-                 on_record: Callable[[spb.AppRecord], None], *,
+                 on_record: Callable[[spb.AppRecord], None], *, on_records: Callable[..., None] | None = None,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
         self.target, self._stub = channels.stub_for(open_msg.client_id)
+        open_msg.batches = True
         self.open_msg = open_msg
         self._on_record = on_record
+        self._on_records = on_records or self._each
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
+        # The acks of the current attempt. Bounded by the window: each is the ack of a record app-delivery
+        # streamed and counts unacknowledged (at most receive_maximum on this attempt), or of one still in
+        # flight with the client from an earlier attempt (at most the connection's receive maximum).
         self._queue: asyncio.Queue | None = None
+        self._batched = False      # a batch came down on this attempt: acks go up as AppAckBatch
         self._task: asyncio.Task | None = None
         self.connected = False
+
+    def _each(self, records) -> None:
+        for rec in records:
+            self._on_record(rec)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"app {self.open_msg.client_id}")
@@ -297,14 +315,22 @@ class AppStream:
 
     def ack(self, ref) -> None:
         if self._queue is not None:
-            self._queue.put_nowait(spb.AppUpstream(ack=spb.AppAck(ref=ref)))
+            self._queue.put_nowait(ref)
 
-    @staticmethod
-    async def _write_loop(call, queue: asyncio.Queue) -> None:
-        """Sends the queue up the call, in order, until cancelled or the call can take no more."""
+    async def _write_loop(self, call, queue: asyncio.Queue) -> None:
+        """Sends the AppOpen, then the acks in order (every ack waiting as one message) until cancelled or
+        the call can take no more."""
         try:
+            await call.write(spb.AppUpstream(open=self.open_msg))
             while True:
-                await call.write(await queue.get())
+                ref = await queue.get()
+                if not self._batched:
+                    await call.write(spb.AppUpstream(ack=spb.AppAck(ref=ref)))
+                    continue
+                refs = [ref]
+                while len(refs) < self.ACK_BATCH_MAX and not queue.empty():
+                    refs.append(queue.get_nowait())
+                await call.write(spb.AppUpstream(acks=spb.AppAckBatch(refs=refs)))
         except asyncio.CancelledError:
             raise
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
@@ -314,10 +340,11 @@ class AppStream:
         backoff = self._backoff_s
         client_id = self.open_msg.client_id
         loop = asyncio.get_running_loop()
+        on_records = self._on_records
         while True:
             queue: asyncio.Queue = asyncio.Queue()
-            queue.put_nowait(spb.AppUpstream(open=self.open_msg))
             self._queue = queue
+            self._batched = False
             call = self._stub.Deliver(metadata=grpc_metadata())
             writer = loop.create_task(self._write_loop(call, queue), name=f"app {client_id} writer")
             try:
@@ -325,8 +352,12 @@ class AppStream:
                     if not self.connected:
                         self.connected = True
                         backoff = self._backoff_s
-                    if down.HasField("record"):
-                        self._on_record(down.record)
+                    kind = down.WhichOneof("kind")
+                    if kind == "batch":
+                        self._batched = True
+                        on_records(down.batch.records)
+                    elif kind == "record":
+                        on_records((down.record,))
                 log.info("app-delivery stream of %s ended by %s; reopening", client_id, self.target)
             except grpc.aio.AioRpcError as exc:
                 log.warning("app-delivery stream of %s at %s failed: %s; retrying in %.1fs",

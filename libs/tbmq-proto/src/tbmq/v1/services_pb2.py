@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tbmq.v1 import messages_pb2 as tbmq_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tbmq/v1/services.proto\x12\x07tbmq.v1\x1a\x16tbmq/v1/messages.proto\"T\n\x17\x46\x65tchUndeliveredRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nservice_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"6\n\rDetachRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\"\n\x0e\x44\x65tachResponse\x12\x10\n\x08\x64\x65tached\x18\x01 \x01(\x08\"G\n\x18\x46\x65tchUndeliveredResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\"5\n\rPacketRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tpacket_id\x18\x02 \x01(\r\"\x1f\n\x0ePacketResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"c\n\x12PacketBatchRequest\x12$\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\x12\'\n\x07pubrecs\x18\x02 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\";\n\x13PacketBatchResponse\x12\x14\n\x0c\x61\x63knowledged\x18\x01 \x01(\r\x12\x0e\n\x06marked\x18\x02 \x01(\r\"!\n\x0c\x43learRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\" \n\rClearResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"[\n\x15\x41ppSharedSubscription\x12\x12\n\nshare_name\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x10\n\x03qos\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_qos\"y\n\x07\x41ppOpen\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x17\n\x0freceive_maximum\x18\x03 \x01(\r\x12.\n\x06shared\x18\x04 \x03(\x0b\x32\x1e.tbmq.v1.AppSharedSubscription\"@\n\x0c\x41ppRecordRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\",\n\x06\x41ppAck\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\"W\n\x0b\x41ppUpstream\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.tbmq.v1.AppOpenH\x00\x12\x1e\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0f.tbmq.v1.AppAckH\x00\x42\x06\n\x04kind\"e\n\tAppRecord\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\x12 \n\x03msg\x18\x02 \x01(\x0b\x32\x13.tbmq.v1.PublishMsg\x12\x12\n\nredelivery\x18\x03 \x01(\x08\"=\n\rAppDownstream\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x12.tbmq.v1.AppRecordH\x00\x42\x06\n\x04kind2\xac\x03\n\x11\x44\x65vicePersistence\x12W\n\x10\x46\x65tchUndelivered\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse\x12\x39\n\x06\x44\x65tach\x12\x16.tbmq.v1.DetachRequest\x1a\x17.tbmq.v1.DetachResponse\x12>\n\x0b\x41\x63knowledge\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12=\n\nMarkPubrec\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12L\n\x0f\x41\x63knowledgeMany\x12\x1b.tbmq.v1.PacketBatchRequest\x1a\x1c.tbmq.v1.PacketBatchResponse\x12\x36\n\x05\x43lear\x12\x15.tbmq.v1.ClearRequest\x1a\x16.tbmq.v1.ClearResponse2J\n\x0b\x41ppDelivery\x12;\n\x07\x44\x65liver\x12\x14.tbmq.v1.AppUpstream\x1a\x16.tbmq.v1.AppDownstream(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tbmq/v1/services.proto\x12\x07tbmq.v1\x1a\x16tbmq/v1/messages.proto\"T\n\x17\x46\x65tchUndeliveredRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nservice_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"6\n\rDetachRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\"\n\x0e\x44\x65tachResponse\x12\x10\n\x08\x64\x65tached\x18\x01 \x01(\x08\"G\n\x18\x46\x65tchUndeliveredResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\"5\n\rPacketRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tpacket_id\x18\x02 \x01(\r\"\x1f\n\x0ePacketResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"c\n\x12PacketBatchRequest\x12$\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\x12\'\n\x07pubrecs\x18\x02 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\";\n\x13PacketBatchResponse\x12\x14\n\x0c\x61\x63knowledged\x18\x01 \x01(\r\x12\x0e\n\x06marked\x18\x02 \x01(\r\"!\n\x0c\x43learRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\" \n\rClearResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"[\n\x15\x41ppSharedSubscription\x12\x12\n\nshare_name\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x10\n\x03qos\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_qos\"\x8a\x01\n\x07\x41ppOpen\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x17\n\x0freceive_maximum\x18\x03 \x01(\r\x12.\n\x06shared\x18\x04 \x03(\x0b\x32\x1e.tbmq.v1.AppSharedSubscription\x12\x0f\n\x07\x62\x61tches\x18\x05 \x01(\x08\"@\n\x0c\x41ppRecordRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\",\n\x06\x41ppAck\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\"2\n\x0b\x41ppAckBatch\x12#\n\x04refs\x18\x01 \x03(\x0b\x32\x15.tbmq.v1.AppRecordRef\"}\n\x0b\x41ppUpstream\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.tbmq.v1.AppOpenH\x00\x12\x1e\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0f.tbmq.v1.AppAckH\x00\x12$\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x14.tbmq.v1.AppAckBatchH\x00\x42\x06\n\x04kind\"e\n\tAppRecord\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\x12 \n\x03msg\x18\x02 \x01(\x0b\x32\x13.tbmq.v1.PublishMsg\x12\x12\n\nredelivery\x18\x03 \x01(\x08\"5\n\x0e\x41ppRecordBatch\x12#\n\x07records\x18\x01 \x03(\x0b\x32\x12.tbmq.v1.AppRecord\"g\n\rAppDownstream\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x12.tbmq.v1.AppRecordH\x00\x12(\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.tbmq.v1.AppRecordBatchH\x00\x42\x06\n\x04kind2\xac\x03\n\x11\x44\x65vicePersistence\x12W\n\x10\x46\x65tchUndelivered\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse\x12\x39\n\x06\x44\x65tach\x12\x16.tbmq.v1.DetachRequest\x1a\x17.tbmq.v1.DetachResponse\x12>\n\x0b\x41\x63knowledge\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12=\n\nMarkPubrec\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12L\n\x0f\x41\x63knowledgeMany\x12\x1b.tbmq.v1.PacketBatchRequest\x1a\x1c.tbmq.v1.PacketBatchResponse\x12\x36\n\x05\x43lear\x12\x15.tbmq.v1.ClearRequest\x1a\x16.tbmq.v1.ClearResponse2J\n\x0b\x41ppDelivery\x12;\n\x07\x44\x65liver\x12\x14.tbmq.v1.AppUpstream\x1a\x16.tbmq.v1.AppDownstream(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,20 +54,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLEARRESPONSE']._serialized_end=627
   _globals['_APPSHAREDSUBSCRIPTION']._serialized_start=629
   _globals['_APPSHAREDSUBSCRIPTION']._serialized_end=720
-  _globals['_APPOPEN']._serialized_start=722
-  _globals['_APPOPEN']._serialized_end=843
-  _globals['_APPRECORDREF']._serialized_start=845
-  _globals['_APPRECORDREF']._serialized_end=909
-  _globals['_APPACK']._serialized_start=911
-  _globals['_APPACK']._serialized_end=955
-  _globals['_APPUPSTREAM']._serialized_start=957
-  _globals['_APPUPSTREAM']._serialized_end=1044
-  _globals['_APPRECORD']._serialized_start=1046
-  _globals['_APPRECORD']._serialized_end=1147
-  _globals['_APPDOWNSTREAM']._serialized_start=1149
-  _globals['_APPDOWNSTREAM']._serialized_end=1210
-  _globals['_DEVICEPERSISTENCE']._serialized_start=1213
-  _globals['_DEVICEPERSISTENCE']._serialized_end=1641
-  _globals['_APPDELIVERY']._serialized_start=1643
-  _globals['_APPDELIVERY']._serialized_end=1717
+  _globals['_APPOPEN']._serialized_start=723
+  _globals['_APPOPEN']._serialized_end=861
+  _globals['_APPRECORDREF']._serialized_start=863
+  _globals['_APPRECORDREF']._serialized_end=927
+  _globals['_APPACK']._serialized_start=929
+  _globals['_APPACK']._serialized_end=973
+  _globals['_APPACKBATCH']._serialized_start=975
+  _globals['_APPACKBATCH']._serialized_end=1025
+  _globals['_APPUPSTREAM']._serialized_start=1027
+  _globals['_APPUPSTREAM']._serialized_end=1152
+  _globals['_APPRECORD']._serialized_start=1154
+  _globals['_APPRECORD']._serialized_end=1255
+  _globals['_APPRECORDBATCH']._serialized_start=1257
+  _globals['_APPRECORDBATCH']._serialized_end=1310
+  _globals['_APPDOWNSTREAM']._serialized_start=1312
+  _globals['_APPDOWNSTREAM']._serialized_end=1415
+  _globals['_DEVICEPERSISTENCE']._serialized_start=1418
+  _globals['_DEVICEPERSISTENCE']._serialized_end=1846
+  _globals['_APPDELIVERY']._serialized_start=1848
+  _globals['_APPDELIVERY']._serialized_end=1922
 # @@protoc_insertion_point(module_scope)

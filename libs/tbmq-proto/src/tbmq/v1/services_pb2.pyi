@@ -90,16 +90,18 @@ class AppSharedSubscription(_message.Message):
     def __init__(self, share_name: _Optional[str] = ..., topic_filter: _Optional[str] = ..., qos: _Optional[int] = ...) -> None: ...
 
 class AppOpen(_message.Message):
-    __slots__ = ("client_id", "session_id", "receive_maximum", "shared")
+    __slots__ = ("client_id", "session_id", "receive_maximum", "shared", "batches")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_MAXIMUM_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     session_id: str
     receive_maximum: int
     shared: _containers.RepeatedCompositeFieldContainer[AppSharedSubscription]
-    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., receive_maximum: _Optional[int] = ..., shared: _Optional[_Iterable[_Union[AppSharedSubscription, _Mapping]]] = ...) -> None: ...
+    batches: bool
+    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., receive_maximum: _Optional[int] = ..., shared: _Optional[_Iterable[_Union[AppSharedSubscription, _Mapping]]] = ..., batches: _Optional[bool] = ...) -> None: ...
 
 class AppRecordRef(_message.Message):
     __slots__ = ("topic", "partition", "offset")
@@ -117,13 +119,21 @@ class AppAck(_message.Message):
     ref: AppRecordRef
     def __init__(self, ref: _Optional[_Union[AppRecordRef, _Mapping]] = ...) -> None: ...
 
+class AppAckBatch(_message.Message):
+    __slots__ = ("refs",)
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    refs: _containers.RepeatedCompositeFieldContainer[AppRecordRef]
+    def __init__(self, refs: _Optional[_Iterable[_Union[AppRecordRef, _Mapping]]] = ...) -> None: ...
+
 class AppUpstream(_message.Message):
-    __slots__ = ("open", "ack")
+    __slots__ = ("open", "ack", "acks")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
     open: AppOpen
     ack: AppAck
-    def __init__(self, open: _Optional[_Union[AppOpen, _Mapping]] = ..., ack: _Optional[_Union[AppAck, _Mapping]] = ...) -> None: ...
+    acks: AppAckBatch
+    def __init__(self, open: _Optional[_Union[AppOpen, _Mapping]] = ..., ack: _Optional[_Union[AppAck, _Mapping]] = ..., acks: _Optional[_Union[AppAckBatch, _Mapping]] = ...) -> None: ...
 
 class AppRecord(_message.Message):
     __slots__ = ("ref", "msg", "redelivery")
@@ -135,8 +145,16 @@ class AppRecord(_message.Message):
     redelivery: bool
     def __init__(self, ref: _Optional[_Union[AppRecordRef, _Mapping]] = ..., msg: _Optional[_Union[_messages_pb2.PublishMsg, _Mapping]] = ..., redelivery: _Optional[bool] = ...) -> None: ...
 
+class AppRecordBatch(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[AppRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[AppRecord, _Mapping]]] = ...) -> None: ...
+
 class AppDownstream(_message.Message):
-    __slots__ = ("record",)
+    __slots__ = ("record", "batch")
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     record: AppRecord
-    def __init__(self, record: _Optional[_Union[AppRecord, _Mapping]] = ...) -> None: ...
+    batch: AppRecordBatch
+    def __init__(self, record: _Optional[_Union[AppRecord, _Mapping]] = ..., batch: _Optional[_Union[AppRecordBatch, _Mapping]] = ...) -> None: ...

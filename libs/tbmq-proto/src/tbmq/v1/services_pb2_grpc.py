@@ -367,6 +367,9 @@ class AppDeliveryServicer:
         """The connector opens one stream per connected APPLICATION client: the first message up is an
         AppOpen, then acknowledgements; messages come down in topic order. Closing the stream (or the
         connector dying) leaves every unacknowledged message to be redelivered.
+        Batches are negotiated: app-delivery sends AppRecordBatch only to a stream whose AppOpen.batches is
+        set (else one AppRecord per message), and accepts AppAck and AppAckBatch from any stream; a
+        connector sends AppAckBatch only once a batch came down (a server that sends batches takes them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
