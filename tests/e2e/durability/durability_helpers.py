@@ -8,15 +8,35 @@ ones of tests/e2e/mqtt_clients.py.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
 
 from mqtt_clients import Client, real, routed, run, wait_until
+from tbmq_launcher.kafka import KafkaBroker
+from tbmq_launcher.launcher import Suite, new_tag
 
-__all__ = ["SeqPublisher", "SeqSubscriber", "heal", "Verdict", "verdict", "crash_scenario", "START_TIMEOUT"]
+__all__ = ["SeqPublisher", "SeqSubscriber", "heal", "Verdict", "verdict", "crash_scenario", "running_suite",
+           "START_TIMEOUT"]
 
 START_TIMEOUT = 180.0  # per service: the machine is shared and slow
+
+
+@contextlib.asynccontextmanager
+async def running_suite(kafka, tmp_path_factory, name: str, services: list[str], **options):
+    """A started Suite on free ports sharing the session's Kafka (2 connectors unless `options` say
+    otherwise), stopped at the end."""
+    options.setdefault("connectors", 2)
+    s = Suite(services=services, ports="free", log_format="json", id_tag=new_tag(),
+              run_dir=tmp_path_factory.mktemp(name), start_timeout=START_TIMEOUT, stop_timeout=15,
+              kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers, **options)
+    await s.start()
+    print(f"\n{name} ready in {s.start_seconds:.1f}s, run dir {s.run_dir}")
+    try:
+        yield s
+    finally:
+        await s.stop()
 
 
 async def heal(suite) -> None:

@@ -17,25 +17,17 @@ Run: .venv/bin/pytest tests/e2e/durability/test_durability_forward.py -q -rA -s
 from __future__ import annotations
 
 import pytest
-from durability_helpers import START_TIMEOUT, crash_scenario, heal
-from tbmq_launcher.kafka import KafkaBroker
-from tbmq_launcher.launcher import Suite, new_tag
+from durability_helpers import crash_scenario, heal, running_suite
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
 async def fsuite(kafka, tmp_path_factory):
-    s = Suite(services=["session-registry", "device-persistence", "router", "connector"], connectors=2,
-              instances={"device-persistence": 2}, ports="free", log_format="json", id_tag=new_tag(),
-              run_dir=tmp_path_factory.mktemp("suite-forward"), start_timeout=START_TIMEOUT, stop_timeout=15,
-              kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers)
-    await s.start()
-    print(f"\nforward durability suite ready in {s.start_seconds:.1f}s, run dir {s.run_dir}")
-    try:
+    async with running_suite(kafka, tmp_path_factory, "suite-forward",
+                             ["session-registry", "device-persistence", "router", "connector"],
+                             instances={"device-persistence": 2}) as s:
         yield s
-    finally:
-        await s.stop()
 
 
 @pytest.fixture

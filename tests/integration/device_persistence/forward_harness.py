@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from collections.abc import Callable
 
@@ -111,12 +110,3 @@ class ForwardClient:
         assert len(self.messages) >= n, f"stream ended ({self.code}) after {len(self.messages)} forwards"
         return self.messages
 
-
-async def readyz(port: int) -> dict:
-    """The /readyz JSON of a service (its health details)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
-    await writer.drain()
-    data = await reader.read()
-    writer.close()
-    return json.loads(data.split(b"\r\n\r\n", 1)[1])

@@ -11,12 +11,13 @@ import uuid
 
 import grpc
 import pytest
-from forward_harness import BOUND, ForwardClient, readyz, wait_until
+from forward_harness import BOUND, ForwardClient, wait_until
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_launcher.services import readyz
 from tbmq_platform.kafka import make_producer
 from tbmq_platform.topics import MSG_PERSISTED
 

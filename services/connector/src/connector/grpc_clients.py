@@ -32,6 +32,18 @@ CHANNEL_OPTIONS = (
 )
 
 
+async def write_loop(call, queue: asyncio.Queue) -> None:
+    """Sends the queue up a bidi call, in order, until cancelled or the call can take no more (one writer
+    task per stream attempt: AppStream, ForwardLink)."""
+    try:
+        while True:
+            await call.write(await queue.get())
+    except asyncio.CancelledError:
+        raise
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+        pass  # the call is over: the read side reports how, and the attempt ends
+
+
 def pick_target(targets: tuple[str, ...], client_id: str) -> str:
     """A client id is pinned to one app-delivery instance by a stable hash (CRC-32 of its UTF-8)."""
     return targets[zlib.crc32(client_id.encode("utf-8")) % len(targets)]
@@ -277,7 +289,7 @@ class ForwardLink:
             queue.put_nowait(spb.ForwardUp(open=spb.ForwardOpen(service_id=self.service_id)))
             self._queue = queue
             call = self._stub.Forward(metadata=grpc_metadata())
-            writer = loop.create_task(AppStream._write_loop(call, queue), name=f"forward {self.target} writer")
+            writer = loop.create_task(write_loop(call, queue), name=f"forward {self.target} writer")
             try:
                 async for down in call:
                     kind = down.WhichOneof("kind")
@@ -468,17 +480,6 @@ class AppStream:
         if self._queue is not None:
             self._queue.put_nowait(spb.AppUpstream(ack=spb.AppAck(ref=ref)))
 
-    @staticmethod
-    async def _write_loop(call, queue: asyncio.Queue) -> None:
-        """Sends the queue up the call, in order, until cancelled or the call can take no more."""
-        try:
-            while True:
-                await call.write(await queue.get())
-        except asyncio.CancelledError:
-            raise
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-            pass  # the call is over: the read side reports how, and the attempt ends
-
     async def _run(self) -> None:
         backoff = self._backoff_s
         client_id = self.open_msg.client_id
@@ -488,7 +489,7 @@ class AppStream:
             queue.put_nowait(spb.AppUpstream(open=self.open_msg))
             self._queue = queue
             call = self._stub.Deliver(metadata=grpc_metadata())
-            writer = loop.create_task(self._write_loop(call, queue), name=f"app {client_id} writer")
+            writer = loop.create_task(write_loop(call, queue), name=f"app {client_id} writer")
             try:
                 async for down in call:
                     if not self.connected:
