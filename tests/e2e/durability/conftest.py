@@ -3,17 +3,33 @@ device-persistence (+ app-delivery when it has an entry point), client ids `app-
 
 Every test kills one service and starts it again; `healed` (autouse) restarts whatever a failed test left
 dead, so one failure does not cascade.
+
+Tests with a suite of their own (test_durability_forward.py: two device-persistence instances) run first,
+before `dsuite` exists: two suites on one Kafka would split the routers', registries' and
+device-persistence instances' consumer groups between them (a message routed by the other suite's router
+never reaches this suite's subscriber).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 from durability_helpers import heal, running_suite
 
 HAS_APP_DELIVERY = importlib.util.find_spec("app_delivery.__main__") is not None
 APP_PATTERN = "app-.*"
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    slots = [n for n, item in enumerate(items) if item.path.parent == here]
+    ours = [items[n] for n in slots]
+    ordered = ([i for i in ours if "dsuite" not in i.fixturenames]
+               + [i for i in ours if "dsuite" in i.fixturenames])
+    for n, item in zip(slots, ordered):
+        items[n] = item
 
 
 @pytest.fixture(scope="package")
