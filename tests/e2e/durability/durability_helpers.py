@@ -106,7 +106,11 @@ class SeqPublisher:
         try:
             while not self._stop.is_set():
                 for seq, info in list(self.inflight.items()):
-                    if info.is_published():
+                    try:
+                        published = info.is_published()
+                    except RuntimeError:  # published while the connection was dropping: re-sent on reconnect
+                        published = False
+                    if published:
                         self.acked.add(seq)
                         del self.inflight[seq]
                 if self.client.disconnected is not None:
