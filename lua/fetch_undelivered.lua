@@ -7,6 +7,8 @@ KEYS:
            client's new messages are forwarded to
 ARGV:
   ARGV[1]  (with KEYS[2]) the attachment value "<service_id>|<session_id>"
+  ARGV[2]  (optional) "check": do not attach; read only when KEYS[2] already holds ARGV[1], else
+           return -1 (a re-sync of a connection must never take the attachment back from a newer one)
 Returns: a flat array {pid_1, serial_1, value_1, ..., pid_n, serial_n, value_n} ordered by serial
   (never by packet id), value = 1 type byte ("P" PUBLISH / "R" PUBREL) + serialized tbmq.v1.PublishMsg.
   References whose message key has expired (TTL / message expiry) are removed from the ZSET (lazy
@@ -16,10 +18,17 @@ Returns: a flat array {pid_1, serial_1, value_1, ..., pid_n, serial_n, value_n} 
   runs entirely before or entirely after this script (same slot, scripts are atomic), so a message
   saved before it is in this answer and a message saved after it sees the new attachment and is
   forwarded to that connection: none is stranded while the client reconnects.
+  With ARGV[2] = "check", nothing is written except the lazy cleanup; -1 = not attached to ARGV[1].
 Cost: O(n) in the client's stored messages (at most the limit, <= 65535) in one atomic step.
 ]]
 if KEYS[2] then
-  redis.call('SET', KEYS[2], ARGV[1])
+  if ARGV[2] == 'check' then
+    if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+      return -1
+    end
+  else
+    redis.call('SET', KEYS[2], ARGV[1])
+  end
 end
 local zkey = KEYS[1]
 local plen = #zkey + 2

@@ -27,8 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from tbmq_launcher.kafka import KafkaBroker
-from tbmq_launcher.launcher import Suite, new_tag
+# The tests fork service processes (the launcher's preexec_fn runs in the child) while in-process gRPC
+# fakes and clients have live streams (connectors keep Forward streams open): grpc's fork handlers then
+# skip ("Other threads are currently calling into gRPC") and the child can crash before exec. The test
+# process never needs gRPC in a forked child (children exec at once), so fork support is off.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from tbmq_launcher.kafka import KafkaBroker  # noqa: E402
+from tbmq_launcher.launcher import Suite, new_tag  # noqa: E402
 
 
 class ExternalKafka:

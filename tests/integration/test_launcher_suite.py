@@ -200,6 +200,9 @@ async def test_port_plan_and_environment_of_the_real_services():
     env = s.service_environment("connector", 2)
     assert env["MQTT_PORT"] == "1884" and env["TBMQ_SERVICE_ID"] == "connector-2"
     assert env["DEVICE_PERSISTENCE_GRPC_TARGET"] == "localhost:50061"
+    assert env["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:50061"
+    assert Suite(instances={"device-persistence": 2}, run_dir="/tmp/unused").service_environment(
+        "connector")["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:50061,localhost:50161"
     assert env["APP_DELIVERY_GRPC_TARGETS"] == "localhost:50062,localhost:50162"
     assert s.service_environment("device-persistence")["DEVICE_PERSISTENCE_GRPC_PORT"] == "50061"
     assert s.service_environment("app-delivery", 2)["APP_DELIVERY_GRPC_PORT"] == "50162"

@@ -196,14 +196,23 @@ def recv_until_closed(s: socket.socket, timeout: float = BOUND) -> bytes:
 # ------------------------------------------------------------------------------------------ fake device-persistence
 class FakeDevicePersistence:
     """A DevicePersistence gRPC server (on the FakeRegistry's loop): `stored[client_id]` is what
-    FetchUndelivered returns; every call is recorded in `calls` as (method, client_id, value)."""
+    FetchUndelivered returns; every call is recorded in `calls` as (method, client_id, value), the
+    acknowledgements that come up a Forward stream like those of AcknowledgeMany. `streams` holds the
+    open Forward streams by service id; `forward(service_id, messages)` sends a batch down one."""
 
     def __init__(self, registry: FakeRegistry) -> None:
         self._loop = registry._loop
         self.stored: dict[str, list] = {}
         self.calls: list[tuple] = []
+        self.streams: dict[str, asyncio.Queue] = {}
         self.port = 0
         self._server = None
+
+    def forward(self, service_id: str, messages) -> None:
+        from tbmq.v1 import services_pb2 as spb
+
+        down = spb.ForwardDown(batch=spb.ForwardBatch(messages=list(messages)))
+        self._loop.call_soon_threadsafe(self.streams[service_id].put_nowait, down)
 
     def start(self) -> "FakeDevicePersistence":
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
@@ -247,6 +256,33 @@ class FakeDevicePersistence:
             async def Clear(self, request, context):
                 fake.calls.append(("clear", request.client_id, None))
                 return spb.ClearResponse(removed=0)
+
+            async def Forward(self, request_iterator, context):
+                requests = request_iterator.__aiter__()
+                first = await requests.__anext__()
+                service_id = first.open.service_id
+                queue: asyncio.Queue = asyncio.Queue()
+                fake.streams[service_id] = queue
+                queue.put_nowait(spb.ForwardDown(ready=spb.ForwardReady(instance_id="fake")))
+
+                async def read_acks():
+                    async for up in requests:
+                        b = up.acks.batch
+                        for p in b.pubrecs:
+                            fake.calls.append(("pubrec", p.client_id, p.packet_id))
+                        for a in b.acks:
+                            fake.calls.append(("ack", a.client_id, a.packet_id))
+                        queue.put_nowait(spb.ForwardDown(acked=spb.ForwardAcked(
+                            seq=up.acks.seq, acknowledged=len(b.acks), marked=len(b.pubrecs))))
+
+                reader = asyncio.ensure_future(read_acks())
+                try:
+                    while True:
+                        await context.write(await queue.get())
+                finally:
+                    reader.cancel()
+                    if fake.streams.get(service_id) is queue:
+                        del fake.streams[service_id]
 
         self._server = grpc.aio.server()
         sgrpc.add_DevicePersistenceServicer_to_server(Servicer(), self._server)

@@ -25,7 +25,6 @@ from tbmq_platform.topics import (
     SESSION_EVENT_REQUEST,
     disconnect_topic,
     downlink_basic_topic,
-    downlink_persisted_topic,
 )
 
 pytestmark = [pytest.mark.e2e]
@@ -454,8 +453,8 @@ async def test_invalid_filters_fail_per_filter_and_no_local_on_shared_is_a_proto
 
 async def test_persistent_device_stored_then_live_messages(connectors, registry, device_store, unique, producer):
     """FetchUndelivered after CONNACK: stored PUBLISH (DUP=1) and PUBREL in order, then live ones from
-    tbmq.msg.downlink.persisted (duplicates by serial skipped); PUBACK/PUBCOMP -> Acknowledge and
-    PUBREC -> MarkPubrec (batched in AcknowledgeMany) + PUBREL, connection end -> Detach."""
+    the connector's Forward stream (duplicates by serial skipped); PUBACK/PUBCOMP -> acknowledge and
+    PUBREC -> mark (batched, up the Forward stream) + PUBREL, connection end -> Detach."""
     from tbmq_mqtt import (MQTT_5, Connect, MqttDecoder, Properties, PubAck, PubComp, Publish, PubRec,
                            PubRel, Role, encode)
 
@@ -484,12 +483,13 @@ async def test_persistent_device_stored_then_live_messages(connectors, registry,
     assert first.packet_id == 1 and first.dup and first.payload == b"stored"
     await run(read_until, lambda p: isinstance(p, PubRel) and p.packet_id == 2)
     s.sendall(encode(PubAck(1), MQTT_5) + encode(PubComp(2), MQTT_5))
-    # live: one duplicate (serial 11) and one new (serial 12, QoS 2)
-    for serial, pid in ((11, 2), (12, 3)):
-        dm = pb.DevicePublishMsg(client_id=cid, packet_id=pid, serial=serial, msg=pb.PublishMsg(
+    # live: one duplicate (serial 11) and one new (serial 12, QoS 2), in one forward batch
+    service_id = connectors.connector_ids[0]
+    await poll(lambda: service_id in device_store.streams, BOUND)
+    device_store.forward(service_id, [
+        pb.DevicePublishMsg(client_id=cid, packet_id=pid, serial=serial, msg=pb.PublishMsg(
             topic="d/live", payload=b"live%d" % serial, qos=2, created_at_ms=now))
-        await producer.send_and_wait(downlink_persisted_topic(connectors.connector_ids[0]),
-                                     dm.SerializeToString(), key=cid.encode())
+        for serial, pid in ((11, 2), (12, 3))])
     live = await run(read_until, lambda p: isinstance(p, Publish) and p.topic == "d/live")
     assert live.packet_id == 3 and live.payload == b"live12" and not live.dup and live.qos == 2
     s.sendall(encode(PubRec(3), MQTT_5))

@@ -3,19 +3,33 @@ device-persistence (+ app-delivery when it has an entry point), client ids `app-
 
 Every test kills one service and starts it again; `healed` (autouse) restarts whatever a failed test left
 dead, so one failure does not cascade.
+
+Tests with a suite of their own (test_durability_forward.py: two device-persistence instances) run first,
+before `dsuite` exists: two suites on one Kafka would split the routers', registries' and
+device-persistence instances' consumer groups between them (a message routed by the other suite's router
+never reaches this suite's subscriber).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
-from durability_helpers import START_TIMEOUT, heal
-from tbmq_launcher.kafka import KafkaBroker
-from tbmq_launcher.launcher import Suite, new_tag
+from durability_helpers import heal, running_suite
 
 HAS_APP_DELIVERY = importlib.util.find_spec("app_delivery.__main__") is not None
 APP_PATTERN = "app-.*"
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    slots = [n for n, item in enumerate(items) if item.path.parent == here]
+    ours = [items[n] for n in slots]
+    ordered = ([i for i in ours if "dsuite" not in i.fixturenames]
+               + [i for i in ours if "dsuite" in i.fixturenames])
+    for n, item in zip(slots, ordered):
+        items[n] = item
 
 
 @pytest.fixture(scope="package")
@@ -23,16 +37,10 @@ async def dsuite(kafka, tmp_path_factory):
     services = ["session-registry", "device-persistence", "router", "connector"]
     if HAS_APP_DELIVERY:
         services.insert(2, "app-delivery")
-    s = Suite(services=services, connectors=2, ports="free", log_format="json", id_tag=new_tag(),
-              run_dir=tmp_path_factory.mktemp("suite-durability"), start_timeout=START_TIMEOUT,
-              stop_timeout=15, kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers,
-              service_env={"session-registry": {"TBMQ_APPLICATION_CLIENT_ID_PATTERNS": APP_PATTERN}})
-    await s.start()
-    print(f"\ndurability suite ready in {s.start_seconds:.1f}s, run dir {s.run_dir}")
-    try:
+    async with running_suite(kafka, tmp_path_factory, "suite-durability", services,
+                             service_env={"session-registry": {"TBMQ_APPLICATION_CLIENT_ID_PATTERNS": APP_PATTERN}}
+                             ) as s:
         yield s
-    finally:
-        await s.stop()
 
 
 @pytest.fixture

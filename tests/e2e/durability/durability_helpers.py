@@ -8,15 +8,35 @@ ones of tests/e2e/mqtt_clients.py.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
 
 from mqtt_clients import Client, real, routed, run, wait_until
+from tbmq_launcher.kafka import KafkaBroker
+from tbmq_launcher.launcher import Suite, new_tag
 
-__all__ = ["SeqPublisher", "SeqSubscriber", "heal", "Verdict", "verdict", "crash_scenario", "START_TIMEOUT"]
+__all__ = ["SeqPublisher", "SeqSubscriber", "heal", "Verdict", "verdict", "crash_scenario", "running_suite",
+           "START_TIMEOUT"]
 
 START_TIMEOUT = 180.0  # per service: the machine is shared and slow
+
+
+@contextlib.asynccontextmanager
+async def running_suite(kafka, tmp_path_factory, name: str, services: list[str], **options):
+    """A started Suite on free ports sharing the session's Kafka (2 connectors unless `options` say
+    otherwise), stopped at the end."""
+    options.setdefault("connectors", 2)
+    s = Suite(services=services, ports="free", log_format="json", id_tag=new_tag(),
+              run_dir=tmp_path_factory.mktemp(name), start_timeout=START_TIMEOUT, stop_timeout=15,
+              kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers, **options)
+    await s.start()
+    print(f"\n{name} ready in {s.start_seconds:.1f}s, run dir {s.run_dir}")
+    try:
+        yield s
+    finally:
+        await s.stop()
 
 
 async def heal(suite) -> None:
@@ -86,7 +106,11 @@ class SeqPublisher:
         try:
             while not self._stop.is_set():
                 for seq, info in list(self.inflight.items()):
-                    if info.is_published():
+                    try:
+                        published = info.is_published()
+                    except RuntimeError:  # published while the connection was dropping: re-sent on reconnect
+                        published = False
+                    if published:
                         self.acked.add(seq)
                         del self.inflight[seq]
                 if self.client.disconnected is not None:
@@ -202,11 +226,13 @@ PHASE = 150  # messages per phase: before the kill, while the victim is down, af
 
 
 async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, client_prefix: str = "dev",
-                         sub_offline_while_down: bool = False, sub_back_while_down: bool = False) -> Verdict:
+                         sub_offline_while_down: bool = False, sub_back_while_down: bool = False,
+                         pairs: int = 1) -> list[Verdict]:
     """Subscriber (persistent, QoS 1) on connector 1, publisher on connector 2; publish PHASE messages,
     SIGKILL `victim` once 2/3 of them are acknowledged (the rest are in flight or still to be sent), publish
     PHASE more while it is down, start it again, publish PHASE more; then every acknowledged number must
-    reach the subscriber (duplicates allowed), first occurrences in order.
+    reach the subscriber (duplicates allowed), first occurrences in order. `pairs` such publisher/subscriber
+    pairs (each its own topic) run at once.
 
     Killing the subscriber's connector (connector 1) makes the subscriber reconnect to connector 2 with the
     same client id and clean_session=False; killing the publisher's (connector 2) makes the publisher
@@ -215,51 +241,74 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
     and comes back, on the other connector, after the restart (or, `sub_back_while_down`, while the victim
     is still down): session present, nothing missed, no further reconnect needed."""
     u = unique(client_prefix)
-    topic = f"dur/{u}"
     ports = suite.mqtt_ports
-    sub = SeqSubscriber(f"{u}-sub", topic)
-    await run(sub.connect, ports[0])
-    probe = Client(f"probe-{u}", v5=False)  # publisher/probe ids never match the APPLICATION pattern
-    await run(probe.connect, ports[1])
-    await routed(probe, sub.client, topic, 1, timeout=90)
-    await run(probe.close)
-    pub = SeqPublisher(f"pub-{u}", topic, ports, ports[1])
-    await run(pub.start)
+    subs: list[SeqSubscriber] = []
+    pubs: list[SeqPublisher] = []
+    for i in range(pairs):
+        topic = f"dur/{u}/{i}"
+        sub = SeqSubscriber(f"{u}-sub{i}" if pairs > 1 else f"{u}-sub", topic)
+        await run(sub.connect, ports[0])
+        subs.append(sub)
+        probe = Client(f"probe-{u}-{i}", v5=False)  # publisher/probe ids never match the APPLICATION pattern
+        await run(probe.connect, ports[1])
+        await routed(probe, sub.client, topic, 1, timeout=90)
+        await run(probe.close)
+    for i, sub in enumerate(subs):
+        pub = SeqPublisher(f"pub-{u}-{i}" if pairs > 1 else f"pub-{u}", sub.topic, ports, ports[1])
+        await run(pub.start)
+        pubs.append(pub)
+
+    def all_done() -> bool:
+        return all(p.done for p in pubs) or any(p.error for p in pubs)
+
     t0 = time.monotonic()
     phases = {}
     try:
-        pub.target = PHASE
-        await wait_until(lambda: len(pub.acked) >= 2 * PHASE // 3 or pub.error, 120, "first acks")
+        for pub in pubs:
+            pub.target = PHASE
+        await wait_until(lambda: all(len(p.acked) >= 2 * PHASE // 3 for p in pubs) or any(p.error for p in pubs),
+                         120, "first acks")
         rc = await suite.kill_service(victim, instance)
-        phases["killed_at_acked"] = len(pub.acked)
+        phases["killed_at_acked"] = [len(p.acked) for p in pubs]
         assert rc == -9, f"{victim}-{instance} exit code {rc}"
-        if victim == "connector" and instance == 1:  # the subscriber's connector
-            await wait_until(lambda: sub.client.disconnected is not None, 30, "subscriber disconnect")
-            await run(sub.reconnect, [ports[1]])
-        if sub_offline_while_down:
-            await run(sub.go_offline)
-            if sub_back_while_down:
+        if victim == "connector" and instance == 1:  # the subscribers' connector
+            for sub in subs:
+                await wait_until(lambda: sub.client.disconnected is not None, 30, "subscriber disconnect")
                 await run(sub.reconnect, [ports[1]])
-        pub.target = 2 * PHASE
-        await wait_until(lambda: pub.done or pub.error, 120, "acks while the victim is down")
-        phases["down_acked"] = len(pub.acked)
+        if sub_offline_while_down:
+            for sub in subs:
+                await run(sub.go_offline)
+                if sub_back_while_down:
+                    await run(sub.reconnect, [ports[1]])
+        for pub in pubs:
+            pub.target = 2 * PHASE
+        await wait_until(all_done, 120, "acks while the victim is down")
+        phases["down_acked"] = [len(p.acked) for p in pubs]
         t_start = time.monotonic()
         await suite.start_service(victim, instance)
         phases["restart_s"] = round(time.monotonic() - t_start, 1)
         if sub_offline_while_down and not sub_back_while_down:
-            await run(sub.reconnect, [ports[1]])
-        pub.target = 3 * PHASE
-        await wait_until(lambda: pub.done or pub.error, 120, "acks after the restart")
-        assert pub.error is None, f"publisher thread failed: {pub.error!r}"
-        await wait_until(lambda: pub.acked <= set(sub.seqs()), 120, "every acknowledged message at the subscriber")
+            for sub in subs:
+                await run(sub.reconnect, [ports[1]])
+        for pub in pubs:
+            pub.target = 3 * PHASE
+        await wait_until(all_done, 120, "acks after the restart")
+        for pub in pubs:
+            assert pub.error is None, f"publisher thread failed: {pub.error!r}"
+        await wait_until(lambda: all(p.acked <= set(s.seqs()) for p, s in zip(pubs, subs)), 120,
+                         "every acknowledged message at the subscriber")
     finally:
-        pub.stop()
-        await run(sub.close)
-        v = verdict(pub, sub)
-        print(f"\n[{victim}-{instance}] {v.summary()} phases={phases} pub_reconnects={pub.reconnects} "
-              f"resent={pub.resent} sub_reconnects={sub.reconnects} session_present={sub.session_present} "
-              f"stream_s={time.monotonic() - t0:.1f}")
-    assert not v.missing, f"acknowledged messages lost: {v.summary()}"
-    assert not v.out_of_order, f"order broken: {v.summary()}"
-    assert all(sub.session_present[1:]), f"session not present on reconnect: {sub.session_present}"
-    return v
+        verdicts = []
+        for pub, sub in zip(pubs, subs):
+            pub.stop()
+            await run(sub.close)
+            v = verdict(pub, sub)
+            verdicts.append(v)
+            print(f"\n[{victim}-{instance}] {sub.client_id}: {v.summary()} phases={phases} "
+                  f"pub_reconnects={pub.reconnects} resent={pub.resent} sub_reconnects={sub.reconnects} "
+                  f"session_present={sub.session_present} stream_s={time.monotonic() - t0:.1f}")
+    for v, sub in zip(verdicts, subs):
+        assert not v.missing, f"{sub.client_id}: acknowledged messages lost: {v.summary()}"
+        assert not v.out_of_order, f"{sub.client_id}: order broken: {v.summary()}"
+        assert all(sub.session_present[1:]), f"session not present on reconnect: {sub.session_present}"
+    return verdicts

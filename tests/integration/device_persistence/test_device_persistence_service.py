@@ -1,6 +1,6 @@
 """The device-persistence service as a subprocess (tbmq-launcher Suite) with REAL Kafka and REAL Redis,
 standalone and cluster: PersistedMsg records in, a gRPC client playing the connector, forwards read from
-tbmq.msg.downlink.persisted.<fake connector id>."""
+the fake connector's DevicePersistence.Forward stream (forward_harness.ForwardClient)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,35 @@ import uuid
 
 import grpc
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from forward_harness import BOUND, ForwardClient, wait_until
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_launcher.services import readyz
 from tbmq_platform.kafka import make_producer
-from tbmq_platform.topics import MSG_PERSISTED, downlink_persisted_topic
+from tbmq_platform.topics import MSG_PERSISTED
 
 from device_persistence.store import DeviceMsgStore, StoreConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
-BOUND = 30.0
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def dp_suite(kafka, tmp_path_factory, *, cluster: bool = False, env=None) -> Suite:
+    return Suite(services=["device-persistence"], connectors=0, ports="free", log_format="json",
+                 id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("dp-suite"),
+                 redis_cluster=cluster, start_timeout=60, stop_timeout=15,
+                 service_env={"device-persistence": env or {}},
+                 kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers)
 
 
 @pytest.fixture(scope="module", params=["standalone", "cluster"])
 async def dp(request, kafka, tmp_path_factory):
     """device-persistence alone (plus Kafka and its own Redis) and handles to talk to it."""
-    suite = Suite(services=["device-persistence"], connectors=0, ports="free", log_format="json",
-                  id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("dp-suite"),
-                  redis_cluster=request.param == "cluster", start_timeout=60, stop_timeout=15,
-                  kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers)
+    suite = dp_suite(kafka, tmp_path_factory, cluster=request.param == "cluster")
     await suite.start()
     h = Handles(suite)
     try:
@@ -90,52 +95,13 @@ class Handles:
             await asyncio.sleep(0.1)
 
     async def fake_connector(self) -> str:
-        sid = f"fake-conn-{uuid.uuid4().hex[:8]}"
-        await self.suite.ensure_topics(extra_service_ids=[sid])
-        return sid
+        return f"fake-conn-{uuid.uuid4().hex[:8]}"
 
+    def forward(self, service_id: str, *, read: bool = True) -> ForwardClient:
+        return ForwardClient(self.stub, service_id, read=read)
 
-class Downlink:
-    """Reads tbmq.msg.downlink.persisted.<svc> of fake connectors from their beginning."""
-
-    def __init__(self, bootstrap: str, *service_ids: str) -> None:
-        self.topics = [downlink_persisted_topic(s) for s in service_ids]
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                         auto_offset_reset="earliest")
-        self.records: list = []
-
-    async def __aenter__(self) -> Downlink:
-        await self.consumer.start()
-        tps = []
-        for topic in self.topics:
-            for _ in range(100):
-                parts = self.consumer.partitions_for_topic(topic)
-                if parts:
-                    break
-                await self.consumer._client.force_metadata_update()
-                await asyncio.sleep(0.1)
-            tps += [TopicPartition(topic, p) for p in sorted(parts)]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_beginning(*tps)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.consumer.stop()
-
-    async def poll(self, timeout_ms: int = 200) -> list:
-        out = []
-        for tp, recs in (await self.consumer.getmany(timeout_ms=timeout_ms)).items():
-            out += [(tp.topic, r) for r in recs]
-        self.records += out
-        return out
-
-    async def wait_count(self, n: int, timeout: float = BOUND) -> list:
-        deadline = time.monotonic() + timeout
-        while len(self.records) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{len(self.records)} forwards, expected {n}")
-            await self.poll()
-        return self.records
+    async def details(self) -> dict:
+        return await readyz(self.suite.health_port("device-persistence"))
 
 
 def seqs(dms) -> list[int]:
@@ -148,7 +114,8 @@ async def test_fetch_attach_forward_ack_pubrec_clear(dp):
     await dp.publish(cid, range(50))
     await dp.wait_stored(cid, lambda got: len(got) == 50)
 
-    async with Downlink(dp.suite.bootstrap_servers, conn_a, conn_b) as down:
+    async with dp.forward(conn_a) as down_a, dp.forward(conn_b) as down_b:
+        assert down_a.ready.instance_id == dp.suite.instance("device-persistence").service_id
         resp = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
             client_id=cid, service_id=conn_a, session_id="s1"))
         assert seqs(resp.messages) == list(range(50))
@@ -156,15 +123,13 @@ async def test_fetch_attach_forward_ack_pubrec_clear(dp):
         assert [d.packet_id for d in resp.messages] == list(range(1, 51))
         assert all(d.client_id == cid and d.msg.topic == f"t/{cid}" for d in resp.messages)
 
-        await dp.publish(cid, range(50, 70))  # attached: forwarded to connector A
-        recs = await down.wait_count(20)
-        assert {t for t, _ in recs} == {downlink_persisted_topic(conn_a)}
-        fwd = [pb.DevicePublishMsg.FromString(r.value) for _, r in recs]
+        await dp.publish(cid, range(50, 70))  # attached: forwarded on connector A's stream
+        fwd = await down_a.wait_count(20)
         assert seqs(fwd) == list(range(50, 70))
         assert [d.serial for d in fwd] == list(range(51, 71))
         assert [d.packet_id for d in fwd] == list(range(51, 71))
-        assert all(r.key == cid.encode() for _, r in recs)
-        assert all(dict(r.headers).get("traceparent") == TRACEPARENT for _, r in recs)
+        assert all(d.client_id == cid for d in fwd)
+        assert down_b.messages == []
 
         for pid in range(1, 11):
             assert (await dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=pid))).found
@@ -177,20 +142,68 @@ async def test_fetch_attach_forward_ack_pubrec_clear(dp):
         assert seqs(resp.messages) == list(range(10, 70))
         assert resp.messages[0].packet_type == pb.DEVICE_PACKET_TYPE_PUBREL
         assert resp.messages[1].packet_type == pb.DEVICE_PACKET_TYPE_PUBLISH
+        # a re-sync of A's old session reads nothing: the client is attached to B's session now
+        resync = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+            client_id=cid, service_id=conn_a, session_id="s1", resync=True))
+        assert resync.not_attached and not resync.messages
+        assert (await dp.store.attachment(cid)).session_id == "s2"
+        resync = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+            client_id=cid, service_id=conn_b, session_id="s2", resync=True))
+        assert not resync.not_attached and seqs(resync.messages) == list(range(10, 70))
         assert not (await dp.stub.Detach(spb.DetachRequest(client_id=cid, session_id="s1"))).detached
         await dp.publish(cid, [70])
-        recs = await down.wait_count(21)
-        assert recs[-1][0] == downlink_persisted_topic(conn_b)
+        assert seqs(await down_b.wait_count(1)) == [70]
         assert (await dp.stub.Detach(spb.DetachRequest(client_id=cid, session_id="s2"))).detached
 
         await dp.publish(cid, [71])  # detached: stored only
         await dp.wait_stored(cid, lambda got: got[-1:] == [71])
-        await down.poll(1000)
-        assert len(down.records) == 21
+        assert len(down_a.messages) == 20 and len(down_b.messages) == 1
 
     assert (await dp.stub.Clear(spb.ClearRequest(client_id=cid))).removed == 62
     assert (await dp.stub.Clear(spb.ClearRequest(client_id=cid))).removed == 0
     assert await dp.stored(cid) == []
+
+
+async def test_acknowledgements_up_the_forward_stream(dp):
+    """Acknowledgement batches sent up a Forward stream are applied like AcknowledgeMany and answered
+    with the same seq; a bad packet id is refused (nothing applied) and the stream goes on."""
+    a, b = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    await dp.publish(a, range(5))
+    await dp.publish(b, range(3))
+    await dp.wait_stored(a, lambda got: len(got) == 5)
+    await dp.wait_stored(b, lambda got: len(got) == 3)
+    async with dp.forward(await dp.fake_connector()) as fwd:
+        acked = await fwd.acknowledge(acks=[(a, 1), (b, 1), (a, 2), (a, 4), (b, 9)], pubrecs=[(a, 3), (a, 4)])
+        assert acked.status == spb.FORWARD_ACK_STATUS_APPLIED
+        assert (acked.acknowledged, acked.marked) == (4, 2)
+        assert await dp.stored(a) == [2, 4] and await dp.stored(b) == [1, 2]
+        bad = await fwd.acknowledge(acks=[(b, 2)], pubrecs=[(b, 0)])
+        assert bad.status == spb.FORWARD_ACK_STATUS_INVALID_ARGUMENT and bad.detail
+        assert await dp.stored(b) == [1, 2]  # nothing applied
+        again = await fwd.acknowledge(acks=[(b, 2), (b, 3), (a, 1)])
+        assert again.status == spb.FORWARD_ACK_STATUS_APPLIED and again.acknowledged == 2
+        assert await dp.stored(b) == []
+    await dp.stub.Clear(spb.ClearRequest(client_id=a))
+
+
+async def test_a_newer_stream_of_the_same_service_replaces_the_older(dp):
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    conn = await dp.fake_connector()
+    async with dp.forward(conn) as old:
+        await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn, session_id="s"))
+        await dp.publish(cid, [0])
+        await old.wait_count(1)
+        async with dp.forward(conn) as new:
+            assert await old.wait_ended() == grpc.StatusCode.UNAVAILABLE
+            await dp.publish(cid, [1, 2])
+            assert seqs(await new.wait_count(2)) == [1, 2]
+        assert seqs(old.messages) == [0]
+    with pytest.raises(grpc.aio.AioRpcError) as e:  # the first message must be `open`
+        call = dp.stub.Forward()
+        await call.write(spb.ForwardUp(acks=spb.ForwardAcks(seq=1)))
+        await call.read()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    await dp.stub.Clear(spb.ClearRequest(client_id=cid))
 
 
 async def test_acknowledge_many(dp):
@@ -236,20 +249,21 @@ async def test_bad_requests(dp):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_forward_to_missing_connector_topic_does_not_stall(dp):
-    """A client attached to a connector whose topics are gone: its messages stay in Redis and the
-    other clients' batches go on."""
+async def test_forward_without_a_stream_does_not_stall(dp):
+    """A client attached to a connector that has no stream here: its messages stay in Redis (counted)
+    and the other clients' batches go on."""
     gone, alive = f"dev-{uuid.uuid4().hex[:8]}", f"dev-{uuid.uuid4().hex[:8]}"
     conn = await dp.fake_connector()
+    before = (await dp.details()).get("forward_no_stream", 0)
     await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
         client_id=gone, service_id=f"no-such-connector-{uuid.uuid4().hex[:6]}", session_id="s"))
     await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=alive, service_id=conn, session_id="s"))
-    async with Downlink(dp.suite.bootstrap_servers, conn) as down:
+    async with dp.forward(conn) as down:
         await dp.publish(gone, range(5))
         await dp.publish(alive, range(5))
         await dp.wait_stored(gone, lambda got: got == list(range(5)), timeout=15)
-        recs = await down.wait_count(5, timeout=15)
-        assert seqs(pb.DevicePublishMsg.FromString(r.value) for _, r in recs) == list(range(5))
+        assert seqs(await down.wait_count(5, timeout=15)) == list(range(5))
+    assert (await dp.details())["forward_no_stream"] >= before + 5
     for c in (gone, alive):
         await dp.stub.Clear(spb.ClearRequest(client_id=c))
 
@@ -277,15 +291,14 @@ async def test_reconnecting_client_gets_everything_once_in_order(dp):
         await dp.producer.flush()
         produced.set()
 
-    async with Downlink(dp.suite.bootstrap_servers, *conns) as down:
+    async with dp.forward(conns[0]) as down_0, dp.forward(conns[1]) as down_1:
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump():
+        async def pump(down):
             while True:
-                for _, r in await down.poll(50):
-                    queue.put_nowait(pb.DevicePublishMsg.FromString(r.value))
+                queue.put_nowait(await down.queue.get())
 
-        pump_task = asyncio.create_task(pump())
+        pump_tasks = [asyncio.create_task(pump(d)) for d in (down_0, down_1)]
         prod_task = asyncio.create_task(producer())
         try:
             deadline = time.monotonic() + 120
@@ -328,8 +341,9 @@ async def test_reconnecting_client_gets_everything_once_in_order(dp):
                         pass
             await asyncio.wait_for(produced.wait(), BOUND)
         finally:
-            pump_task.cancel()
-            await asyncio.gather(pump_task, prod_task, return_exceptions=True)
+            for t in pump_tasks:
+                t.cancel()
+            await asyncio.gather(*pump_tasks, prod_task, return_exceptions=True)
 
     assert sessions >= 3
     assert delivered == list(range(total)), (
@@ -376,3 +390,56 @@ async def test_thousands_of_concurrent_calls(dp):
     results = await asyncio.gather(*calls, return_exceptions=True)
     errors = [r for r in results if isinstance(r, Exception)]
     assert not errors, f"{len(errors)} failed, e.g. {errors[0]!r}"
+
+
+async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka, tmp_path_factory):
+    """DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES bounds what waits per stream: a connector that does not read
+    gets its stream ended (RESOURCE_EXHAUSTED) instead of growing the queue or slowing the consumer loop;
+    every message is still stored (and committed), and the connector can reopen at once."""
+    # its own consumer group: the module's `dp` suites on the same Kafka must not take partitions from it
+    suite = dp_suite(kafka, tmp_path_factory, env={"DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES": "4096",
+                                                   "DEVICE_PERSISTENCE_GROUP_ID": f"dp-overflow-{new_tag()}"})
+    await suite.start()
+    h = Handles(suite)
+    try:
+        await h.start()
+        cid, other = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+        conn = await h.fake_connector()
+        total = 0
+        async with h.forward(conn, read=False) as stuck:
+            await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn,
+                                                                      session_id="s"))
+            payload = b"x" * 16384
+            # batches of 20 x 16 KiB until the transport's windows are full and the queue overflows
+            # (bounded: 8000 messages = 128 MiB)
+            while (await h.details()).get("forward_overflows", 0) == 0:
+                assert total < 8000, "the forward queue never overflowed"
+                futures = []
+                for i in range(total, total + 20):
+                    value = pb.PersistedMsg(client_id=cid, msg=pb.PublishMsg(
+                        topic="t", payload=b"%d:" % i + payload, qos=1)).SerializeToString()
+                    futures.append(await h.producer.send(MSG_PERSISTED, value=value, key=cid.encode()))
+                await asyncio.gather(*futures)
+                total += 20
+            assert await stuck.wait_ended() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        stored: list[int] = []
+
+        async def all_stored() -> bool:
+            stored[:] = [int(d.msg.payload.split(b":")[0]) for d in await h.store.fetch_undelivered(cid)]
+            return len(stored) >= total
+
+        deadline = time.monotonic() + BOUND
+        while not await all_stored() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # bounded polling
+        assert stored == list(range(total))
+        details = await h.details()
+        assert details["forward_overflows"] >= 1
+        # the loop was not held up: another client's messages are stored too, and a new stream works
+        async with h.forward(conn) as fresh:
+            await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=other, service_id=conn,
+                                                                      session_id="s2"))
+            await h.publish(other, range(3))
+            assert seqs(await fresh.wait_count(3)) == [0, 1, 2]
+    finally:
+        await h.stop()
+        await suite.stop()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_launcher.services import readyz
 from tbmq_platform import topics
 from tbmq_platform.kafka import make_producer
 
@@ -107,16 +108,7 @@ class TopicReader:
 
 async def health(port: int) -> dict:
     """GET /readyz of an instance as JSON (its details: counters of the router)."""
-    import json
-
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-    return json.loads(data.split(b"\r\n\r\n", 1)[1])
+    return await readyz(port)
 
 
 def downlinks(records) -> list[pb.BasicDownlink]:

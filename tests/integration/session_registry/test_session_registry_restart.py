@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import random
 
 import pytest
 from session_registry_harness import eventually
+from tbmq_launcher.services import readyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 async def health(port: int) -> dict:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
-    await writer.drain()
-    data = await reader.read()
-    writer.close()
-    return json.loads(data.split(b"\r\n\r\n", 1)[1])
+    return await readyz(port)
 
 
 def answered_once(connectors, request_ids: set[str]) -> tuple[int, list[str]]:

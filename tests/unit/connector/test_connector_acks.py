@@ -24,7 +24,7 @@ class FakeCall:
         self.delay = delay
         self.attempts = 0
 
-    async def __call__(self, request, timeout=None):
+    async def __call__(self, request, timeout=None, metadata=None):
         self.attempts += 1
         if self.delay:
             await asyncio.sleep(self.delay)
@@ -119,3 +119,68 @@ def test_fresh_trace_headers_are_w3c_traceparents():
     assert k == "traceparent"
     assert re.fullmatch(rb"00-[0-9a-f]{32}-[0-9a-f]{16}-01", v)
     assert fresh_trace_headers() != fresh_trace_headers()
+
+
+# ------------------------------------------------------------------------------------------ routing
+class FakeLink:
+    """Stands in for a ForwardLink: open or not; answers acknowledge_many or raises."""
+
+    def __init__(self, open_: bool, raises: Exception | None = None) -> None:
+        self.open = open_
+        self.raises = raises
+        self.requests = []
+
+    async def acknowledge_many(self, request, timeout):
+        if self.raises is not None:
+            raise self.raises
+        self.requests.append(request)
+
+
+class FakeStub:
+    def __init__(self) -> None:
+        self.AcknowledgeMany = FakeCall()
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_acks_go_up_an_open_forward_stream_else_through_acknowledge_many():
+    from connector.grpc_clients import AckRejected, DevicePersistenceClient, StreamDown
+    from tbmq.v1 import services_pb2 as spb
+
+    client = DevicePersistenceClient(("a:1", "b:2"), 1.0)
+    try:
+        stubs = [FakeStub(), FakeStub()]
+        client._stubs = stubs
+        req = spb.PacketBatchRequest(acks=[spb.PacketRequest(client_id="c", packet_id=1)])
+        down, up = FakeLink(False), FakeLink(True)
+        client.links = [down, up]
+        await client._acknowledge_many(req, 1.0)           # the open stream (the second target)
+        assert up.requests == [req] and not stubs[0].AcknowledgeMany.requests
+        up.raises = StreamDown("b:2")                       # ended meanwhile: unary, on a target in turn
+        up.open = False
+        await client._acknowledge_many(req, 1.0)
+        assert len(stubs[0].AcknowledgeMany.requests) + len(stubs[1].AcknowledgeMany.requests) == 1
+        up.open, up.raises = True, AckRejected("bad packet id")   # refused: not retried elsewhere
+        with pytest.raises(AckRejected):
+            await client._acknowledge_many(req, 1.0)
+        assert len(stubs[0].AcknowledgeMany.requests) + len(stubs[1].AcknowledgeMany.requests) == 1
+    finally:
+        client.links = []
+        await client.close()
+
+
+async def test_a_refused_stream_batch_is_dropped_not_retried():
+    from connector.grpc_clients import AckRejected
+
+    calls = []
+
+    async def refuse(request, timeout=None):
+        calls.append(request)
+        raise AckRejected("packet id must be 1..65535")
+
+    b = AckBatcher(refuse, 1.0, delay_s=0.001)
+    b.acknowledge("c", 1)
+    await b.drain(2.0)
+    assert len(calls) == 1 and len(b) == 0 and b.stats["ack_call_failures"] == 1
+    await b.close()

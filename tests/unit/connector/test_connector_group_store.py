@@ -67,10 +67,14 @@ class FakeDevice:
         self.calls: list[tuple] = []
         self.answers: dict[str, asyncio.Future] = {}
 
-    async def fetch(self, client_id, service_id, session_id):
+    async def fetch(self, client_id, service_id, session_id, *, resync=False):
         self.calls.append(("fetch", client_id, session_id))
+        if resync:
+            self.calls.append(("resync", client_id, session_id))
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
-        return await fut
+        answer = await fut
+        del self.answers[client_id]  # the next fetch waits for its own answer
+        return answer
 
     def answer(self, client_id, messages) -> None:
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
@@ -251,3 +255,80 @@ async def test_unsubscribed_or_gone_during_the_fetch_detaches_again():
     await settle(svc)
     assert svc.device.of("detach") == [(STORE, "sess-1"), (STORE, "sess-1")]
     assert not conn.out.inflight  # nothing delivered: it stays in the store for the group
+
+
+# ------------------------------------------------------------------------------------------ re-sync
+def test_group_stores_refetch_while_fetching_repeats_after():
+    g = GroupStores()
+    assert not g.refetch(STORE)                      # not attached: nothing to fetch
+    g.begin(STORE, ("g", "jobs/#"))
+    assert not g.refetch(STORE)                      # its first fetch runs: repeated after it
+    assert g.hold(STORE, "f1")
+    assert g.fetched(STORE) == ["f1"] and g.fetching(STORE)   # still holding for the next fetch
+    assert g.hold(STORE, "f2")
+    assert g.again(STORE) and not g.again(STORE)
+    assert g.fetched(STORE) == ["f2"] and not g.fetching(STORE)
+    assert g.refetch(STORE) and g.fetching(STORE)    # idle: a re-sync fetch starts now
+    assert g.fetched(STORE) == [] and not g.again(STORE)
+    g.refetch(STORE)
+    g.refetch(STORE)                                 # a second re-sync while fetching: one more fetch
+    assert g.detach(STORE) and not g.again(STORE)    # detached: no more fetches
+
+
+def own(serial: int, payload: bytes) -> pb.DevicePublishMsg:
+    return pb.DevicePublishMsg(client_id="member", packet_id=serial, serial=serial,
+                               msg=pb.PublishMsg(topic="me/1", qos=1, payload=payload, created_at_ms=1))
+
+
+async def until(pred) -> None:
+    """Bounded: lets the event loop run the fake's tasks until `pred()` holds."""
+    for _ in range(200):
+        if pred():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_resync_fetches_again_and_delivers_only_what_was_not_delivered():
+    """A forward stream opens (or ends) while the connection's first fetch runs: the connection fetches
+    again after it (read only: `resync`), holding forwards meanwhile; what it already delivered (by serial)
+    is not sent twice, what was saved while no stream forwarded it is delivered, in serial order."""
+    svc, conn = member()
+    conn.subs = {}
+    conn.fetching = True
+    svc.spawn_bg(conn._fetch_stored())
+    await until(lambda: svc.device.of("fetch") == [("member", "sess-1")])
+    conn.resync()                                    # registered on a device-persistence instance now
+    assert svc.device.of("resync") == []             # not concurrently: after the running fetch
+    conn.on_persisted(own(3, b"c"))                  # held
+    svc.device.answer("member", [own(1, b"a"), own(2, b"b")])
+    await until(lambda: svc.device.of("resync") == [("member", "sess-1")])
+    assert sorted(m.ref for m in conn.out.inflight.values()) == [1, 2, 3]
+    assert conn.fetching                             # still holding during the re-sync fetch
+    conn.on_persisted(own(4, b"d"))                  # forwarded on the new stream: held
+    svc.device.answer("member", [own(2, b"b"), own(3, b"c"), own(4, b"d"), own(5, b"e")])
+    await until(lambda: not conn.fetching)
+    msgs = sorted(conn.out.inflight.values(), key=lambda m: m.ref)
+    assert [(m.ref, m.publish.payload, m.publish.dup) for m in msgs] == [
+        (1, b"a", True), (2, b"b", True), (3, b"c", False), (4, b"d", True), (5, b"e", True)]
+    conn.on_persisted(own(6, b"f"))                  # after the re-sync: delivered at once
+    assert max(m.ref for m in conn.out.inflight.values()) == 6
+    # idle: a re-sync starts a fetch at once
+    conn.resync()
+    assert conn.fetching and svc.stats["resyncs"] == 1
+    svc.device.answer("member", [own(5, b"e"), own(6, b"f")])
+    await until(lambda: not conn.fetching)
+    assert len(conn.out.inflight) == 6
+
+
+async def test_resync_refetches_the_attached_group_stores():
+    svc, conn = member()
+    conn._attach_groups()
+    svc.device.answer(STORE, [stored(1, 1, b"a")])
+    await until(lambda: not conn.groups.fetching(STORE))
+    conn.resync()
+    await until(lambda: (STORE, "sess-1") in svc.device.of("resync"))
+    conn.on_group_persisted(stored(3, 3, b"c"))      # held during the re-sync fetch
+    svc.device.answer(STORE, [stored(1, 1, b"a"), stored(2, 2, b"b")])
+    await until(lambda: not conn.groups.fetching(STORE))
+    assert sorted(m.ref.serial for m in conn.out.inflight.values()) == [1, 2, 3]

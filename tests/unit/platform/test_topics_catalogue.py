@@ -17,9 +17,11 @@ def test_reference_topics_are_all_catalogued():
                      "tbmq.msg.app.shared.<filter>", "tbmq.msg.retained", "tbmq.client.session",
                      "tbmq.client.subscriptions", "tbmq.client.session.event.request",
                      "tbmq.client.session.event.response.<svc>", "tbmq.client.disconnect.<svc>",
-                     "tbmq.msg.downlink.basic.<svc>", "tbmq.msg.downlink.persisted.<svc>",
+                     "tbmq.msg.downlink.basic.<svc>",
                      "tbmq.sys.app.removed", "tbmq.sys.historical.data"):
         assert expected in names
+    # stored DEVICE messages reach connectors over device-persistence's Forward gRPC stream, not Kafka
+    assert not any("downlink.persisted" in n for n in names)
 
 
 def test_compacted_topics_have_no_time_retention():
@@ -37,7 +39,6 @@ def test_service_topics_fill_in_the_service_id():
         "tbmq.client.session.event.response.connector-7",
         "tbmq.client.disconnect.connector-7",
         "tbmq.msg.downlink.basic.connector-7",
-        "tbmq.msg.downlink.persisted.connector-7",
     ]
     assert all("<" not in s.name for s in topics.static_topics())
 

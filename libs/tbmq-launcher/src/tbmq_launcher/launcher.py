@@ -280,6 +280,9 @@ class Suite:
         dp = self.instances_of("device-persistence")
         env["DEVICE_PERSISTENCE_GRPC_TARGET"] = (
             f"localhost:{dp[0].grpc_port}" if dp else f"localhost:{SERVICES['device-persistence'].grpc_port}")
+        # connectors keep a forward stream to every instance
+        env["DEVICE_PERSISTENCE_GRPC_TARGETS"] = (
+            ",".join(f"localhost:{d.grpc_port}" for d in dp) if dp else env["DEVICE_PERSISTENCE_GRPC_TARGET"])
         ad = self.instances_of("app-delivery")
         env["APP_DELIVERY_GRPC_TARGETS"] = (
             ",".join(f"localhost:{a.grpc_port}" for a in ad) if ad
@@ -289,8 +292,10 @@ class Suite:
         if p.mqtt_port:
             env["MQTT_PORT"] = str(p.mqtt_port)
         env.update(p.sdef.env)
-        env.update(self.env)
-        env.update(self.service_env.get(name, {}))
+        overrides = {**self.env, **self.service_env.get(name, {})}
+        env.update(overrides)
+        if "DEVICE_PERSISTENCE_GRPC_TARGET" in overrides and "DEVICE_PERSISTENCE_GRPC_TARGETS" not in overrides:
+            del env["DEVICE_PERSISTENCE_GRPC_TARGETS"]  # the caller's single target wins (connector fallback)
         return env
 
     def describe(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -216,25 +217,36 @@ class ServiceProcess:
         return await self.proc.wait()
 
 
-async def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> int:
-    """Status code of `GET http://host:port/path` (HTTP/1.0, no dependency)."""
+async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status code, body) of `GET http://host:port/path` (HTTP/1.0, no dependency)."""
 
-    async def run() -> int:
+    async def run() -> tuple[int, bytes]:
         reader, writer = await asyncio.open_connection(host, port)
         try:
             writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
             await writer.drain()
-            line = await reader.readline()
-            parts = line.split()
-            if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-                raise ValueError(f"not an HTTP answer: {line[:80]!r}")
-            return int(parts[1])
+            data = await reader.read()
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+        line, _, rest = data.partition(b"\r\n")
+        parts = line.split()
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+            raise ValueError(f"not an HTTP answer: {line[:80]!r}")
+        return int(parts[1]), rest.partition(b"\r\n\r\n")[2]
 
     return await asyncio.wait_for(run(), timeout)
+
+
+async def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> int:
+    """Status code of `GET http://host:port/path`."""
+    return (await http_get(host, port, path, timeout))[0]
+
+
+async def readyz(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> dict:
+    """The JSON of a service's `GET /readyz` (its health details), whatever the status code."""
+    return json.loads((await http_get(host, port, "/readyz", timeout))[1])
 
 
 def sort_services(names: Sequence[str]) -> list[str]:

@@ -35,7 +35,6 @@ SESSION_EVENT_REQUEST = "tbmq.client.session.event.request"
 SESSION_EVENT_RESPONSE_PREFIX = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT_PREFIX = "tbmq.client.disconnect."
 DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
-DOWNLINK_PERSISTED_PREFIX = "tbmq.msg.downlink.persisted."
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
 
@@ -103,8 +102,6 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               "connector <svc>"),
     TopicSpec(DOWNLINK_BASIC_PREFIX + "<svc>", "MQTT topic", "BasicDownlink", 12, "router",
               "connector <svc>", single_node_partitions=1),
-    TopicSpec(DOWNLINK_PERSISTED_PREFIX + "<svc>", "client id", "DevicePublishMsg", 12,
-              "device-persistence", "connector <svc>", single_node_partitions=1),
     TopicSpec(SYS_APP_REMOVED, "client id", "ApplicationRemovedEvent", 1, "session-registry",
               "app-delivery (deletes the topic)"),
     TopicSpec(SYS_HISTORICAL_DATA, "window start", "UsageStats", 1, "spark stats job", "operators"),
@@ -133,10 +130,6 @@ def disconnect_topic(service_id: str) -> str:
 
 def downlink_basic_topic(service_id: str) -> str:
     return DOWNLINK_BASIC_PREFIX + service_id
-
-
-def downlink_persisted_topic(service_id: str) -> str:
-    return DOWNLINK_PERSISTED_PREFIX + service_id
 
 
 def service_topics(service_id: str) -> list[TopicSpec]:

@@ -143,6 +143,7 @@ class Connection(asyncio.Protocol):
         # persistent DEVICE / APPLICATION
         self.device = False
         self.fetching = False
+        self.refetch = False             # a re-sync came while fetching: fetch again after
         self.held_persisted: list[pb.DevicePublishMsg] = []
         self.max_serial = -1
         self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
@@ -698,19 +699,30 @@ class Connection(asyncio.Protocol):
                 return
 
     # ---------------------------------------------------------------------------------- persistent DEVICE
-    async def _fetch(self, store_id: str) -> list | None:
+    # Forwards of this client's stored messages come down the service's forward streams (one per
+    # device-persistence instance, grpc_clients.ForwardLink). Ordering / no-stranding argument:
+    #  - the first FetchUndelivered ATTACHES the session atomically with its read: a message saved before it
+    #    is in the answer, one saved after it is forwarded to this connector's service id;
+    #  - an instance forwards only on a stream registered there, so whenever a stream opens (ready received:
+    #    it is registered BEFORE the re-sync fetch starts) or ends, `resync` fetches again (read only, while
+    #    still attached): every message saved after the registration comes down that stream, every message
+    #    saved before it is in the re-sync's answer;
+    #  - forwards arriving while a fetch runs are held and delivered after its answer, and anything at or
+    #    below the highest serial delivered is skipped, so overlaps are delivered once, in serial order.
+    async def _fetch(self, store_id: str, *, resync: bool = False) -> list | None:
         """FetchUndelivered(store_id) for this session (the member's own id, or a group store id): the stored
         messages, [] when it failed for good, None when the connection ended meanwhile.
 
         Retried while the connection lives when device-persistence is unavailable (restarting after a crash,
         or slow): FetchUndelivered is also what ATTACHES this session, so giving up would leave a connected
         client with neither its stored messages nor any new one (device-persistence keeps forwarding them to
-        the previous attachment) until it happens to reconnect. Safe to retry."""
+        the previous attachment) until it happens to reconnect. Safe to retry. A `resync` only reads (and
+        reads nothing when another session attached since)."""
         svc = self.svc
         backoff = 0.5
         while True:
             try:
-                stored = await svc.device.fetch(store_id, svc.service_id, self.session_id)
+                stored = await svc.device.fetch(store_id, svc.service_id, self.session_id, resync=resync)
                 break
             except grpc.aio.AioRpcError as exc:
                 if self.state != CONNECTED:
@@ -735,16 +747,38 @@ class Connection(asyncio.Protocol):
             return None
         return stored
 
-    async def _fetch_stored(self) -> None:
-        stored = await self._fetch(self.client_id)
-        if stored is None:
+    async def _fetch_stored(self, *, resync: bool = False) -> None:
+        while True:
+            stored = await self._fetch(self.client_id, resync=resync)
+            if stored is None:
+                return
+            again, self.refetch = self.refetch, False
+            self.fetching = again  # still holding when another fetch follows
+            for dm in stored:
+                self._deliver_device(dm, dup=True)
+            held, self.held_persisted = self.held_persisted, []
+            for dm in held:
+                self._deliver_device(dm, dup=False)
+            if not again or self.state != CONNECTED:
+                return
+            resync = True
+
+    def resync(self) -> None:
+        """A forward stream opened or ended: fetch this session's stores again (own, and every group store
+        it attached) and deliver what was not delivered yet."""
+        if not self.device or self.state != CONNECTED or self.svc.device is None:
             return
-        self.fetching = False
-        for dm in stored:
-            self._deliver_device(dm, dup=True)
-        held, self.held_persisted = self.held_persisted, []
-        for dm in held:
-            self._deliver_device(dm, dup=False)
+        svc = self.svc
+        if self.fetching:
+            self.refetch = True
+        else:
+            self.fetching = True
+            svc.stats["resyncs"] += 1
+            svc.spawn_bg(self._fetch_stored(resync=True))
+        for store_id in self.groups.attached():
+            if self.groups.refetch(store_id):
+                svc.stats["resyncs"] += 1
+                svc.spawn_bg(self._fetch_group(store_id, resync=True))
 
     def on_persisted(self, dm: pb.DevicePublishMsg) -> None:
         if not self.device or self.state != CONNECTED:
@@ -794,22 +828,27 @@ class Connection(asyncio.Protocol):
         if svc.device is not None:
             svc.device.detach(store_id, self.session_id)  # a no-op if another session attached since
 
-    async def _fetch_group(self, store_id: str) -> None:
-        stored = await self._fetch(store_id)
-        if stored is None or not self.groups.fetching(store_id):
-            # connection gone, or unsubscribed meanwhile: the Detach sent then may have run before this fetch
-            # attached; detach again (a no-op when another session attached since). The messages stay stored.
-            if self.svc.device is not None:
-                self.svc.device.detach(store_id, self.session_id)
-            return
-        held = self.groups.fetched(store_id)
-        if stored:
-            log.info("client %r: %d stored messages of shared group store %r", self.client_id, len(stored),
-                     store_id)
-        for dm in stored:
-            self._deliver_group(dm, dup=True)
-        for dm in held:
-            self._deliver_group(dm, dup=False)
+    async def _fetch_group(self, store_id: str, *, resync: bool = False) -> None:
+        while True:
+            stored = await self._fetch(store_id, resync=resync)
+            if stored is None or not self.groups.fetching(store_id):
+                # connection gone, or unsubscribed meanwhile: the Detach sent then may have run before this
+                # fetch attached; detach again (a no-op when another session attached since). The messages
+                # stay stored.
+                if self.svc.device is not None:
+                    self.svc.device.detach(store_id, self.session_id)
+                return
+            held = self.groups.fetched(store_id)
+            if stored and not resync:
+                log.info("client %r: %d stored messages of shared group store %r", self.client_id, len(stored),
+                         store_id)
+            for dm in stored:
+                self._deliver_group(dm, dup=True)
+            for dm in held:
+                self._deliver_group(dm, dup=False)
+            if not self.groups.again(store_id) or self.state != CONNECTED:
+                return
+            resync = True
 
     def on_group_persisted(self, dm: pb.DevicePublishMsg) -> None:
         """A forward of a group store this connection attached."""

@@ -180,17 +180,19 @@ class GroupStores:
     """The shared DEVICE group stores one persistent member has attached (store id -> state). Pure.
 
     Per store: the subscription key (share name, filter) it serves, whether its FetchUndelivered is still
-    running (forwards that arrive meanwhile are held and delivered after the answer), and the highest serial
-    delivered (a forward of a message that was also in the answer is skipped). The serial survives a detach,
-    so a re-subscribe within the same connection does not send again what is still in flight.
+    running (forwards that arrive meanwhile are held and delivered after the answer), whether a re-sync
+    asked for another fetch while one was running, and the highest serial delivered (a forward of a
+    message that was also in the answer is skipped). The serial survives a detach, so a re-subscribe
+    within the same connection does not send again what is still in flight.
     """
 
-    __slots__ = ("_key", "_held", "_serial")
+    __slots__ = ("_key", "_held", "_serial", "_again")
 
     def __init__(self) -> None:
         self._key: dict[str, tuple[str, str]] = {}        # attached store id -> (share name, filter)
         self._held: dict[str, list] = {}                  # store id -> forwards held while fetching
         self._serial: dict[str, int] = {}                 # store id -> highest serial delivered
+        self._again: set[str] = set()                     # fetching stores a re-sync wants fetched again
 
     def __contains__(self, store_id: str) -> bool:
         return store_id in self._key
@@ -225,8 +227,30 @@ class GroupStores:
         return True
 
     def fetched(self, store_id: str) -> list:
-        """The fetch answered: the forwards held meanwhile, in arrival order (delivered after the answer)."""
-        return self._held.pop(store_id, [])
+        """The fetch answered: the forwards held meanwhile, in arrival order (delivered after the answer).
+        When a re-sync asked for another fetch meanwhile, holding goes on (see `again`)."""
+        held = self._held.pop(store_id, [])
+        if store_id in self._again:
+            self._held[store_id] = []
+        return held
+
+    def refetch(self, store_id: str) -> bool:
+        """A re-sync (a forward stream opened or ended): True when a fetch must be started now (holding
+        begins); False when the store is not attached, or a fetch is running (it is repeated after)."""
+        if store_id not in self._key:
+            return False
+        if store_id in self._held:
+            self._again.add(store_id)
+            return False
+        self._held[store_id] = []
+        return True
+
+    def again(self, store_id: str) -> bool:
+        """After `fetched`: True (once) when another fetch must follow (forwards are still held)."""
+        if store_id in self._again:
+            self._again.discard(store_id)
+            return store_id in self._held
+        return False
 
     def accept(self, store_id: str, serial: int) -> bool:
         """True (and remembered) when `serial` is past the highest delivered from this store."""
@@ -238,6 +262,7 @@ class GroupStores:
     def detach(self, store_id: str) -> bool:
         """Forget the attachment (the serial is kept): True when it was attached."""
         self._held.pop(store_id, None)
+        self._again.discard(store_id)
         return self._key.pop(store_id, None) is not None
 
 

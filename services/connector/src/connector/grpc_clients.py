@@ -1,8 +1,18 @@
-"""gRPC clients: device-persistence (unary calls) and app-delivery (one bidi stream per APPLICATION client)."""
+"""gRPC clients: device-persistence (one Forward stream per instance, plus unary calls) and app-delivery (one
+bidi stream per APPLICATION client).
+
+device-persistence: `ForwardLink` keeps the `DevicePersistence.Forward` stream to one target open
+(reopened with backoff). Down it come the stored messages of the clients attached to this connector
+(`on_batch`); up it go the acknowledgements (`AckBatcher`, each batch answered with `acked` once it is
+in Redis). When the stream is not open, acknowledgements go through the unary `AcknowledgeMany` (both
+are idempotent). `on_open` (ready received: the stream is registered on that instance) and `on_close`
+tell the service to re-sync its persistent DEVICE connections (connection.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import zlib
 from collections.abc import Callable
@@ -22,14 +32,35 @@ CHANNEL_OPTIONS = (
 )
 
 
+async def write_loop(call, queue: asyncio.Queue) -> None:
+    """Sends the queue up a bidi call, in order, until cancelled or the call can take no more (one writer
+    task per stream attempt: ForwardLink; AppStream's own `_write_loop` also coalesces its acks)."""
+    try:
+        while True:
+            await call.write(await queue.get())
+    except asyncio.CancelledError:
+        raise
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+        pass  # the call is over: the read side reports how, and the attempt ends
+
+
 def pick_target(targets: tuple[str, ...], client_id: str) -> str:
     """A client id is pinned to one app-delivery instance by a stable hash (CRC-32 of its UTF-8)."""
     return targets[zlib.crc32(client_id.encode("utf-8")) % len(targets)]
 
 
+class AckRejected(Exception):
+    """device-persistence refused an acknowledgement batch as invalid (a bad packet id): not retried."""
+
+
+class StreamDown(Exception):
+    """The forward stream is not open, or ended before answering."""
+
+
 class AckBatcher:
     """Coalesces the PUBACK/PUBCOMP (acknowledge) and PUBREC (mark_pubrec) of stored DEVICE messages of
-    every connection into `DevicePersistence.AcknowledgeMany` calls.
+    every connection into batches: `call(PacketBatchRequest, timeout)` sends one (up a forward stream,
+    or as a `DevicePersistence.AcknowledgeMany` call) and returns once it is applied.
 
     A call goes out `delay_s` after the first ack waiting, or at once when `max_batch` are waiting; at most
     `max_calls` calls are in flight (more acks wait and join the next call, so batches grow with the load).
@@ -118,10 +149,10 @@ class AckBatcher:
         except Exception as exc:
             code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
             self.stats["ack_call_failures"] += 1
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                log.error("device-persistence AcknowledgeMany refused %d acks / %d PUBRECs: %s (dropped; the "
-                          "messages are redelivered on the next connect)", len(acks), len(pubrecs),
-                          exc.details())
+            if code == grpc.StatusCode.INVALID_ARGUMENT or isinstance(exc, AckRejected):
+                log.error("device-persistence refused %d acks / %d PUBRECs: %s (dropped; the messages are "
+                          "redelivered on the next connect)", len(acks), len(pubrecs),
+                          exc.details() if code is not None else exc)
                 return
             self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
             log.warning("device-persistence AcknowledgeMany (%d acks, %d PUBRECs) failed: %s; retrying in %.1fs",
@@ -188,29 +219,179 @@ class AckBatcher:
                         "redelivered with DUP on the next connect)", len(self._acks), len(self._pubrecs))
 
 
-class DevicePersistenceClient:
-    def __init__(self, target: str, timeout: float, *, ack_delay_s: float = 0.010, ack_batch_max: int = 2000,
-                 ack_max_calls: int = 4) -> None:
+class ForwardLink:
+    """The connector's end of the Forward stream to ONE device-persistence target, reopened with backoff
+    (`backoff_s` ... `max_backoff_s`, reset once a stream is ready).
+
+    `on_batch(messages)` gets every forwarded batch, in order; `on_open(link)` is called once the
+    instance answered `ready` (the stream is registered: every message it saves for this connector from
+    now on comes down this stream), `on_close(link)` when a stream that was open ends (what it had
+    queued may be lost: the messages are in Redis). `acknowledge_many` sends a batch up and waits for its
+    `acked` answer (raises StreamDown when the stream is not open or ends first, AckRejected when the
+    batch is invalid).
+
+    Each attempt drives its call directly (one writer task per attempt, no request iterator): when an
+    attempt ends its writer is cancelled and awaited and the call cancelled, so nothing outlives it.
+    """
+
+    def __init__(self, target: str, stub: sgrpc.DevicePersistenceStub, service_id: str, *,
+                 on_batch: Callable, on_open: Callable, on_close: Callable,
+                 backoff_s: float = 0.2, max_backoff_s: float = 5.0) -> None:
         self.target = target
+        self._stub = stub
+        self.service_id = service_id
+        self._on_batch = on_batch
+        self._on_open = on_open
+        self._on_close = on_close
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._queue: asyncio.Queue | None = None
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._seq = itertools.count(1)
+        self._task: asyncio.Task | None = None
+        self._stopped = False
+        self.open = False
+        self.stats = {"opened": 0, "batches": 0, "messages": 0}
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"forward {self.target}")
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def acknowledge_many(self, request: spb.PacketBatchRequest, timeout: float) -> spb.ForwardAcked:
+        queue = self._queue
+        if not self.open or queue is None:
+            raise StreamDown(self.target)
+        seq = next(self._seq)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[seq] = fut
+        queue.put_nowait(spb.ForwardUp(acks=spb.ForwardAcks(seq=seq, batch=request)))
+        try:
+            acked = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._waiting.pop(seq, None)
+        if acked.status == spb.FORWARD_ACK_STATUS_INVALID_ARGUMENT:
+            raise AckRejected(acked.detail)
+        if acked.status != spb.FORWARD_ACK_STATUS_APPLIED:
+            raise StreamDown(f"{self.target}: {spb.ForwardAckStatus.Name(acked.status)} {acked.detail}")
+        return acked
+
+    async def _run(self) -> None:
+        backoff = self._backoff_s
+        loop = asyncio.get_running_loop()
+        while True:
+            queue: asyncio.Queue = asyncio.Queue()
+            queue.put_nowait(spb.ForwardUp(open=spb.ForwardOpen(service_id=self.service_id)))
+            self._queue = queue
+            call = self._stub.Forward(metadata=grpc_metadata())
+            writer = loop.create_task(write_loop(call, queue), name=f"forward {self.target} writer")
+            try:
+                async for down in call:
+                    kind = down.WhichOneof("kind")
+                    if kind == "batch":
+                        self.stats["batches"] += 1
+                        self.stats["messages"] += len(down.batch.messages)
+                        self._on_batch(down.batch.messages)
+                    elif kind == "acked":
+                        fut = self._waiting.get(down.acked.seq)
+                        if fut is not None and not fut.done():
+                            fut.set_result(down.acked)
+                    elif kind == "ready":
+                        self.open = True
+                        self.stats["opened"] += 1
+                        backoff = self._backoff_s
+                        log.info("forward stream to %s open (%s)", self.target, down.ready.instance_id)
+                        self._on_open(self)
+                log.info("forward stream to %s ended by the server; reopening", self.target)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("forward stream to %s failed: %s; reopening in %.1fs", self.target,
+                            exc.code().name, backoff)
+            finally:
+                was_open, self.open = self.open, False
+                self._queue = None
+                waiting, self._waiting = self._waiting, {}
+                for fut in waiting.values():
+                    if not fut.done():
+                        fut.set_exception(StreamDown(self.target))
+                call.cancel()
+                writer.cancel()
+                # shielded: a second cancellation of this task must not leave the writer un-awaited
+                await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
+                if was_open and not self._stopped:
+                    self._on_close(self)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._max_backoff_s)
+
+
+class DevicePersistenceClient:
+    """Every device-persistence target: a ForwardLink each (started by `start_forwarding`), unary calls
+    (fetch, detach, AcknowledgeMany when no stream is open) on a target whose stream is open, else on
+    the targets in turn (each instance serves every client: the state is in Redis)."""
+
+    def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = 0.010,
+                 ack_batch_max: int = 2000, ack_max_calls: int = 4) -> None:
+        self.targets = (targets,) if isinstance(targets, str) else tuple(targets)
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = sgrpc.DevicePersistenceStub(self._channel)
+        self._channels = [grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS) for t in self.targets]
+        self._stubs = [sgrpc.DevicePersistenceStub(c) for c in self._channels]
+        self._turn = itertools.count()
+        self.links: list[ForwardLink] = []
         self._bg: set[asyncio.Task] = set()
-        self.acks = AckBatcher(self._stub.AcknowledgeMany, timeout, delay_s=ack_delay_s,
+        self.acks = AckBatcher(self._acknowledge_many, timeout, delay_s=ack_delay_s,
                                max_batch=ack_batch_max, max_calls=ack_max_calls)
+
+    def start_forwarding(self, service_id: str, *, on_batch: Callable, on_open: Callable,
+                         on_close: Callable) -> None:
+        """Open (and keep open) the Forward stream to every target."""
+        for target, stub in zip(self.targets, self._stubs):
+            link = ForwardLink(target, stub, service_id, on_batch=on_batch, on_open=on_open, on_close=on_close)
+            self.links.append(link)
+            link.start()
+
+    def open_links(self) -> int:
+        return sum(1 for link in self.links if link.open)
 
     async def close(self) -> None:
         await self.acks.close()
+        for link in self.links:
+            await link.stop()
         if self._bg:
             await asyncio.wait(self._bg, timeout=5)
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
-    async def fetch(self, client_id: str, service_id: str, session_id: str):
-        # acknowledgements still waiting here (e.g. of this client's previous connection) go first, so the
-        # fetch does not return (and redeliver) what was already acknowledged
-        await self.acks.settle(min(self.timeout, 2.0))
-        resp = await self._stub.FetchUndelivered(
-            spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id),
+    def _stub(self) -> sgrpc.DevicePersistenceStub:
+        for link, stub in zip(self.links, self._stubs):
+            if link.open:
+                return stub
+        return self._stubs[next(self._turn) % len(self._stubs)]
+
+    async def _acknowledge_many(self, request: spb.PacketBatchRequest, timeout: float) -> None:
+        """Up an open forward stream when there is one, else the unary AcknowledgeMany."""
+        for link in self.links:
+            if link.open:
+                try:
+                    await link.acknowledge_many(request, timeout)
+                    return
+                except StreamDown:
+                    break  # ended meanwhile (or Redis failed there): the unary call decides
+        await self._stub().AcknowledgeMany(request, timeout=timeout, metadata=grpc_metadata())
+
+    async def fetch(self, client_id: str, service_id: str, session_id: str, *, resync: bool = False):
+        """The client's stored messages (FetchUndelivered). The first fetch of a connection attaches the
+        client; a `resync` only reads, and answers [] when the client is attached elsewhere now."""
+        if not resync:
+            # acknowledgements still waiting here (e.g. of this client's previous connection) go first, so
+            # the fetch does not return (and redeliver) what was already acknowledged
+            await self.acks.settle(min(self.timeout, 2.0))
+        resp = await self._stub().FetchUndelivered(
+            spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id,
+                                        resync=resync),
             timeout=self.timeout, metadata=grpc_metadata())
         return list(resp.messages)
 
@@ -235,7 +416,7 @@ class DevicePersistenceClient:
         self.acks.mark_pubrec(client_id, packet_id)
 
     def detach(self, client_id: str, session_id: str) -> None:
-        self._background("Detach", self._stub.Detach(
+        self._background("Detach", self._stub().Detach(
             spb.DetachRequest(client_id=client_id, session_id=session_id), timeout=self.timeout,
             metadata=grpc_metadata()))
 

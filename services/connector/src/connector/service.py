@@ -1,4 +1,12 @@
-"""The connector service: MQTT listener + its Kafka and gRPC side."""
+"""The connector service: MQTT listener + its Kafka and gRPC side.
+
+Downlinks: `tbmq.msg.downlink.basic.<svc>` (Kafka, live recipients), the device-persistence Forward
+streams (stored messages of persistent DEVICE clients attached here; one stream per device-persistence
+instance, grpc_clients.ForwardLink) and the app-delivery streams (persistent APPLICATION clients). When a
+forward stream opens (registered on that instance) or ends, every persistent DEVICE connection re-syncs
+(Connection.resync: fetch again, deliver what it has not delivered yet), so a forward lost with a stream
+is never stranded for the rest of the connection.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +29,6 @@ from tbmq_platform.topics import (
     MSG_RETAINED,
     disconnect_topic,
     downlink_basic_topic,
-    downlink_persisted_topic,
     response_topic,
     service_topics,
     static_topics,
@@ -87,7 +94,6 @@ class ConnectorService(Service):
             "response": response_topic(self.service_id),
             "disconnect": disconnect_topic(self.service_id),
             "basic": downlink_basic_topic(self.service_id),
-            "persisted": downlink_persisted_topic(self.service_id),
         }
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -115,13 +121,15 @@ class ConnectorService(Service):
         await self.control.start()
         await assign_at_end(self.control, [self._topics["response"], self._topics["disconnect"]])
         await self.data.start()
-        await assign_at_end(self.data, [self._topics["basic"], self._topics["persisted"]])
+        await assign_at_end(self.data, [self._topics["basic"]])
         await self.retained_view.start()
         await self.subs_view.start()
         await self.session_view.start()
-        self.device = DevicePersistenceClient(s.device_persistence_grpc_target, s.grpc_timeout_s,
+        self.device = DevicePersistenceClient(s.device_persistence_grpc_targets, s.grpc_timeout_s,
                                               ack_delay_s=s.ack_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
                                               ack_max_calls=s.ack_max_calls)
+        self.device.start_forwarding(self.service_id, on_batch=self._on_forwards,
+                                     on_open=self._on_forward_link, on_close=self._on_forward_link)
         self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")
@@ -169,7 +177,8 @@ class ConnectorService(Service):
                 "group_stores": len(self.by_store),
                 "retained": len(self.retained), "pending_wills": len(self.wills.pending),
                 **{k: v for k, v in self.stats.items()},
-                **(self.device.acks.stats if self.device is not None else {})}
+                **(self.device.acks.stats if self.device is not None else {}),
+                "forward_streams_open": self.device.open_links() if self.device is not None else 0}
 
     def spawn_bg(self, coro) -> None:
         """A short background job (a produce, a gRPC call): tracked so shutdown can wait for it."""
@@ -281,17 +290,12 @@ class ConnectorService(Service):
         conn.take_over(cmd)
 
     async def _data_loop(self) -> None:
-        basic = self._topics["basic"]
         while True:
             batches = await self.data.getmany(timeout_ms=500)
             for tp, records in batches.items():
-                is_basic = tp.topic == basic
                 for r in records:
                     try:
-                        if is_basic:
-                            self._on_basic(r)
-                        else:
-                            self._on_persisted(r)
+                        self._on_basic(r)
                     except Exception:
                         log.exception("bad record on %s at offset %d", tp.topic, r.offset)
 
@@ -313,8 +317,22 @@ class ConnectorService(Service):
             else:
                 self.stats["dropped_not_connected"] += 1
 
-    def _on_persisted(self, record) -> None:
-        dm = pb.DevicePublishMsg.FromString(record.value)
+    # ------------------------------------------------------------------------------------ forward streams
+    def _on_forward_link(self, link) -> None:
+        """A forward stream opened (registered on its instance) or ended: every persistent DEVICE connection
+        fetches again what it may have missed (Connection.resync)."""
+        self.stats["forward_resync_rounds"] += 1
+        for conn in list(self.connections):
+            conn.resync()
+
+    def _on_forwards(self, messages) -> None:
+        for dm in messages:
+            try:
+                self._on_persisted(dm)
+            except Exception:
+                log.exception("bad forward of %r", dm.client_id)
+
+    def _on_persisted(self, dm: pb.DevicePublishMsg) -> None:
         # a shared DEVICE group store's forward goes to the local member that attached that store
         conn = self.by_store.get(dm.client_id)
         if conn is not None:
@@ -322,10 +340,11 @@ class ConnectorService(Service):
         else:
             conn = self.by_client.get(dm.client_id)
             if conn is None:
+                self.stats["forwards_not_connected"] += 1
                 return  # still stored in Redis: delivered on the next connect
             handle = conn.on_persisted
         if self.spans:
-            with span_from_kafka(tracer, "mqtt.deliver.persisted", record.headers):
+            with tracer.start_as_current_span("mqtt.deliver.persisted"):
                 handle(dm)
         else:
             handle(dm)

@@ -59,8 +59,11 @@ class ConnectorSettings(CommonSettings):
     inbound_queue_max: int = env(
         "MQTT_INBOUND_QUEUE_MAX", 1000, parse=integer(1),
         doc="decoded packets waiting per connection before reading from its socket pauses")
-    device_persistence_grpc_target: str = env(
-        "DEVICE_PERSISTENCE_GRPC_TARGET", "localhost:50061", doc="device-persistence gRPC address")
+    device_persistence_grpc_targets: tuple[str, ...] = env(
+        "DEVICE_PERSISTENCE_GRPC_TARGETS", ("localhost:50061",), parse=host_ports,
+        fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
+        doc="device-persistence gRPC addresses (comma list; one forward stream to each instance); when "
+            "unset, DEVICE_PERSISTENCE_GRPC_TARGET")
     app_delivery_grpc_targets: tuple[str, ...] = env(
         "APP_DELIVERY_GRPC_TARGETS", ("localhost:50062",), parse=host_ports,
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
@@ -69,13 +72,13 @@ class ConnectorSettings(CommonSettings):
     ack_delay_ms: float = env(
         "DEVICE_ACK_BATCH_DELAY_MS", 10.0, parse=number(0),
         doc="PUBACK/PUBCOMP/PUBREC of stored DEVICE messages wait at most this long to be sent to "
-            "device-persistence together (one AcknowledgeMany call)")
+            "device-persistence together (one batch up a forward stream, or one AcknowledgeMany call)")
     ack_batch_max: int = env(
         "DEVICE_ACK_BATCH_MAX", 2000, parse=integer(1, 100_000),
-        doc="acknowledgements per AcknowledgeMany call, at most (a full batch goes at once)")
+        doc="acknowledgements per batch, at most (a full batch goes at once)")
     ack_max_calls: int = env(
         "DEVICE_ACK_MAX_CALLS", 4, parse=integer(1, 1000),
-        doc="AcknowledgeMany calls in flight at once; more acknowledgements wait for the next call")
+        doc="acknowledgement batches in flight at once; more acknowledgements wait for the next one")
     trace_spans: bool = env(
         "CONNECTOR_TRACE_SPANS", False, parse=boolean,
         doc="create the per-message spans (mqtt.publish, mqtt.deliver*) even without an OTLP endpoint")
@@ -92,6 +95,8 @@ class ConnectorSettings(CommonSettings):
             problems.append("MQTT_WRITE_BUFFER_LIMIT must be >= MQTT_WRITE_BUFFER_HIGH")
         if not self.app_delivery_grpc_targets:
             problems.append("APP_DELIVERY_GRPC_TARGETS must name at least one target")
+        if not self.device_persistence_grpc_targets:
+            problems.append("DEVICE_PERSISTENCE_GRPC_TARGETS must name at least one target")
         return problems
 
 

@@ -1,12 +1,19 @@
-"""The DevicePersistence gRPC API (grpc.aio) over a DeviceMsgStore.
+"""The DevicePersistence gRPC API (grpc.aio) over a DeviceMsgStore and the forward streams.
 
-Every call continues the trace carried in its metadata (tbmq_platform.tracing.context_from_grpc).
+Every unary call continues the trace carried in its metadata (tbmq_platform.tracing.context_from_grpc).
 Bad arguments are INVALID_ARGUMENT; a Redis failure is UNAVAILABLE (the caller may retry: every call is
 idempotent except FetchUndelivered, whose repetition just re-attaches and re-reads).
+
+Forward (bidi, one per connector): registered in the ForwardRegistry by the service id of its first
+message; everything going down (ready, forward batches, ack replies) is written by ONE writer from the
+stream's byte-bounded queue. Acknowledgements coming up are applied in order with store.apply_acks
+(exactly what AcknowledgeMany does) and answered with ForwardDown.acked (same seq), so the connector
+knows they are in Redis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections import Counter
@@ -19,6 +26,7 @@ from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_platform.tracing import context_from_grpc
 
+from .forward import EndReason, ForwardRegistry, ForwardStream
 from .store import MAX_PACKET_ID, Attachment, DeviceMsgStore
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,12 @@ def _rpc(method):
     return wrapper
 
 
+def _service_id(service_id: str) -> str:
+    if not service_id or "|" in service_id:
+        raise BadRequest("service_id must be non-empty and must not contain '|'")
+    return service_id
+
+
 def _packet_id(request) -> int:
     if not 1 <= request.packet_id <= MAX_PACKET_ID:
         raise BadRequest(f"packet_id must be 1..{MAX_PACKET_ID}, got {request.packet_id}")
@@ -61,18 +75,20 @@ def _packet_id(request) -> int:
 
 
 class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
-    def __init__(self, store: DeviceMsgStore) -> None:
+    def __init__(self, store: DeviceMsgStore, registry: ForwardRegistry | None = None) -> None:
         self.store = store
+        self.registry = registry if registry is not None else ForwardRegistry(16 * 1024 * 1024)
         self.calls: Counter = Counter()
 
     @_rpc
     async def FetchUndelivered(self, request: spb.FetchUndeliveredRequest):
-        if not request.service_id or "|" in request.service_id:
-            raise BadRequest("service_id must be non-empty and must not contain '|'")
+        _service_id(request.service_id)
         if not request.session_id:
             raise BadRequest("session_id must be non-empty")
         messages = await self.store.fetch_undelivered(
-            request.client_id, attach=Attachment(request.service_id, request.session_id))
+            request.client_id, attach=Attachment(request.service_id, request.session_id), check=request.resync)
+        if messages is None:
+            return spb.FetchUndeliveredResponse(not_attached=True)
         trace.get_current_span().set_attribute("tbmq.messages", len(messages))
         return spb.FetchUndeliveredResponse(messages=messages)
 
@@ -103,6 +119,80 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
     @_rpc
     async def Clear(self, request: spb.ClearRequest):
         return spb.ClearResponse(removed=await self.store.clear(request.client_id))
+
+    async def Forward(self, request_iterator, context: grpc.aio.ServicerContext):
+        """One connector's forward stream: see the module docstring."""
+        self.calls["Forward"] += 1
+        requests = request_iterator.__aiter__()
+        try:
+            first = await requests.__anext__()
+        except StopAsyncIteration:
+            return
+        try:
+            if not first.HasField("open"):
+                raise BadRequest("the first message of a Forward stream must be `open`")
+            service_id = _service_id(first.open.service_id)
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        stream = self.registry.register(service_id)
+        if stream is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "shutting down")
+        log.info("forward stream of %s open", service_id)
+        reader = asyncio.get_running_loop().create_task(self._read_acks(requests, stream))
+        reason = EndReason.CLIENT_GONE
+        try:
+            queue = stream.queue
+            while True:
+                down = await queue.get()
+                if down is None:
+                    break
+                await context.write(down)
+        finally:
+            if stream.reason is not None:
+                reason = stream.reason
+            self.registry.unregister(stream, reason)
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            log.info("forward stream of %s ended: %s", service_id, reason.value)
+        if reason is EndReason.OVERFLOW:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"forward queue above {self.registry.max_bytes} bytes: reopen and re-fetch")
+        if reason is not EndReason.CLIENT_GONE:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"forward stream ended: {reason.value}")
+
+    async def _read_acks(self, requests, stream: ForwardStream) -> None:
+        """Applies the acknowledgements coming up the stream, in order; ends the stream when the
+        connector's side closes."""
+        try:
+            async for up in requests:
+                if up.HasField("acks"):
+                    stream.reply(spb.ForwardDown(acked=await self._apply(up.acks)))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass
+        finally:
+            if not stream.ended:
+                self.registry.unregister(stream, EndReason.CLIENT_GONE)
+
+    async def _apply(self, acks: spb.ForwardAcks) -> spb.ForwardAcked:
+        batch = acks.batch
+        self.calls["forward_ack_batches"] += 1
+        try:
+            acknowledged, marked = await self.store.apply_acks(
+                [(a.client_id, a.packet_id) for a in batch.acks],
+                [(p.client_id, p.packet_id) for p in batch.pubrecs])
+        except ValueError as exc:
+            return spb.ForwardAcked(seq=acks.seq, status=spb.FORWARD_ACK_STATUS_INVALID_ARGUMENT,
+                                    detail=str(exc))
+        except (RedisError, OSError) as exc:
+            self.calls["forward_ack_batches_failed"] += 1
+            log.warning("applying %d acks / %d PUBRECs from a forward stream failed: %r", len(batch.acks),
+                        len(batch.pubrecs), exc)
+            return spb.ForwardAcked(seq=acks.seq, status=spb.FORWARD_ACK_STATUS_UNAVAILABLE,
+                                    detail=f"Redis: {exc}")
+        self.calls["acks"] += len(batch.acks)
+        self.calls["pubrecs"] += len(batch.pubrecs)
+        return spb.ForwardAcked(seq=acks.seq, status=spb.FORWARD_ACK_STATUS_APPLIED,
+                                acknowledged=acknowledged, marked=marked)
 
 
 async def start_server(servicer: DevicePersistenceServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:

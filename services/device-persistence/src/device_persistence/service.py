@@ -1,21 +1,25 @@
-"""The device-persistence service: tbmq.msg.persisted -> Redis (lua/) -> forwards to attached connectors,
-plus the DevicePersistence gRPC API.
+"""The device-persistence service: tbmq.msg.persisted -> Redis (lua/) -> forward streams of the attached
+connectors, plus the DevicePersistence gRPC API.
 
-One batch at a time (consumer group `device-persistence`, key = client id so one client's records are in
+Pipelined batches (consumer group `device-persistence`, key = client id so one client's records are in
 one partition, in order):
 
   1. getmany (up to DEVICE_PERSISTENCE_MAX_POLL_RECORDS records), grouped per client in record order;
   2. save_many_attached: one save_messages.lua call per client, pipelined; each call also reads the
      client's attachment atomically with the save;
-  3. every stored message of an attached client is produced as a DevicePublishMsg (key = client id,
-     the source record's trace headers) to tbmq.msg.downlink.persisted.<attached service id>; the
-     batch waits for those acks (at most DEVICE_PERSISTENCE_FORWARD_TIMEOUT_S);
-  4. the batch's offsets are committed.
+  3. the stored messages of attached clients are queued, one batch per connector service id, on that
+     connector's Forward stream (forward.ForwardRegistry) — nothing is awaited: the next getmany
+     starts at once;
+  4. the batch's offsets join the pending commit. At most one commit is in flight, started off the hot
+     loop every DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS (or when a poll brings nothing); before partitions
+     are revoked and at stop the batch in progress finishes, the forward queues are flushed (so this
+     instance's forwards go out before the next owner's) and the in-flight and pending commits are done.
 
-Offsets are committed only after the save (step 2) succeeded: a crash before the commit replays the batch
-(stored again: QoS 1 duplicates, never a loss). Forwards are an optimisation (Redis holds every message;
-the connector fetches them on the next connect), so a forward that fails or times out is logged and the
-batch is committed anyway; in the normal case the commit also follows the forwards' acks.
+Guarantee: an offset is committed only when every record below it is SAVED in Redis (step 2 returned).
+A crash before the commit replays those records (stored again: QoS 1 duplicates in order, never a loss).
+Forwards never hold a commit back and never block the loop: Redis holds every message until the
+connector acknowledges it, and a forward that is not delivered (no stream, stream overflowing, crash)
+is fetched by the connector when its stream (re)opens or ends, or by the client's next connect.
 """
 
 from __future__ import annotations
@@ -26,15 +30,16 @@ import time
 from collections import Counter
 
 from aiokafka import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError, UnknownTopicOrPartitionError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from google.protobuf.message import DecodeError
 from opentelemetry import trace
 from redis.exceptions import RedisError
 from tbmq.v1 import messages_pb2 as pb
-from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
-from tbmq_platform.topics import MSG_PERSISTED, downlink_persisted_topic, spec
+from tbmq_platform.topics import MSG_PERSISTED, spec
 
+from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
 from .settings import Settings
 from .store import DeviceMsgStore
@@ -42,18 +47,19 @@ from .store import DeviceMsgStore
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence")
 
-_TRACE_HEADERS = ("traceparent", "tracestate")
-
 
 class _Revoke(ConsumerRebalanceListener):
-    """Before partitions are taken away, the batch in progress finishes and commits."""
+    """Before partitions are taken away, the batch in progress finishes, the forward streams send what
+    they queued, and everything saved is committed."""
 
     def __init__(self, service: DevicePersistenceService) -> None:
         self.service = service
 
     async def on_partitions_revoked(self, revoked) -> None:
-        async with self.service._batch_lock:
-            await self.service._commit_pending()
+        service = self.service
+        async with service._batch_lock:
+            await service.forwards.flush(service.s.forward_flush_s)
+            await service._commit_pending()
 
     async def on_partitions_assigned(self, assigned) -> None:
         log.info("assigned %d partition(s) of %s", len(assigned), MSG_PERSISTED)
@@ -66,17 +72,17 @@ class DevicePersistenceService(Service):
         super().__init__(settings)
         self.s = settings
         self.store = DeviceMsgStore(settings.store_config())
-        self.servicer = DevicePersistenceServicer(self.store)
+        self.forwards = ForwardRegistry(settings.forward_queue_bytes, settings.instance_id)
+        self.servicer = DevicePersistenceServicer(self.store, self.forwards)
         self.grpc_server = None
         self.grpc_port: int | None = None
-        self.producer = None
         self.consumer = None
         self.stats: Counter = Counter()
         self._batch_lock = asyncio.Lock()
         self._stopping = False
         self._loop_task: asyncio.Task | None = None
-        self._missing_topics: dict[str, float] = {}  # forward topic -> skip it until (monotonic)
         self._pending_offsets: dict = {}  # saved (durable) but not yet committed: tp -> next offset
+        self._commit_task: asyncio.Task | None = None  # the one commit in flight, off the hot loop
         self._last_commit = 0.0
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -85,8 +91,6 @@ class DevicePersistenceService(Service):
         await self.store.start()  # connects, loads the scripts (a Lua error fails start-up)
         await self.store.ping()
         await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], profile=s.topic_profile)
-        self.producer = make_producer(s.bootstrap, client_id=s.instance_id)
-        await self.producer.start()
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       max_poll_records=s.max_poll_records,
                                       fetch_max_wait_ms=s.fetch_max_wait_ms, fetch_min_bytes=s.fetch_min_bytes)
@@ -98,27 +102,28 @@ class DevicePersistenceService(Service):
         self._loop_task = self.spawn(self._consume(), "persisted consumer")
 
     async def stop(self) -> None:
-        # 1. stop accepting gRPC calls; those in progress get the grace period
+        # 1. end the forward streams (connectors reopen on another instance or after the restart) and stop
+        #    accepting gRPC calls; those in progress get the grace period
+        self.forwards.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.s.shutdown_grace_s)
-        # 2. the batch in progress finishes (save, forwards, commit); no new one starts
+        # 2. the batch in progress finishes (save, commit); no new one starts
         self._stopping = True
         if self._loop_task is not None and not self._loop_task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._loop_task), 20)
             except (asyncio.TimeoutError, Exception):
                 log.warning("consumer loop did not end cleanly; uncommitted records will be replayed")
-        # 3. leave the group, flush, close
+        # 3. leave the group, close
         if self.consumer is not None:
             await self.consumer.stop()
-        if self.producer is not None:
-            await self.producer.stop()
         await self.store.close()
         log.info("stopped: %s", dict(self.stats))
 
     def health_details(self) -> dict:
-        return {"grpc_port": self.grpc_port, **self.stats, "store": vars(self.store.stats),
-                "grpc_calls": dict(self.servicer.calls)}
+        return {"grpc_port": self.grpc_port, **self.stats, **self.forwards.stats,
+                "forward_streams": len(self.forwards), "forward_queued_bytes": self.forwards.queued_bytes(),
+                "store": vars(self.store.stats), "grpc_calls": dict(self.servicer.calls)}
 
     # ------------------------------------------------------------------------------------ consumer
     async def _consume(self) -> None:
@@ -136,16 +141,15 @@ class DevicePersistenceService(Service):
                             await self._process(batches)
                     if self._pending_offsets and (
                             not batches or time.monotonic() - self._last_commit >= interval):
-                        await self._commit_pending()
+                        self._start_commit()
         finally:
-            if self._pending_offsets and not self._batch_lock.locked():
+            if not self._batch_lock.locked():
                 async with self._batch_lock:
                     await self._commit_pending()
 
     async def _process(self, batches) -> None:
         t0 = time.monotonic()
         groups: dict[str, list[pb.PublishMsg]] = {}
-        headers: dict[str, list] = {}
         records = 0
         for tp, recs in batches.items():
             for r in recs:
@@ -156,16 +160,14 @@ class DevicePersistenceService(Service):
                     self.stats["bad_records"] += 1
                     log.error("undecodable PersistedMsg at %s[%d]@%d: skipped", tp.topic, tp.partition, r.offset)
                     continue
-                cid = pm.client_id
-                groups.setdefault(cid, []).append(pm.msg)
-                headers.setdefault(cid, []).append(
-                    [(k, v) for k, v in (r.headers or ()) if k in _TRACE_HEADERS])
+                groups.setdefault(pm.client_id, []).append(pm.msg)
         with tracer.start_as_current_span("device-persistence.save", attributes={
                 "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
             results = await self._save(groups)
             if results is None:
                 return  # stopping while Redis is down: nothing committed, the batch is replayed
-            await self._forward(results, headers)
+            # queued on the connectors' streams, not awaited (forward.py)
+            self.forwards.forward(group_by_service(results.values()))
         # durable (saved): committed with the next ones (DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS), before a
         # rebalance and at stop
         for tp, recs in batches.items():
@@ -192,58 +194,21 @@ class DevicePersistenceService(Service):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _forward(self, results, headers) -> None:
-        by_topic: dict[str, list[tuple[bytes, bytes, list]]] = {}
-        now = time.monotonic()
-        for cid, res in results.items():
-            if res.attached is None or not res.messages:
-                continue
-            topic = downlink_persisted_topic(res.attached.service_id)
-            if self._missing_topics.get(topic, 0) > now:
-                self.stats["forward_skipped"] += len(res.messages)  # connector gone: stays in Redis
-                continue
-            key = cid.encode("utf-8")
-            hdrs = headers[cid]
-            out = by_topic.setdefault(topic, [])
-            for dm, i in zip(res.messages, res.indexes):
-                out.append((key, dm.SerializeToString(), hdrs[i]))
-        if not by_topic:
+    def _start_commit(self) -> None:
+        """Commit the pending (saved) offsets in the background, unless a commit is in flight (then they
+        wait for the next one): the loop goes on fetching meanwhile."""
+        if self._commit_task is not None and not self._commit_task.done():
             return
-        producer = self.producer
-
-        async def send_all(topic: str, items) -> int:
-            if producer.client.cluster.partitions_for_topic(topic) is None:
-                try:  # connectors create their topics before accepting clients: missing = gone
-                    await asyncio.wait_for(producer.partitions_for(topic), 3)
-                except (asyncio.TimeoutError, UnknownTopicOrPartitionError):
-                    raise UnknownTopicOrPartitionError(f"forward topic {topic} does not exist") from None
-            # sequential send() per topic keeps one client's forwards in order (idempotent producer)
-            futures = [await producer.send(topic, value=v, key=k, headers=h) for k, v, h in items]
-            await asyncio.gather(*futures)
-            return len(items)
-
-        tasks = [asyncio.ensure_future(send_all(t, items)) for t, items in by_topic.items()]
-        done, pending = await asyncio.wait(tasks, timeout=self.s.forward_timeout_s)
-        for task in pending:
-            task.cancel()
-        topic_of = dict(zip(tasks, by_topic))
-        for task in done:
-            exc = task.exception()
-            if exc is not None:
-                self.stats["forward_failures"] += 1
-                if isinstance(exc, UnknownTopicOrPartitionError):
-                    # a connector that is gone (its topics deleted): do not stall every batch on it
-                    self._missing_topics[topic_of[task]] = time.monotonic() + 60
-                log.warning("forwarding to %s failed: %r (the messages stay in Redis)", topic_of[task], exc)
-            else:
-                self.stats["forwarded"] += task.result()
-        if pending:
-            self.stats["forward_timeouts"] += len(pending)
-            log.warning("forwards to %s not acknowledged within %.1fs (the messages stay in Redis)",
-                        ", ".join(topic_of[t] for t in pending), self.s.forward_timeout_s)
-            await asyncio.gather(*pending, return_exceptions=True)
+        offsets, self._pending_offsets = self._pending_offsets, {}
+        self._last_commit = time.monotonic()
+        self._commit_task = asyncio.get_running_loop().create_task(self._commit(offsets), name="commit")
 
     async def _commit_pending(self) -> None:
+        """The commit in flight finishes, then everything saved and not yet committed is committed (before
+        a rebalance and at stop; the caller holds the batch lock, so nothing new is saved meanwhile)."""
+        task, self._commit_task = self._commit_task, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
         offsets, self._pending_offsets = self._pending_offsets, {}
         self._last_commit = time.monotonic()
         if offsets:
@@ -252,8 +217,9 @@ class DevicePersistenceService(Service):
     async def _commit(self, offsets) -> None:
         try:
             await self.consumer.commit(offsets)
+            self.stats["commits"] += 1
         except (CommitFailedError, IllegalStateError, KafkaError) as exc:
             # A rebalance took the partitions: their new owner replays from the last commit (QoS 1
-            # duplicates of what this batch stored, never a loss).
+            # duplicates of what these batches stored, never a loss).
             self.stats["commit_failures"] += 1
-            log.warning("commit failed (%r): the batch will be replayed by the partitions' new owner", exc)
+            log.warning("commit failed (%r): the batches will be replayed by the partitions' new owner", exc)

@@ -54,9 +54,14 @@ class Settings(CommonSettings):
                                      "(bigger batches, fewer Kafka requests)")
     fetch_min_bytes: int = env("DEVICE_PERSISTENCE_FETCH_MIN_BYTES", 16384, parse=integer(1),
                                doc="bytes a fetch waits for (at most DEVICE_PERSISTENCE_FETCH_MAX_WAIT_MS)")
-    forward_timeout_s: float = env("DEVICE_PERSISTENCE_FORWARD_TIMEOUT_S", 10.0, parse=number(0.1),
-                                   doc="how long a batch waits for its forwards' acks before committing "
-                                       "anyway (the messages are in Redis)")
+    forward_queue_bytes: int = env("DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES", 16 * 1024 * 1024,
+                                   parse=integer(1024),
+                                   doc="bytes of forwards waiting per connector stream; more ends that "
+                                       "stream (the connector reopens it and re-fetches; the messages "
+                                       "are in Redis)")
+    forward_flush_s: float = env("DEVICE_PERSISTENCE_FORWARD_FLUSH_S", 5.0, parse=number(0),
+                                 doc="before partitions are revoked, streams get this long to send what "
+                                     "they have queued; a stream that does not is ended")
     shutdown_grace_s: float = env("DEVICE_PERSISTENCE_SHUTDOWN_GRACE_S", 5.0, parse=number(0),
                                   doc="gRPC calls in progress get this long to finish at shutdown")
 

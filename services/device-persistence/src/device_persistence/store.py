@@ -148,8 +148,8 @@ class ClientKeys:
 
 @dataclass(frozen=True)
 class Attachment:
-    """The connection a client is attached to: its new messages go to
-    tbmq.msg.downlink.persisted.<service_id>."""
+    """The connection a client is attached to: its new messages are forwarded on the Forward stream of
+    <service_id>."""
 
     service_id: str
     session_id: str
@@ -488,19 +488,24 @@ class DeviceMsgStore:
         return out
 
     async def fetch_undelivered(
-        self, client_id: str, attach: Attachment | None = None
-    ) -> list[messages_pb2.DevicePublishMsg]:
+        self, client_id: str, attach: Attachment | None = None, *, check: bool = False
+    ) -> list[messages_pb2.DevicePublishMsg] | None:
         """Every stored message of the client in serial order (expired ones are dropped). With `attach`,
         the client is attached to that connection atomically with the read: every message saved later
         is returned by save_*_attached with this attachment (to be forwarded), every message saved
-        earlier is in this answer."""
+        earlier is in this answer. With `check` (and `attach`), the attachment is only compared, never
+        set: None when the client is not attached to `attach` (a connector's re-sync must not take the
+        attachment back from a newer session)."""
         k = self.keys(client_id)
         if attach is None:
             reply = await self._call("fetch_undelivered", [k.messages], [])
         else:
             if "|" in attach.service_id:
                 raise ValueError(f"service id must not contain '|', got {attach.service_id!r}")
-            reply = await self._call("fetch_undelivered", [k.messages, k.attached], [attach.encode()])
+            args = [attach.encode(), "check"] if check else [attach.encode()]
+            reply = await self._call("fetch_undelivered", [k.messages, k.attached], args)
+            if not isinstance(reply, list):
+                return None
         out = []
         for i in range(0, len(reply), 3):
             value = reply[i + 2]

@@ -1,5 +1,6 @@
 from tbmq.v1 import messages_pb2 as _messages_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,15 +8,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ForwardAckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FORWARD_ACK_STATUS_APPLIED: _ClassVar[ForwardAckStatus]
+    FORWARD_ACK_STATUS_INVALID_ARGUMENT: _ClassVar[ForwardAckStatus]
+    FORWARD_ACK_STATUS_UNAVAILABLE: _ClassVar[ForwardAckStatus]
+FORWARD_ACK_STATUS_APPLIED: ForwardAckStatus
+FORWARD_ACK_STATUS_INVALID_ARGUMENT: ForwardAckStatus
+FORWARD_ACK_STATUS_UNAVAILABLE: ForwardAckStatus
+
 class FetchUndeliveredRequest(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id")
+    __slots__ = ("client_id", "service_id", "session_id", "resync")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    resync: bool
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., resync: _Optional[bool] = ...) -> None: ...
 
 class DetachRequest(_message.Message):
     __slots__ = ("client_id", "session_id")
@@ -32,10 +44,12 @@ class DetachResponse(_message.Message):
     def __init__(self, detached: _Optional[bool] = ...) -> None: ...
 
 class FetchUndeliveredResponse(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "not_attached")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NOT_ATTACHED_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_messages_pb2.DevicePublishMsg]
-    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ...) -> None: ...
+    not_attached: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ..., not_attached: _Optional[bool] = ...) -> None: ...
 
 class PacketRequest(_message.Message):
     __slots__ = ("client_id", "packet_id")
@@ -66,6 +80,64 @@ class PacketBatchResponse(_message.Message):
     acknowledged: int
     marked: int
     def __init__(self, acknowledged: _Optional[int] = ..., marked: _Optional[int] = ...) -> None: ...
+
+class ForwardOpen(_message.Message):
+    __slots__ = ("service_id",)
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    service_id: str
+    def __init__(self, service_id: _Optional[str] = ...) -> None: ...
+
+class ForwardAcks(_message.Message):
+    __slots__ = ("seq", "batch")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    batch: PacketBatchRequest
+    def __init__(self, seq: _Optional[int] = ..., batch: _Optional[_Union[PacketBatchRequest, _Mapping]] = ...) -> None: ...
+
+class ForwardUp(_message.Message):
+    __slots__ = ("open", "acks")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    open: ForwardOpen
+    acks: ForwardAcks
+    def __init__(self, open: _Optional[_Union[ForwardOpen, _Mapping]] = ..., acks: _Optional[_Union[ForwardAcks, _Mapping]] = ...) -> None: ...
+
+class ForwardReady(_message.Message):
+    __slots__ = ("instance_id",)
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
+
+class ForwardBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_messages_pb2.DevicePublishMsg]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ...) -> None: ...
+
+class ForwardAcked(_message.Message):
+    __slots__ = ("seq", "status", "acknowledged", "marked", "detail")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    MARKED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    status: ForwardAckStatus
+    acknowledged: int
+    marked: int
+    detail: str
+    def __init__(self, seq: _Optional[int] = ..., status: _Optional[_Union[ForwardAckStatus, str]] = ..., acknowledged: _Optional[int] = ..., marked: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ForwardDown(_message.Message):
+    __slots__ = ("ready", "batch", "acked")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    ready: ForwardReady
+    batch: ForwardBatch
+    acked: ForwardAcked
+    def __init__(self, ready: _Optional[_Union[ForwardReady, _Mapping]] = ..., batch: _Optional[_Union[ForwardBatch, _Mapping]] = ..., acked: _Optional[_Union[ForwardAcked, _Mapping]] = ...) -> None: ...
 
 class ClearRequest(_message.Message):
     __slots__ = ("client_id",)

@@ -68,6 +68,11 @@ class DevicePersistenceStub:
                 request_serializer=tbmq_dot_v1_dot_services__pb2.ClearRequest.SerializeToString,
                 response_deserializer=tbmq_dot_v1_dot_services__pb2.ClearResponse.FromString,
                 _registered_method=True)
+        self.Forward = channel.stream_stream(
+                '/tbmq.v1.DevicePersistence/Forward',
+                request_serializer=tbmq_dot_v1_dot_services__pb2.ForwardUp.SerializeToString,
+                response_deserializer=tbmq_dot_v1_dot_services__pb2.ForwardDown.FromString,
+                _registered_method=True)
 
 
 class DevicePersistenceServicer:
@@ -80,8 +85,10 @@ class DevicePersistenceServicer:
     def FetchUndelivered(self, request, context):
         """Everything stored and not yet acknowledged, in store order (serial), PUBREL-owed ones included.
         Atomically with the read, the client is marked attached to (service_id, session_id): every message
-        saved after the fetch is forwarded to tbmq.msg.downlink.persisted.<service_id>, every message saved
-        before it is in the answer, so none is stranded while the client reconnects.
+        saved after the fetch is forwarded on the Forward stream of <service_id>, every message saved
+        before it is in the answer, so none is stranded while the client reconnects. With `resync`, the
+        attachment is only checked (never set): the answer is empty with not_attached = true when the
+        client is no longer attached to (service_id, session_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +132,18 @@ class DevicePersistenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Forward(self, request_iterator, context):
+        """One long-lived stream per (connector, device-persistence instance). Up: first ForwardUp.open with
+        the connector's service id, then batches of acknowledgements (each answered by ForwardDown.acked).
+        Down: ForwardDown.ready once the stream is registered (a newer stream of the same service id ends
+        the older one), then a ForwardBatch of the stored messages of the clients attached to that service
+        id, one per saved batch. Forwards are an optimisation: every message is in Redis, and the stream
+        ends when the connector does not keep up, after which the connector reopens it and re-fetches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DevicePersistenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +176,11 @@ def add_DevicePersistenceServicer_to_server(servicer, server):
                     servicer.Clear,
                     request_deserializer=tbmq_dot_v1_dot_services__pb2.ClearRequest.FromString,
                     response_serializer=tbmq_dot_v1_dot_services__pb2.ClearResponse.SerializeToString,
+            ),
+            'Forward': grpc.stream_stream_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=tbmq_dot_v1_dot_services__pb2.ForwardUp.FromString,
+                    response_serializer=tbmq_dot_v1_dot_services__pb2.ForwardDown.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -325,6 +349,33 @@ class DevicePersistence:
             '/tbmq.v1.DevicePersistence/Clear',
             tbmq_dot_v1_dot_services__pb2.ClearRequest.SerializeToString,
             tbmq_dot_v1_dot_services__pb2.ClearResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forward(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tbmq.v1.DevicePersistence/Forward',
+            tbmq_dot_v1_dot_services__pb2.ForwardUp.SerializeToString,
+            tbmq_dot_v1_dot_services__pb2.ForwardDown.FromString,
             options,
             channel_credentials,
             insecure,
