@@ -107,3 +107,15 @@ def test_the_real_aiokafka_fetcher_has_the_internals():
 
     src = inspect.getsource(fetcher.Fetcher._get_actions_per_node)
     assert "self._fetch_max_wait_ms" in src and "self._fetch_min_bytes" in src
+
+
+def test_adaptive_fetch_factory_and_batches():
+    from tbmq_platform.coalesce import adaptive_fetch
+
+    assert adaptive_fetch(_Consumer(), 0) is None  # the setting's 0 = off
+    c = _Consumer()
+    a = adaptive_fetch(c, 5)
+    assert a.window.max_wait_s == 0.005
+    a.polled_batches({"p0": [1, 2], "p1": [3]})
+    a.polled_batches({})
+    assert set(a.health()) == {"fetch_busy", "fetch_rate", "fetch_switches"}

@@ -28,6 +28,8 @@ divided by `tau_s`), so one burst does not flip the mode.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiokafka
@@ -103,9 +105,26 @@ class AdaptiveFetch:
         if w.max_wait_ms != self._fetcher._fetch_max_wait_ms or w.min_bytes != self._fetcher._fetch_min_bytes:
             self._apply(w)
 
+    def polled_batches(self, batches: Mapping | None) -> None:
+        """`polled` with what a getmany returned (partition -> records), at the current time."""
+        self.polled(sum(map(len, batches.values())) if batches else 0, time.monotonic())
+
+    def health(self) -> dict:
+        """For /readyz: the mode of the next fetch, the observed rate, how often the mode changed."""
+        w = self.window
+        return {"fetch_busy": w.window.busy, "fetch_rate": round(w.rate, 1), "fetch_switches": w.switches}
+
     def _apply(self, w: Window) -> None:
         self._fetcher._fetch_min_bytes = w.min_bytes
         self._fetcher._fetch_max_wait_ms = w.max_wait_ms
 
 
-__all__ = ["AdaptiveFetch", "FetchWindow", "Window", "check_fetcher"]
+def adaptive_fetch(consumer, window_ms: float) -> AdaptiveFetch | None:
+    """The adaptive fetch window of a started consumer (a service's `<PREFIX>_FETCH_WINDOW_MS`), or None
+    when the setting is 0 (fetches always return at once)."""
+    if window_ms <= 0:
+        return None
+    return AdaptiveFetch(consumer, FetchWindow(max_wait_s=window_ms / 1000))
+
+
+__all__ = ["AdaptiveFetch", "FetchWindow", "Window", "adaptive_fetch", "check_fetcher"]

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq_platform import topics
-from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow
+from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.kafka import ensure_topics, make_consumer
 from tbmq_platform.tracing import context_from_kafka
 
@@ -99,9 +99,8 @@ class Source:
     def _adapt_fetches(self) -> None:
         """Under load, fetches wait up to APP_DELIVERY_FETCH_WINDOW_MS so that one poll (one batch down)
         carries what arrived meanwhile; when quiet they return at the first record (tbmq_platform.coalesce)."""
-        window_s = self.s.fetch_window_ms / 1000
-        if window_s > 0 and self.consumer is not None:
-            self.adaptive = AdaptiveFetch(self.consumer, FetchWindow(max_wait_s=window_s))
+        if self.consumer is not None:
+            self.adaptive = adaptive_fetch(self.consumer, self.s.fetch_window_ms)
 
     async def start(self) -> None:
         raise NotImplementedError
@@ -148,7 +147,7 @@ class Source:
                 return
             batches = await consumer.getmany(timeout_ms=1000, max_records=self.s.max_poll_records)
             if self.adaptive is not None:
-                self.adaptive.polled(sum(map(len, batches.values())), time.monotonic())
+                self.adaptive.polled_batches(batches)
             for tp, records in batches.items():
                 part = self.parts.get(tp)
                 if part is None or not records:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import CompactedTopicView
 from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
@@ -83,6 +84,7 @@ class ConnectorService(Service):
         # shared DEVICE group store id (ss_<share>_<filter>) -> the local member that attached it last
         self.by_store: dict[str, Connection] = {}
         self.stats: Counter = Counter()
+        self.adaptive_fetch: AdaptiveFetch | None = None
         self._server: asyncio.base_events.Server | None = None
         self._bg: set[asyncio.Task] = set()
         self.mqtt_port = settings.mqtt_port
@@ -178,7 +180,8 @@ class ConnectorService(Service):
                 "retained": len(self.retained), "pending_wills": len(self.wills.pending),
                 **{k: v for k, v in self.stats.items()},
                 **(self.device.acks.stats if self.device is not None else {}),
-                "forward_streams_open": self.device.open_links() if self.device is not None else 0}
+                "forward_streams_open": self.device.open_links() if self.device is not None else 0,
+                **(self.adaptive_fetch.health() if self.adaptive_fetch is not None else {})}
 
     def spawn_bg(self, coro) -> None:
         """A short background job (a produce, a gRPC call): tracked so shutdown can wait for it."""
@@ -290,14 +293,24 @@ class ConnectorService(Service):
         conn.take_over(cmd)
 
     async def _data_loop(self) -> None:
+        adaptive = self.adaptive_fetch = adaptive_fetch(self.data, self.settings.fetch_window_ms)
+        slice_n = self.settings.delivery_slice
         while True:
             batches = await self.data.getmany(timeout_ms=500)
+            if adaptive is not None:
+                adaptive.polled_batches(batches)
+            done = 0
             for tp, records in batches.items():
                 for r in records:
                     try:
                         self._on_basic(r)
                     except Exception:
                         log.exception("bad record on %s at offset %d", tp.topic, r.offset)
+                    done += 1
+                    if done % slice_n == 0:
+                        # a large poll (a backlog, a burst) must not hold the loop: PUBACKs and client
+                        # packets are served between slices
+                        await asyncio.sleep(0)
 
     def _on_basic(self, record) -> None:
         dl = pb.BasicDownlink.FromString(record.value)

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry import trace
 from redis.exceptions import RedisError
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.kafka import ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import MSG_PERSISTED, spec
@@ -78,6 +79,7 @@ class DevicePersistenceService(Service):
         self.grpc_port: int | None = None
         self.consumer = None
         self.stats: Counter = Counter()
+        self.adaptive_fetch: AdaptiveFetch | None = None
         self._batch_lock = asyncio.Lock()
         self._stopping = False
         self._loop_task: asyncio.Task | None = None
@@ -92,8 +94,7 @@ class DevicePersistenceService(Service):
         await self.store.ping()
         await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], profile=s.topic_profile)
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
-                                      max_poll_records=s.max_poll_records,
-                                      fetch_max_wait_ms=s.fetch_max_wait_ms, fetch_min_bytes=s.fetch_min_bytes)
+                                      max_poll_records=s.max_poll_records)
         self.consumer.subscribe([MSG_PERSISTED], listener=_Revoke(self))
         await self.consumer.start()
         self.grpc_server, self.grpc_port = await start_server(self.servicer, s.grpc_host, s.grpc_port)
@@ -123,16 +124,20 @@ class DevicePersistenceService(Service):
     def health_details(self) -> dict:
         return {"grpc_port": self.grpc_port, **self.stats, **self.forwards.stats,
                 "forward_streams": len(self.forwards), "forward_queued_bytes": self.forwards.queued_bytes(),
-                "store": vars(self.store.stats), "grpc_calls": dict(self.servicer.calls)}
+                "store": vars(self.store.stats), "grpc_calls": dict(self.servicer.calls),
+                **(self.adaptive_fetch.health() if self.adaptive_fetch is not None else {})}
 
     # ------------------------------------------------------------------------------------ consumer
     async def _consume(self) -> None:
         consumer = self.consumer
         interval = self.s.commit_interval_ms / 1000
+        adaptive = self.adaptive_fetch = adaptive_fetch(consumer, self.s.fetch_window_ms)
         try:
             while not self._stopping:
                 batches = await consumer.getmany(timeout_ms=min(200, max(1, int(interval * 1000) or 200)),
                                                  max_records=self.s.max_poll_records)
+                if adaptive is not None:
+                    adaptive.polled_batches(batches)
                 async with self._batch_lock:
                     if batches:
                         assigned = consumer.assignment()

@@ -49,11 +49,11 @@ class Settings(CommonSettings):
     commit_interval_ms: float = env("DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS", 100.0, parse=number(0),
                                     doc="saved batches' offsets are committed together at most this often "
                                         "(0 = after every batch); always before a rebalance and at stop")
-    fetch_max_wait_ms: int = env("DEVICE_PERSISTENCE_FETCH_MAX_WAIT_MS", 10, parse=integer(0, 500),
-                                 doc="a fetch waits up to this long for DEVICE_PERSISTENCE_FETCH_MIN_BYTES "
-                                     "(bigger batches, fewer Kafka requests)")
-    fetch_min_bytes: int = env("DEVICE_PERSISTENCE_FETCH_MIN_BYTES", 16384, parse=integer(1),
-                               doc="bytes a fetch waits for (at most DEVICE_PERSISTENCE_FETCH_MAX_WAIT_MS)")
+    fetch_window_ms: float = env(
+        "DEVICE_PERSISTENCE_FETCH_WINDOW_MS", 5.0, parse=number(0),
+        doc="adaptive fetch window: under load a fetch of tbmq.msg.persisted waits up to this long so the "
+            "records of the window are saved as one batch; when quiet it returns at the first record "
+            "(0 = always at once); tbmq_platform.coalesce")
     forward_queue_bytes: int = env("DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES", 16 * 1024 * 1024,
                                    parse=integer(1024),
                                    doc="bytes of forwards waiting per connector stream; more ends that "

@@ -41,7 +41,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from tbmq_platform import topics
-from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow
+from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import CompactedTopicView
 from tbmq_platform.health import HealthServer
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
@@ -212,19 +212,17 @@ class BatchConsumer(faust_aiokafka.Consumer):
         acks_enabled_for = self.app.topics.acks_enabled_for
         suspend_flow = self.suspend_flow
         adaptive = None
-        window_s = getattr(self.app, "fetch_window_s", 0.0)
-        monotonic = time.monotonic
+        window_ms = getattr(self.app, "fetch_window_ms", 0.0)
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 set_flag("FETCHING")
                 try:
                     records, active = await self._wait_next_records(1.0)
-                    if adaptive is None and window_s > 0:
+                    if adaptive is None and window_ms > 0:
                         # the aiokafka consumer of Faust's consumer thread exists once it has started
-                        adaptive = self.adaptive_fetch = AdaptiveFetch(self._thread._ensure_consumer(),
-                                                                       FetchWindow(max_wait_s=window_s))
+                        adaptive = self.adaptive_fetch = adaptive_fetch(self._thread._ensure_consumer(), window_ms)
                     if adaptive is not None:
-                        adaptive.polled(sum(map(len, records.values())) if records else 0, monotonic())
+                        adaptive.polled_batches(records)
                     await self.sleep(0)
                     if not records or self.should_stop:
                         continue
@@ -310,7 +308,7 @@ class IdempotentTransport(faust_aiokafka.Transport):
 class RouterApp(faust.App):
     batch_topic: str | None = None  # records of this topic are delivered in batches...
     deliver_batch = None  # ...to this coroutine function (RecordBatch) -> None
-    fetch_window_s: float = 0.0  # adaptive fetch window of the batch consumer (0 = off)
+    fetch_window_ms: float = 0.0  # adaptive fetch window of the batch consumer (0 = off)
     consumer_in_loop: bool = False  # Faust's consumer on the worker's loop (InLoopConsumerThread)
 
     def _new_transport(self):
@@ -522,8 +520,7 @@ class RouterRuntime(Service):
         d.update(batches=self.batches, stale_batches=self.stale_batches)
         adaptive = getattr(getattr(self.app, "_consumer", None), "adaptive_fetch", None)
         if adaptive is not None:
-            d.update(fetch_busy=adaptive.window.window.busy, fetch_rate=round(adaptive.window.rate, 1),
-                     fetch_switches=adaptive.window.switches)
+            d.update(adaptive.health())
         if self.rebuilt_in is not None:
             d["rebuilt_in_s"] = round(self.rebuilt_in, 3)
         return d
@@ -730,7 +727,7 @@ def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[f
 
     app.on_before_shutdown.connect(drain_before_shutdown)
     app.batch_topic = topics.MSG_ALL
-    app.fetch_window_s = settings.fetch_window_ms / 1000
+    app.fetch_window_ms = settings.fetch_window_ms
     app.consumer_in_loop = settings.consumer_in_loop
     app.deliver_batch = runtime.deliver
     runtime.agent = route
