@@ -102,6 +102,14 @@ def nonempty(raw: str) -> str:
     return raw.strip()
 
 
+def fetch_window_env(name: str, topic: str, default: float = 5.0) -> Any:
+    """The `<PREFIX>_FETCH_WINDOW_MS` setting of a consumer on the message path (tbmq_platform.coalesce)."""
+    return env(name, default, parse=number(0),
+               doc=f"adaptive fetch window of {topic} (ms): under load a fetch waits up to this long so the "
+                   "records of the window are handled as one batch; when quiet it returns at the first "
+                   "record (0 = always at once); tbmq_platform.coalesce")
+
+
 # --- loading --------------------------------------------------------------------------------------
 
 S = TypeVar("S")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, boolean, env, integer, load, load_or_exit, number, port
+from tbmq_platform.settings import (CommonSettings, boolean, env, fetch_window_env, integer, load, load_or_exit,
+                                    number, port)
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,8 @@ class AppDeliverySettings(CommonSettings):
     batch_max_bytes: int = env("APP_DELIVERY_BATCH_MAX_BYTES", 1 << 20, parse=integer(1024, 64 << 20),
                                doc="bytes of records per AppRecordBatch message, about (a larger single "
                                    "record goes alone); records per batch are bounded by the free window")
-    fetch_window_ms: float = env(
-        "APP_DELIVERY_FETCH_WINDOW_MS", 5.0, parse=number(0),
-        doc="adaptive fetch window of the per-client consumers: under load a fetch waits up to this long "
-            "so that what arrived meanwhile goes down as one batch; when quiet it returns at the first "
-            "record (0 = always at once); tbmq_platform.coalesce")
+    fetch_window_ms: float = fetch_window_env("APP_DELIVERY_FETCH_WINDOW_MS",
+                                              "the per-client consumers (tbmq.msg.app.*)")
     trace_spans: bool = env("APP_DELIVERY_TRACE_SPANS", False, parse=boolean,
                             doc="create the per-record span (app-delivery deliver) even without an OTLP "
                                 "endpoint (on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, boolean, env, host_ports, integer, number, port
+from tbmq_platform.settings import CommonSettings, boolean, env, fetch_window_env, host_ports, integer, number, port
 
 MAX_VBI = 268_435_455
 
@@ -79,11 +79,7 @@ class ConnectorSettings(CommonSettings):
     ack_max_calls: int = env(
         "DEVICE_ACK_MAX_CALLS", 4, parse=integer(1, 1000),
         doc="acknowledgement batches in flight at once; more acknowledgements wait for the next one")
-    fetch_window_ms: float = env(
-        "CONNECTOR_FETCH_WINDOW_MS", 5.0, parse=number(0),
-        doc="adaptive fetch window of tbmq.msg.downlink.basic.<svc>: under load a fetch waits up to this "
-            "long so its records are delivered as one batch; when quiet it returns at the first record "
-            "(0 = always at once); tbmq_platform.coalesce")
+    fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
     delivery_slice: int = env(
         "CONNECTOR_DELIVERY_SLICE", 256, parse=integer(1),
         doc="downlink records delivered before the event loop serves the connections again (a large "

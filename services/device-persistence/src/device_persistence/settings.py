@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tbmq_platform.settings import (
     CommonSettings,
     env,
+    fetch_window_env,
     host_ports,
     integer,
     load,
@@ -49,11 +50,7 @@ class Settings(CommonSettings):
     commit_interval_ms: float = env("DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS", 100.0, parse=number(0),
                                     doc="saved batches' offsets are committed together at most this often "
                                         "(0 = after every batch); always before a rebalance and at stop")
-    fetch_window_ms: float = env(
-        "DEVICE_PERSISTENCE_FETCH_WINDOW_MS", 5.0, parse=number(0),
-        doc="adaptive fetch window: under load a fetch of tbmq.msg.persisted waits up to this long so the "
-            "records of the window are saved as one batch; when quiet it returns at the first record "
-            "(0 = always at once); tbmq_platform.coalesce")
+    fetch_window_ms: float = fetch_window_env("DEVICE_PERSISTENCE_FETCH_WINDOW_MS", "tbmq.msg.persisted")
     forward_queue_bytes: int = env("DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES", 16 * 1024 * 1024,
                                    parse=integer(1024),
                                    doc="bytes of forwards waiting per connector stream; more ends that "

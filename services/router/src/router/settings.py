@@ -6,7 +6,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, env, integer, nonempty, number, port
+from tbmq_platform.settings import CommonSettings, env, fetch_window_env, integer, nonempty, number, port
 
 
 def _default_data_dir() -> str:
@@ -36,11 +36,7 @@ class Settings(CommonSettings):
     linger_ms: int = env("ROUTER_PRODUCER_LINGER_MS", 1, parse=integer(0),
                          doc="producer linger (ms): how long records wait to be batched per partition "
                              "(more batch while a request is in flight)")
-    fetch_window_ms: float = env(
-        "ROUTER_FETCH_WINDOW_MS", 5.0, parse=number(0),
-        doc="adaptive fetch window: under load a fetch of tbmq.msg.all waits up to this long so the "
-            "records of this window are routed as one batch; when quiet it returns at the first record "
-            "(0 = always at once); tbmq_platform.coalesce")
+    fetch_window_ms: float = fetch_window_env("ROUTER_FETCH_WINDOW_MS", "tbmq.msg.all")
     consumer_in_loop: bool = env(
         "ROUTER_CONSUMER_IN_LOOP", True,
         doc="run Faust's Kafka consumer on the worker's event loop instead of a thread of its own "
