@@ -15,9 +15,13 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from mqtt_clients import BOUND
+from session_registry.logic import Rules, is_persistent
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.kafka import make_producer
 from tbmq_platform.topics import SESSION_EVENT_REQUEST, response_topic
+
+
+RULES = Rules()  # the registry's defaults
 
 
 async def assign_at_end(consumer: AIOKafkaConsumer, topics) -> None:
@@ -81,8 +85,9 @@ class Tail:
 
 class FakeRegistry:
     """Answers CONNECTION_REQUESTs like the session registry would (success, session present when the
-    client id was seen before and clean start is false); `mode[client_id]` overrides: "silent" (no answer),
-    "quota", or a client type "APPLICATION". Records every request."""
+    client id was seen before and clean start is false; the interval and persistence by the registry's own
+    rules, session_registry.logic); `mode[client_id]` overrides: "silent" (no answer), "quota", or a client
+    type "APPLICATION". Records every request."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -160,7 +165,9 @@ class FakeRegistry:
             resp.success = True
             resp.session_present = prior is not None and not info.clean_start
             resp.client_type = pb.CLIENT_TYPE_APPLICATION if mode == "APPLICATION" else pb.CLIENT_TYPE_DEVICE
-            resp.session_expiry_interval = info.session_expiry_interval
+            resp.session_expiry_interval = RULES.effective_expiry(info.mqtt_version, info.clean_start,
+                                                                  info.session_expiry_interval)
+            resp.persistent = is_persistent(resp.session_expiry_interval, resp.session_present)
             stored = pb.SessionInfo()
             stored.CopyFrom(info)
             stored.connected = True

@@ -12,9 +12,10 @@ import importlib.util
 import time
 
 import pytest
-from connector_helpers import raw_socket
-from mqtt_clients import Client, payloads, routed, run, watcher_and_prober
+from connector_helpers import Tail, raw_socket
+from mqtt_clients import Client, payloads, real, routed, run, watcher_and_prober
 from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_platform.topics import CLIENT_SESSION
 
 pytestmark = [
     pytest.mark.e2e,
@@ -100,6 +101,51 @@ async def test_offline_qos1_messages_delivered_on_reconnect_with_dup(pq, unique)
     assert await run(c2.wait, lambda: [p for p in payloads(c2, f"{u}/t")] == [b"off%d" % i for i in range(5)])
     await run(c2.close)
     await run(pub.close)
+
+
+@pytest.mark.parametrize("v5", [True, False], ids=["mqtt5", "mqtt311"])
+async def test_session_resume_delivers_queued_qos1_and_qos2_then_ends(pq, unique, v5):
+    """Issue 13 (MQTT-3.1.2-4, -5, -23). 5.0: clean start 1 with Session Expiry Interval 600, subscribe at
+    QoS 2, disconnect; a QoS 1 and a QoS 2 message are published; reconnect (on the other connector) with clean
+    start 0 and NO interval: session present, both delivered at their QoS, new ones too while connected; the
+    new interval (0) ends the session when that connection closes. 3.1.1: the same with clean session 0, and
+    a clean session 1 connection ends it."""
+    u = unique("rs")
+    topic = f"{u}/t"
+    pub = Client(u + "p")
+    await run(pub.connect, pq.mqtt_ports[0])
+    first = Client(u, v5=v5, clean=v5, session_expiry=600 if v5 else None)
+    flags, _, _ = await run(first.connect, pq.mqtt_ports[0])
+    assert not flags.session_present
+    await run(first.subscribe, topic, 2)
+    await routed(pub, first, topic, 1)
+    await run(first.close, wait=True)
+    await run(pub.publish, topic, b"q1", 1)
+    await run(pub.publish, topic, b"q2", 2)
+
+    back = Client(u, v5=v5, clean=False)  # 5.0: no Session Expiry Interval at all
+    flags, _, _ = await run(back.connect, pq.mqtt_ports[1])
+    assert flags.session_present
+    assert await run(back.wait, lambda: len(real(back.messages_on(topic))) >= 2), payloads(back, topic)
+    assert [(m.payload, m.qos) for m in real(back.messages_on(topic))] == [(b"q1", 1), (b"q2", 2)]
+    await run(pub.publish, topic, b"live", 2)  # while connected the session still queues for it
+    assert await run(back.wait, lambda: b"live" in payloads(back, topic)), payloads(back, topic)
+    assert [m.qos for m in real(back.messages_on(topic))] == [1, 2, 2]
+
+    async with Tail(pq.bootstrap_servers, CLIENT_SESSION) as sessions:
+        if not v5:
+            await run(back.close, wait=True)
+            back = Client(u, v5=False, clean=True)
+            flags, _, _ = await run(back.connect, pq.mqtt_ports[1])
+            assert not flags.session_present
+        await run(back.close, wait=True)
+        # the registry removes the session (a null record) once this connection is closed
+        await sessions.wait_for(lambda r: r.key == u.encode() and r.value is None)
+    again = Client(u, v5=v5, clean=False, session_expiry=600 if v5 else None)
+    flags, _, _ = await run(again.connect, pq.mqtt_ports[0])
+    assert not flags.session_present
+    for c in (again, pub):
+        await run(c.close)
 
 
 async def test_will_delay_and_cancel_by_reconnect_on_other_connector(pq, unique):

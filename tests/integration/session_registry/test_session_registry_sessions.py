@@ -71,6 +71,28 @@ async def test_v5_sei_zero_ends_session_at_disconnect(registry, connectors, sess
     assert not resp.session_present                   # TBMQ would say present; MQTT 5 says not
 
 
+async def test_v5_resume_with_sei_zero_is_persistent_until_disconnect(registry, connectors, sessions, fake_dp, cid):
+    """MQTT-3.1.2-4/-5/-23: clean start 0 resumes the session whatever the new interval; the answer says
+    persistent (the connector fetches what was stored); the interval 0 ends the session at disconnect."""
+    (c,) = await connectors(1)
+    client = cid()
+    resp, sid = await c.connect(client, clean_start=True, sei=600)
+    assert resp.persistent and resp.session_expiry_interval == 600
+    await c.disconnect(client, sid)
+    await eventually(lambda: (x := sessions.get(client)) and not x.connected, what="disconnected")
+    n_clear = fake_dp.cleared.count(client)
+    resp, sid = await c.connect(client, clean_start=False, sei=0)
+    assert resp.success and resp.session_present and resp.persistent and resp.session_expiry_interval == 0
+    assert fake_dp.cleared.count(client) == n_clear     # resumed: its stored messages stay
+    s = await eventually(lambda: (x := sessions.get(client)) and x.session_id == sid and x, what="resumed")
+    assert s.connected and s.persistent and s.session_expiry_interval == 0   # the router keeps storing for it
+    await c.disconnect(client, sid)
+    await eventually(lambda: client in sessions.sessions and sessions.get(client) is None, what="removal")
+    await eventually(lambda: fake_dp.cleared.count(client) > n_clear, what="Clear")
+    resp, _ = await c.connect(client, clean_start=False, sei=600)
+    assert not resp.session_present
+
+
 async def test_mqtt311_persistent_session(registry, connectors, sessions, cid):
     (c,) = await connectors(1)
     client = cid()

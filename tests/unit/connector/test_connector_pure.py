@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from connector.connect import ConnectRefused, is_persistent, plan_connect, will_delay_seconds
+from connector.connect import ConnectRefused, plan_connect, will_delay_seconds
 from connector.convert import outbound_publish, publish_msg, remaining_expiry
 from connector.flow import (
     AWAIT_PUBCOMP,
@@ -126,8 +126,8 @@ def test_inbound_qos_quota():
 
 
 # ------------------------------------------------------------------------------------------ CONNECT
-def plan(c, ka_max=600, se_max=604800):
-    return plan_connect(c, server_keep_alive_max=ka_max, session_expiry_max=se_max)
+def plan(c, ka_max=600):
+    return plan_connect(c, server_keep_alive_max=ka_max)
 
 
 def test_empty_client_id_rules():
@@ -158,12 +158,13 @@ def test_session_expiry_receive_maximum_packet_size_will_delay():
     c = Connect(protocol_level=5, client_id="a", properties=Properties(
         session_expiry_interval=0xFFFFFFFF, receive_maximum=5, maximum_packet_size=1000, topic_alias_maximum=4),
         will=Will(topic="w", properties=Properties(will_delay_interval=30)))
-    p = plan(c, se_max=3600)
-    assert p.session_expiry == 3600 and p.requested_session_expiry == 0xFFFFFFFF
+    p = plan(c)
+    assert p.requested_session_expiry == 0xFFFFFFFF  # as sent: the registry caps it (its one setting)
     assert p.receive_maximum == 5 and p.maximum_packet_size == 1000 and p.topic_alias_maximum == 4
     assert p.will_delay == 30
     p3 = plan(Connect(protocol_level=4, client_id="a", clean_start=False))
-    assert p3.session_expiry == 0 and p3.receive_maximum == 65535 and p3.maximum_packet_size is None
+    assert p3.requested_session_expiry == 0 and p3.receive_maximum == 65535 and p3.maximum_packet_size is None
+    assert plan(Connect(protocol_level=5, client_id="a", clean_start=False)).requested_session_expiry == 0  # absent
 
 
 def test_invalid_will_topic_refused():
@@ -172,15 +173,12 @@ def test_invalid_will_topic_refused():
     assert e.value.reason_code == 0x90
 
 
-def test_persistence_and_will_delay_rules():
-    assert is_persistent(4, clean_start=False, session_expiry=0)
-    assert not is_persistent(4, clean_start=True, session_expiry=0)
-    assert not is_persistent(5, clean_start=False, session_expiry=0)  # deliberate difference from TBMQ
-    assert is_persistent(5, clean_start=True, session_expiry=10)
-    assert will_delay_seconds(5, 30, 10, True) == 10   # the session ends first
-    assert will_delay_seconds(5, 30, 100, True) == 30
-    assert will_delay_seconds(5, 30, 0, False) == 0
-    assert will_delay_seconds(4, 30, 100, True) == 0
+def test_will_delay_rule():
+    # persistence is the registry's answer (session_registry.logic.is_persistent; test_connector_session_answer)
+    assert will_delay_seconds(5, 30, 10) == 10    # the session ends first
+    assert will_delay_seconds(5, 30, 100) == 30
+    assert will_delay_seconds(5, 30, 0) == 0      # ends with the connection (a resumed one with 0 included)
+    assert will_delay_seconds(4, 30, 100) == 0    # 3.x has no Will Delay
 
 
 # ------------------------------------------------------------------------------------------ conversion

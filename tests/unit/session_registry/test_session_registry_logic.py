@@ -16,11 +16,13 @@ RULES = Rules(session_expiry_max=604800)
 
 
 def conn_req(cid="c1", *, svc="conn-1", sid="s1", clean=False, sei=0, v=5, rid="r1", user="", t=NOW):
-    return pb.SessionEventRequest(
-        request_id=rid, type=pb.SESSION_EVENT_CONNECTION_REQUEST, request_time_ms=t,
-        session=pb.SessionInfo(client_id=cid, service_id=svc, session_id=sid, clean_start=clean,
-                               session_expiry_interval=sei, mqtt_version=v, keep_alive=60, username=user,
-                               client_address="127.0.0.1:5000"))
+    """sei=None: the CONNECT had no Session Expiry Interval (the connector sends nothing, i.e. 0)."""
+    session = pb.SessionInfo(client_id=cid, service_id=svc, session_id=sid, clean_start=clean, mqtt_version=v,
+                             keep_alive=60, username=user, client_address="127.0.0.1:5000")
+    if sei is not None:
+        session.session_expiry_interval = sei
+    return pb.SessionEventRequest(request_id=rid, type=pb.SESSION_EVENT_CONNECTION_REQUEST, request_time_ms=t,
+                                  session=session)
 
 
 def disc_req(cid="c1", *, sid="s1", rid="d1", sei=None):
@@ -59,6 +61,115 @@ def test_expiry_and_persistence(v, clean, sei, max_, exp_sei, exp_persistent):
     assert out.response.session_expiry_interval == exp_sei
     assert out.session.session_expiry_interval == exp_sei
     assert out.session.persistent is exp_persistent
+
+
+# -- resume and persistence: the one rule (MQTT-3.1.2-4, -5, -23), at its boundaries ---------------------
+
+PRIORS = {
+    "none": None,
+    "offline": stored(connected=False, disconnected_at=NOW - 1000, sei=600),
+    "offline-never": stored(connected=False, disconnected_at=NOW - 10**12, sei=NEVER_EXPIRES, v=4),
+    "online": stored(connected=True, sei=600),                                  # takeover
+    "online-ends-with-it": stored(connected=True, persistent=True, sei=0),      # resumed earlier with SEI 0
+    "online-sei0": stored(connected=True, persistent=False, sei=0),
+    "dead": stored(connected=False, persistent=False, sei=0, disconnected_at=NOW - 1),
+    "expired": stored(connected=False, disconnected_at=NOW - 600_000, sei=600),  # exactly at its end
+    "expires-next-ms": stored(connected=False, disconnected_at=NOW - 599_999, sei=600),
+}
+ALIVE = {"offline", "offline-never", "online", "expires-next-ms"}   # what a clean-start-0 connect resumes
+
+
+@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("v,clean,sei,exp_sei", [
+    (5, False, None, 0),                  # the issue's case: resume with no Session Expiry Interval
+    (5, False, 0, 0),
+    (5, False, 1, 1),
+    (5, False, 600, 600),
+    (5, True, None, 0),
+    (5, True, 0, 0),
+    (5, True, 600, 600),
+    (5, False, 604800, 604800),           # at the cap
+    (5, False, 604801, 604800),           # above it: capped
+    (5, False, NEVER_EXPIRES, 604800),
+    (4, False, None, 604800),             # 3.1.1 clean session 0: "never", capped
+    (4, True, None, 0),                   # 3.1.1 clean session 1
+    (3, False, None, 604800),
+    (3, True, None, 0),
+])
+def test_resume_and_persistence(prior, v, clean, sei, exp_sei):
+    out = logic.decide(PRIORS[prior], conn_req(clean=clean, sei=sei, v=v), RULES, NOW)
+    present = prior in ALIVE and not clean
+    r = out.response
+    assert r.success and r.session_present is present
+    assert r.session_expiry_interval == out.session.session_expiry_interval == exp_sei
+    # persistent for this connection: it outlives it, or it resumes a session whatever the new interval
+    assert r.persistent is out.session.persistent is (exp_sei > 0 or present)
+    assert r.persistent is logic.is_persistent(exp_sei, present)
+    # a new session starts empty; a resumed one keeps its subscriptions and stored messages
+    assert (out.clear_subscriptions is None) is present
+    if present:
+        assert out.device_clear == "" and out.reset_app_offsets == ""
+    # after this connection: only an interval > 0 keeps the session (a takeover resumes only then)
+    assert logic.is_alive(out.session, NOW) is (exp_sei > 0)
+
+
+@pytest.mark.parametrize("max_,exp_sei,exp_persistent", [
+    (0, 0, True),                  # the cap was lowered to 0: resumed for this connection, ends with it
+    (1, 1, True),
+    (NEVER_EXPIRES, 600, True),
+])
+def test_cap_applies_to_a_resumed_session(max_, exp_sei, exp_persistent):
+    out = logic.decide(PRIORS["offline"], conn_req(sei=600), Rules(session_expiry_max=max_), NOW)
+    assert out.response.session_present
+    assert out.response.session_expiry_interval == exp_sei and out.response.persistent is exp_persistent
+
+
+def test_resumed_session_with_interval_zero_ends_with_its_connection():
+    resumed = logic.decide(PRIORS["offline"], conn_req(sid="s1", clean=False, sei=None), RULES, NOW)
+    assert resumed.response.session_present and resumed.response.persistent
+    s = resumed.session
+    assert s.persistent and s.session_expiry_interval == 0 and s.connected
+    # its connection ends: the session, its subscriptions and its stored messages go
+    end = logic.decide(s, disc_req(sid="s1"), RULES, NOW + 5)
+    assert end.kind == "removed" and end.write_session and end.session is None
+    assert end.clear_subscriptions is not None and end.device_clear == "c1"
+    assert end.fallback.session is not None and logic.needs_cleanup(end.fallback.session, NOW + 5)
+    # the DISCONNECT cannot give it an interval: the CONNECT's was 0 [MQTT-3.14.2-2]
+    assert logic.decide(s, disc_req(sid="s1", sei=60), RULES, NOW + 5).session is None
+    # taken over while connected: not resumed (it ends with its connection; Mosquitto does the same), and the
+    # next persistent DEVICE session starts from a cleared store (blocking)
+    t = logic.decide(s, conn_req(sid="s2", rid="r2", clean=False, sei=600), RULES, NOW + 5)
+    assert not t.response.session_present and t.disconnect[1].session_id == "s1"
+    assert t.device_clear == "c1" and not t.device_clear_deferrable and t.clear_subscriptions is not None
+
+
+def test_resumed_application_session_with_interval_zero():
+    rules = Rules(application_client_id_pattern="c1")
+    prior = stored(ctype=APPLICATION, connected=False, disconnected_at=NOW - 1, sei=600)
+    out = logic.decide(prior, conn_req(sid="s1", clean=False, sei=0), rules, NOW)
+    r = out.response
+    assert r.session_present and r.persistent and r.client_type == APPLICATION and r.session_expiry_interval == 0
+    assert out.reset_app_offsets == "" and out.ensure_app_topic == "c1" and out.device_clear == ""
+    end = logic.decide(out.session, disc_req(sid="s1"), rules, NOW)
+    assert end.session is None and end.reset_app_offsets == "c1" and end.device_clear == ""
+
+
+def test_type_change_on_a_resumed_session_with_interval_zero():
+    # APPLICATION -> DEVICE: the resumed DEVICE session reads the device store, so strays are cleared first
+    prior = stored(ctype=APPLICATION, connected=False, disconnected_at=NOW - 1, sei=600)
+    out = logic.decide(prior, conn_req(sei=0), RULES, NOW)
+    assert out.response.persistent and out.response.client_type == DEVICE
+    assert out.device_clear == "c1" and not out.device_clear_deferrable and out.app_removed is not None
+    # DEVICE -> APPLICATION: nothing reads the device store any more, the Clear does not block
+    out = logic.decide(stored(connected=False, disconnected_at=NOW - 1, sei=600), conn_req(sei=0),
+                       Rules(application_client_id_pattern="c1"), NOW)
+    assert out.response.persistent and out.response.client_type == APPLICATION
+    assert out.device_clear == "c1" and out.device_clear_deferrable
+
+
+def test_failed_answers_are_not_persistent():
+    out = logic.decide(None, conn_req(sei=600), Rules(sessions_limit=1), NOW, Counts(sessions=1))
+    assert not out.response.success and not out.response.persistent
 
 
 def test_new_session_fields_and_response():
@@ -175,8 +286,9 @@ def test_type_change_application_to_device_removes_topic():
     assert out.reset_app_offsets == ""
     # the DEVICE -> APPLICATION Clear may have been deferred: a persistent DEVICE session clears, blocking
     assert out.device_clear == "c1" and not out.device_clear_deferrable
-    non_persistent = logic.decide(prior, conn_req(sei=0), RULES, NOW)
-    assert non_persistent.device_clear == ""
+    non_persistent = logic.decide(prior, conn_req(clean=True, sei=0), RULES, NOW)
+    assert not non_persistent.response.persistent and non_persistent.device_clear == ""
+    # resumed with SEI 0 it is persistent for the connection: test_type_change_on_a_resumed_session_...
 
 
 def test_application_clean_start_resets_backlog():

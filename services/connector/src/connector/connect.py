@@ -1,4 +1,10 @@
-"""CONNECT validation and the values a connection runs with. Pure (unit-tested)."""
+"""CONNECT validation and the values a connection runs with. Pure (unit-tested).
+
+The session's lifetime is not decided here: the Session Expiry Interval goes to the session registry as the
+client asked for it, and the registry's answer carries the capped interval and whether the session is
+persistent for this connection (session_registry.logic: the cap and the resume rules of MQTT-3.1.2-4, -5,
+-23 have that one home). The connector applies the answer.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +28,8 @@ class ConnectPlan:
     assigned_client_id: bool       # the connector made the id up (v5: sent as Assigned Client Identifier)
     keep_alive: int                # seconds the connector enforces (×1.5); 0 = none
     server_keep_alive: int | None  # v5: Server Keep Alive to send in CONNACK (None = not sent)
-    session_expiry: int            # requested Session Expiry Interval after our cap (3.x: 0)
-    requested_session_expiry: int  # as the client sent it
+    requested_session_expiry: int  # v5 Session Expiry Interval as the client sent it (absent: 0; 3.x: 0);
+    #                                the registry caps it and says what the session is (its answer)
     clean_start: bool
     receive_maximum: int           # the CLIENT's Receive Maximum (our outbound window), 65535 when absent
     maximum_packet_size: int | None  # the CLIENT's Maximum Packet Size (outbound limit), None = no limit
@@ -46,7 +52,7 @@ def new_client_id() -> str:
     return "tbmq-" + uuid.uuid4().hex
 
 
-def plan_connect(c: Connect, *, server_keep_alive_max: int, session_expiry_max: int) -> ConnectPlan:
+def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
     """Validate a decoded CONNECT (the codec already checked its syntax) and compute the plan.
 
     Client identifier rules: any UTF-8 string the codec accepted (1..65535 bytes; MQTT 3.1.1 says a
@@ -80,7 +86,6 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int, session_expiry_max: 
         server_keep_alive = keep_alive
 
     requested = (props.session_expiry_interval or 0) if v5 else 0
-    session_expiry = min(requested, session_expiry_max)
 
     will_delay = 0
     if v5 and c.will is not None:
@@ -91,7 +96,6 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int, session_expiry_max: 
         assigned_client_id=assigned,
         keep_alive=keep_alive,
         server_keep_alive=server_keep_alive,
-        session_expiry=session_expiry,
         requested_session_expiry=requested,
         clean_start=c.clean_start,
         receive_maximum=(props.receive_maximum or 65535) if v5 else 65535,
@@ -103,17 +107,10 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int, session_expiry_max: 
     )
 
 
-def is_persistent(protocol_level: int, clean_start: bool, session_expiry: int) -> bool:
-    """3.x: clean session false; v5: Session Expiry Interval > 0 (0 ends the session at disconnect even
-    with clean start false — a deliberate difference from TBMQ, see docs/architecture.md)."""
-    if protocol_level == MQTT_5:
-        return session_expiry > 0
-    return not clean_start
-
-
-def will_delay_seconds(protocol_level: int, will_delay: int, session_expiry: int, persistent: bool) -> int:
+def will_delay_seconds(protocol_level: int, will_delay: int, session_expiry: int) -> int:
     """When the Will goes out after an ungraceful close: v5 Will Delay, but no later than the end of the
-    session [MQTT-3.1.3-9]; a session that ends at disconnect sends it at once."""
-    if protocol_level != MQTT_5 or not persistent:
+    session [MQTT-3.1.3-9], i.e. `session_expiry` (the registry's interval, or the DISCONNECT's) after the
+    close; a session that ends at disconnect (0, a resumed one included) sends it at once."""
+    if protocol_level != MQTT_5:
         return 0
     return min(will_delay, session_expiry)

@@ -38,6 +38,7 @@ from tbmq_mqtt import (
     PubRec,
     PubRel,
     REASON_CODES_BY_PACKET,
+    ReasonCode,
     SubAck,
     Subscribe,
     UnsubAck,
@@ -46,7 +47,7 @@ from tbmq_mqtt import (
 )
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
 
-from .connect import ConnectRefused, is_persistent, plan_connect, will_delay_seconds
+from .connect import ConnectRefused, plan_connect, will_delay_seconds
 from .convert import outbound_publish, publish_msg, topic_subscription
 from .flow import (
     APP,
@@ -123,8 +124,9 @@ class Connection(asyncio.Protocol):
         self.session_id = ""
         self.session: pb.SessionInfo | None = None
         self.client_type = pb.CLIENT_TYPE_DEVICE
-        self.persistent = False
-        self.session_expiry = 0
+        self.persistent = False          # the registry's answer: messages kept for the client (fetch / stream)
+        self.session_expiry = 0          # the registry's interval: how long the session outlives the connection
+        self.connect_expiry = 0          # the CONNECT's interval as sent (v5 DISCONNECT may not raise it from 0)
         self.will = None
         self.will_delay = 0
         self.subs: dict[tuple[str, str], pb.TopicSubscription] = {}
@@ -334,7 +336,7 @@ class Connection(asyncio.Protocol):
             return
         # the Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; v5 0x04 and every other end send it
         if self.will is not None and not self.graceful and prior == CONNECTED:
-            delay = will_delay_seconds(self.level, self.will_delay, self.session_expiry, self.persistent)
+            delay = will_delay_seconds(self.level, self.will_delay, self.session_expiry)
             if self.taken_over is not None:
                 if delay and not self.taken_over.new_session_clean_start:
                     delay = -1  # the session continues on the new connection before the delay passed
@@ -403,8 +405,7 @@ class Connection(asyncio.Protocol):
         self.v5 = c.protocol_level == MQTT_5
         s = self.s
         try:
-            plan = plan_connect(c, server_keep_alive_max=s.server_keep_alive_max,
-                                session_expiry_max=s.session_expiry_max)
+            plan = plan_connect(c, server_keep_alive_max=s.server_keep_alive_max)
         except ConnectRefused as exc:
             self._protocol_error(exc.reason_code, exc.message, connect=True, level=c.protocol_level)
             return
@@ -428,8 +429,8 @@ class Connection(asyncio.Protocol):
         self.session = pb.SessionInfo(
             client_id=self.client_id, service_id=svc.service_id, session_id=self.session_id,
             client_type=pb.CLIENT_TYPE_DEVICE, connected=True, clean_start=plan.clean_start,
-            persistent=is_persistent(self.level, plan.clean_start, plan.session_expiry),
-            session_expiry_interval=plan.session_expiry, mqtt_version=self.level, keep_alive=plan.keep_alive,
+            session_expiry_interval=plan.requested_session_expiry, mqtt_version=self.level,
+            keep_alive=plan.keep_alive,
             connected_at_ms=_now_ms(), client_address=self.address, username=c.username or "")
         svc.by_session[self.session_id] = self
         self.request_sent = True
@@ -448,9 +449,12 @@ class Connection(asyncio.Protocol):
             self._refuse(_V3_FAILURE.get(resp.failure, 0x80), f"session registry refused: "
                          f"{pb.SessionFailure.Name(resp.failure)}")
             return
+        # the registry decides what the session is (session_registry.logic): a resumed session is persistent
+        # for this connection whatever its new interval [MQTT-3.1.2-4, -5, -23]
         self.client_type = resp.client_type
         self.session_expiry = resp.session_expiry_interval if self.v5 else 0
-        self.persistent = is_persistent(self.level, plan.clean_start, self.session_expiry)
+        self.connect_expiry = plan.requested_session_expiry
+        self.persistent = resp.persistent
         self.session.client_type = resp.client_type
         self.session.session_expiry_interval = self.session_expiry
         self.session.persistent = self.persistent
@@ -1022,13 +1026,15 @@ class Connection(asyncio.Protocol):
         if self.v5:
             new_expiry = p.properties.session_expiry_interval
             if new_expiry is not None:
-                if self.session_expiry == 0 and new_expiry > 0:
-                    # [MQTT-3.14.2-2]: from 0 to non-zero is a Protocol Error
-                    self._protocol_error(0x82, "DISCONNECT sets a Session Expiry Interval after 0")
+                if self.connect_expiry == 0 and new_expiry > 0:
+                    # [MQTT-3.14.2-2]: from 0 in CONNECT to non-zero is a Protocol Error
+                    self._protocol_error(ReasonCode.PROTOCOL_ERROR,
+                                         "DISCONNECT sets a Session Expiry Interval after 0")
                     return
-                self.disconnect_expiry = min(new_expiry, self.s.session_expiry_max)
-                self.session_expiry = self.disconnect_expiry
-                self.persistent = self.session_expiry > 0
+                # the registry caps it (its one setting); uncapped here it only bounds the Will Delay, and a
+                # session the registry ends sooner sends its Will then (wills.on_session_record)
+                self.disconnect_expiry = new_expiry
+                self.session_expiry = new_expiry
         # 0x00: normal, no Will; 0x04 (Disconnect with Will Message) and error codes: the Will goes out
         self.graceful = not self.v5 or p.reason_code == 0
         self.close(f"DISCONNECT 0x{p.reason_code:02X}" if self.v5 else "DISCONNECT", log_level=logging.DEBUG)

@@ -38,9 +38,6 @@ class ConnectorSettings(CommonSettings):
     max_queued: int = env(
         "MQTT_MAX_QUEUED", 1000, parse=integer(1, 10_000_000),
         doc="outbound QoS 1/2 messages queued per client beyond the in-flight window; more -> dropped")
-    session_expiry_max: int = env(
-        "MQTT_SESSION_EXPIRY_MAX", 604800, parse=integer(0, 0xFFFFFFFF),
-        doc="cap on the Session Expiry Interval a client may ask for (the registry may cap further)")
     connect_timeout_s: float = env("MQTT_CONNECT_TIMEOUT_S", 10.0, parse=number(0.1),
                                    doc="seconds a new TCP connection has to send CONNECT")
     session_event_timeout_s: float = env(

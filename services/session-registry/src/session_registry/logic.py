@@ -5,13 +5,20 @@ empty subscription set, a disconnect command, an ApplicationRemovedEvent, the AP
 reset) and which side effects must succeed *before* the transaction (DevicePersistence.Clear, creating the
 APPLICATION topic). When a side effect fails, the I/O layer uses `Outcome.fallback` instead.
 
-Session lifetime (docs/session-registry.md):
-  * SEI = min(requested, max); 0xFFFFFFFF (never) only survives when the max is 0xFFFFFFFF.
-    MQTT 3.x: clean session = false asks for "never", so it gets the max; clean session = true gets 0.
-  * persistent = SEI > 0. v5 SEI 0 ends the session at disconnect even with clean start = false.
-  * A stored session is *alive* when it is connected and persistent, or disconnected, persistent and not
-    expired (disconnected_at + SEI > now). A connected non-persistent session ends when it is taken over;
-    a dead one is cleared by the next connect or by the expiry scan.
+Session lifetime (docs/session-registry.md). These are THE rules: the connector applies the registry's
+answer (SessionEventResponse.session_expiry_interval and .persistent) and decides neither itself.
+  * SEI = min(requested, max) (`Rules.cap`, the one setting MQTT_CLIENT_SESSION_EXPIRY_MAX_EXPIRY_INTERVAL,
+    also applied to the interval a v5 DISCONNECT sets); 0xFFFFFFFF (never) only survives when the max is
+    0xFFFFFFFF. MQTT 3.x: clean session = false asks for "never", so it gets the max; clean session = true
+    gets 0. The SEI says what happens AFTER this connection ends [MQTT-3.1.2-23]: 0 = the session ends with it.
+  * session present = an alive stored session and clean start = 0 [MQTT-3.1.2-4, MQTT-3.1.2-5,
+    MQTT-3.2.2-2, MQTT-3.2.2-3], whatever the new SEI.
+  * persistent (`is_persistent`: messages are kept for the client, stored while it is offline, fetched on
+    connect) = SEI > 0 or session present. A session resumed with a new SEI of 0 is persistent for this
+    connection (its queued messages are delivered, new ones queued while connected) and ends with it.
+  * A stored session is *alive* (`is_alive`) when it outlives its connection (persistent and SEI > 0) and
+    is connected or not expired (disconnected_at + SEI > now). A connected session with SEI 0 ends when it
+    is taken over; a dead one is cleared by the next connect or by the expiry scan.
 """
 
 from __future__ import annotations
@@ -105,8 +112,19 @@ def is_expired(s: pb.SessionInfo, now_ms: int) -> bool:
     return s.disconnected_at_ms + s.session_expiry_interval * 1000 <= now_ms
 
 
+def is_persistent(session_expiry_interval: int, session_present: bool) -> bool:
+    """Whether a new connection's session keeps messages for its client (SessionInfo.persistent and the
+    answer's `persistent`): it outlives the connection (SEI after the cap > 0), or it resumes an existing
+    session, which MQTT 5 resumes whatever the new SEI [MQTT-3.1.2-4, MQTT-3.1.2-5]; the new SEI only governs
+    what happens after this connection ends [MQTT-3.1.2-23] (0: the session ends with it, decide_disconnect)."""
+    return session_expiry_interval > 0 or session_present
+
+
 def is_alive(s: pb.SessionInfo | None, now_ms: int) -> bool:
-    if s is None or not s.persistent:
+    """A stored session that a clean-start-0 connect resumes: it outlives its connection (persistent, SEI > 0)
+    and is connected or not expired. A connected session with SEI 0 (a resumed one included) ends with its
+    connection, so a takeover does not resume it (Mosquitto neither)."""
+    if s is None or not s.persistent or s.session_expiry_interval == 0:
         return False
     return s.connected or not is_expired(s, now_ms)
 
@@ -126,10 +144,11 @@ def _app_removed(client_id: str, now_ms: int) -> pb.ApplicationRemovedEvent:
 
 
 def _answer(req: pb.SessionEventRequest, *, success: bool, failure: int = pb.SESSION_FAILURE_NONE,
-            session_present: bool = False, client_type: int = DEVICE, sei: int = 0) -> pb.SessionEventResponse:
+            session_present: bool = False, client_type: int = DEVICE, sei: int = 0,
+            persistent: bool = False) -> pb.SessionEventResponse:
     return pb.SessionEventResponse(request_id=req.request_id, client_id=req.session.client_id, success=success,
                                    session_present=session_present, failure=failure, client_type=client_type,
-                                   session_expiry_interval=sei)
+                                   session_expiry_interval=sei, persistent=persistent)
 
 
 def _failed(kind: str, req: pb.SessionEventRequest, failure: int, client_type: int = DEVICE,
@@ -161,7 +180,6 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
     cid = conn.client_id
     client_type = rules.client_type(cid, conn.username)
     sei = rules.effective_expiry(conn.mqtt_version, conn.clean_start, conn.session_expiry_interval)
-    persistent = sei > 0
 
     if not cid:
         return _failed("invalid", req, pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID, client_type, sei)
@@ -181,6 +199,7 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
 
     prior = is_alive(stored, now_ms)
     session_present = prior and not conn.clean_start
+    persistent = is_persistent(sei, session_present)
     out = Outcome("connected", write_session=True, response_service_id=conn.service_id)
     out.retry_side_effects = True
     out.fallback = _failed("unavailable", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE, client_type, sei)
@@ -221,7 +240,8 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
         mqtt_version=conn.mqtt_version, keep_alive=conn.keep_alive, connected_at_ms=now_ms,
         disconnected_at_ms=0, client_address=conn.client_address, username=conn.username,
         last_request_id=req.request_id)
-    out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei)
+    out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei,
+                           persistent=persistent)
     return out
 
 
@@ -244,6 +264,8 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
         # [MQTT-3.14.2-2]: a session that was 0 at CONNECT cannot be given an interval at DISCONNECT
         if sei > 0:
             sei = rules.cap(req.disconnect_session_expiry_interval)
+    # the interval governs what happens after the connection: 0 ends the session now, also one that was
+    # persistent for the connection because it resumed an existing session [MQTT-3.1.2-23]
     persistent = sei > 0
     if persistent:
         s = pb.SessionInfo()

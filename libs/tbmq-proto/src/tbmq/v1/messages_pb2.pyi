@@ -200,7 +200,7 @@ class SessionEventRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ...) -> None: ...
 
 class SessionEventResponse(_message.Message):
-    __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval")
+    __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class SessionEventResponse(_message.Message):
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_EXPIRY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_id: str
     success: bool
@@ -215,7 +216,8 @@ class SessionEventResponse(_message.Message):
     failure: SessionFailure
     client_type: ClientType
     session_expiry_interval: int
-    def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ...) -> None: ...
+    persistent: bool
+    def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ...) -> None: ...
 
 class DisconnectCommand(_message.Message):
     __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason")
