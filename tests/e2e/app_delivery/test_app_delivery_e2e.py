@@ -98,6 +98,37 @@ async def test_200_publishers_fan_in_to_one_application_subscriber(ad_e2e):
         sub.close()
 
 
+async def test_application_session_resumed_without_interval_gets_its_backlog_then_ends(ad_e2e):
+    """Issue 13 for an APPLICATION client (MQTT-3.1.2-4, -5, -23): clean start 0 with no Session Expiry
+    Interval resumes the session: its Kafka backlog (QoS 1 and 2) is streamed; the interval 0 then ends the
+    session with the connection."""
+    ports = ad_e2e.mqtt_ports
+    tag = uuid.uuid4().hex[:8]
+    topic = f"rs/{tag}/t"
+    cid = app_id()
+    sub = Mqtt(cid, clean=True, session_expiry=600)
+    await run(sub.connect, ports[0])
+    await run(sub.subscribe, topic, 2)
+    pub = Mqtt(f"pub{tag}")
+    await run(pub.connect, ports[1])
+    await app_routed(pub, sub, topic)
+    await run(sub.close, wait=True)
+    await run(pub.publish, topic, b"q1", 1)
+    await run(pub.publish, topic, b"q2", 2)
+
+    back = Mqtt(cid, clean=False)
+    flags, _, _ = await run(back.connect, ports[1])
+    assert flags.session_present
+    assert await run(back.wait, lambda: has_real(back.messages, 2)), [m.payload for m in back.snapshot()]
+    assert [(m.payload, m.qos) for m in real(back.snapshot())] == [(b"q1", 1), (b"q2", 2)]
+    await run(back.close, wait=True)
+    again = Mqtt(cid, clean=False, session_expiry=600)
+    flags, _, _ = await run(again.connect, ports[0])
+    assert not flags.session_present
+    for c in (again, pub):
+        await run(c.close)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_offline_backlog_of_50000_arrives_in_order(ad_e2e):
