@@ -41,6 +41,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -51,7 +52,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from tbmq.v1 import messages_pb2
+from tbmq.v1 import messages_pb2, services_pb2
 
 __all__ = [
     "MAX_PACKET_ID",
@@ -72,10 +73,6 @@ SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pu
 
 _TYPE_PUBLISH = b"P"
 _TYPE_PUBREL = b"R"
-_PACKET_TYPE = {
-    ord(_TYPE_PUBLISH): messages_pb2.DEVICE_PACKET_TYPE_PUBLISH,
-    ord(_TYPE_PUBREL): messages_pb2.DEVICE_PACKET_TYPE_PUBREL,
-}
 
 
 def default_lua_dir() -> Path:
@@ -103,6 +100,7 @@ class StoreConfig:
     key_prefix: str = ""
     lua_dir: Path | None = None  # None = default_lua_dir()
     pipeline_chunk: int = 500  # script calls per pipeline in save_many (chunks run concurrently)
+    save_clients_per_call: int = 200  # clients saved by one save_messages.lua call (a script blocks Redis)
     max_in_flight: int = 64  # Redis requests/pipelines in flight at once (redis-py pools refuse >100)
 
     def __post_init__(self) -> None:
@@ -121,6 +119,8 @@ class StoreConfig:
             errors.append(f"key prefix must not contain braces (hash tags), got {self.key_prefix!r}")
         if self.pipeline_chunk < 1:
             errors.append("pipeline_chunk must be >= 1")
+        if self.save_clients_per_call < 1:
+            errors.append("save_clients_per_call must be >= 1")
         if not 1 <= self.max_in_flight <= 90:
             errors.append("max_in_flight must be 1..90")
         for node in self.cluster_nodes:
@@ -193,6 +193,7 @@ class StoreStats:
     saved: int = 0
     trimmed: int = 0  # stored references dropped because of the limit (oldest first)
     dropped_on_save: int = 0  # not stored: already expired, or beyond the limit within one batch
+    save_calls: int = 0  # save_messages.lua calls made by save_many (one per group of clients)
     noscript_reloads: int = 0
 
 
@@ -456,7 +457,8 @@ class DeviceMsgStore:
         batches: Mapping[str, Sequence[messages_pb2.PublishMsg]],
         default_ttl: int | None = None,
     ) -> dict[str, list[messages_pb2.DevicePublishMsg]]:
-        """save_batch for many clients at once: one script call per client, all pipelined."""
+        """save_batch for many clients at once: one script call per group of clients (standalone: all of
+        them, up to save_clients_per_call; cluster: those of one hash slot), the calls pipelined."""
         saved = await self.save_many_attached(batches, default_ttl)
         return {client_id: result.messages for client_id, result in saved.items()}
 
@@ -468,8 +470,11 @@ class DeviceMsgStore:
         """save_many, also returning each client's attachment read atomically with its save: the
         service forwards a client's stored messages to its attached connector."""
         now_ms = int(time.time() * 1000)
-        calls: list[tuple[list[str], list[Any]]] = []
-        meta: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int]]] = []
+        # clients grouped so that one save_messages.lua call saves many: all of them on standalone Redis,
+        # those of one hash slot on a cluster (a script's keys must share a slot); at most
+        # save_clients_per_call clients per call (a script blocks Redis while it runs)
+        groups: dict[int, list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int], ClientKeys, bytes]]] = {}
+        cluster = self.config.cluster
         out: dict[str, SaveResult] = {}
         for client_id, messages in batches.items():
             out[client_id] = SaveResult([])
@@ -479,12 +484,31 @@ class DeviceMsgStore:
             if not sent:
                 continue
             k = self.keys(client_id)
-            calls.append(([k.messages, k.last_packet_id, k.serial, k.attached], args))
-            meta.append((client_id, messages, sent))
-        if calls:
-            replies = await self._call_many("save_messages", calls)
-            for (client_id, messages, sent), reply in zip(meta, replies):
-                out[client_id] = self._save_result(client_id, messages, sent, reply)
+            slot = key_slot(k.messages.encode("utf-8")) if cluster else 0
+            groups.setdefault(slot, []).append((client_id, messages, sent, k, args[1]))
+        if not groups:
+            return out
+        per_call = self.config.save_clients_per_call
+        calls: list[tuple[list[str], list[Any]]] = []
+        metas: list[list] = []
+        limit = self.config.messages_limit
+        for members in groups.values():
+            for i in range(0, len(members), per_call):
+                part = members[i:i + per_call]
+                keys: list[str] = []
+                args: list[Any] = [limit]
+                for _, _, _, k, blob in part:
+                    keys += (k.messages, k.last_packet_id, k.serial, k.attached)
+                    args.append(blob)
+                calls.append((keys, args))
+                metas.append(part)
+        replies = await self._call_many("save_messages", calls)
+        for part, reply in zip(metas, replies):
+            if len(reply) != 5 * len(part):
+                raise RuntimeError(f"save_messages.lua answered {len(reply)} elements for {len(part)} clients")
+            for j, (client_id, messages, sent, _, _) in enumerate(part):
+                out[client_id] = self._save_result(client_id, messages, sent, reply[5 * j:5 * j + 5])
+        self.stats.save_calls += len(calls)
         return out
 
     async def fetch_undelivered(
@@ -496,28 +520,28 @@ class DeviceMsgStore:
         earlier is in this answer. With `check` (and `attach`), the attachment is only compared, never
         set: None when the client is not attached to `attach` (a connector's re-sync must not take the
         attachment back from a newer session)."""
+        resp = await self.fetch_undelivered_response(client_id, attach, check=check)
+        return None if resp.not_attached else list(resp.messages)
+
+    async def fetch_undelivered_response(
+        self, client_id: str, attach: Attachment | None = None, *, check: bool = False
+    ) -> services_pb2.FetchUndeliveredResponse:
+        """fetch_undelivered as the gRPC answer (`not_attached` set instead of None). The script encodes
+        the messages itself (fetch_undelivered.lua), so this is one protobuf parse of one bulk reply,
+        with no work per message in Python."""
         k = self.keys(client_id)
+        # DevicePublishMsg with only client_id set: exactly its encoded field 1, copied into every message
+        cid_field = messages_pb2.DevicePublishMsg(client_id=client_id).SerializeToString()
         if attach is None:
-            reply = await self._call("fetch_undelivered", [k.messages], [])
+            reply = await self._call("fetch_undelivered", [k.messages], [cid_field])
         else:
             if "|" in attach.service_id:
                 raise ValueError(f"service id must not contain '|', got {attach.service_id!r}")
-            args = [attach.encode(), "check"] if check else [attach.encode()]
+            args = [cid_field, attach.encode(), "check"] if check else [cid_field, attach.encode()]
             reply = await self._call("fetch_undelivered", [k.messages, k.attached], args)
-            if not isinstance(reply, list):
-                return None
-        out = []
-        for i in range(0, len(reply), 3):
-            value = reply[i + 2]
-            dmsg = messages_pb2.DevicePublishMsg(
-                client_id=client_id,
-                packet_id=int(reply[i]),
-                serial=int(reply[i + 1]),
-                packet_type=_PACKET_TYPE.get(value[0], messages_pb2.DEVICE_PACKET_TYPE_PUBLISH),
-            )
-            dmsg.msg.ParseFromString(value[1:])
-            out.append(dmsg)
-        return out
+            if not isinstance(reply, bytes):
+                return services_pb2.FetchUndeliveredResponse(not_attached=True)
+        return services_pb2.FetchUndeliveredResponse.FromString(reply)
 
     async def acknowledge(self, client_id: str, packet_id: int) -> bool:
         """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
@@ -541,14 +565,14 @@ class DeviceMsgStore:
         per client with all its packet ids), each kind in one pipeline (per master in cluster mode).
         Returns (acknowledged, marked): how many were still stored. Raises ValueError on a bad packet
         id before anything is applied."""
-        by_client: dict[str, list[int]] = {}
+        by_client: dict[str, dict[int, None]] = {}  # client id -> its packet ids (insertion-ordered set)
         for client_id, pid in acks:
             _check_pid(pid)
             ids = by_client.get(client_id)
             if ids is None:
-                by_client[client_id] = [pid]
-            elif pid not in ids:
-                ids.append(pid)
+                by_client[client_id] = {pid: None}
+            else:
+                ids[pid] = None
         marks: list[tuple[str, int]] = []
         for client_id, pid in pubrecs:
             _check_pid(pid)
@@ -560,7 +584,7 @@ class DeviceMsgStore:
             marked = sum(int(r) for r in replies)
         if by_client:
             replies = await self._call_many(
-                "remove_message", [([self.keys(cid).messages], pids) for cid, pids in by_client.items()])
+                "remove_message", [([self.keys(cid).messages], list(pids)) for cid, pids in by_client.items()])
             acknowledged = sum(int(r) for r in replies)
         return acknowledged, marked
 
