@@ -526,22 +526,22 @@ class DeviceMsgStore:
     async def fetch_undelivered_response(
         self, client_id: str, attach: Attachment | None = None, *, check: bool = False
     ) -> services_pb2.FetchUndeliveredResponse:
-        """fetch_undelivered as the gRPC answer (`not_attached` set instead of None). The script encodes
-        the messages itself (fetch_undelivered.lua), so this is one protobuf parse of one bulk reply,
-        with no work per message in Python."""
+        """fetch_undelivered as the gRPC answer (`not_attached` set instead of None). The answer's wire
+        bytes are spliced from the script's reply (the stored PublishMsg bytes are copied, never parsed)
+        and parsed once, by protobuf's C code: no protobuf object is built per message in Python."""
         k = self.keys(client_id)
-        # DevicePublishMsg with only client_id set: exactly its encoded field 1, copied into every message
-        cid_field = messages_pb2.DevicePublishMsg(client_id=client_id).SerializeToString()
         if attach is None:
-            reply = await self._call("fetch_undelivered", [k.messages], [cid_field])
+            reply = await self._call("fetch_undelivered", [k.messages], [])
         else:
             if "|" in attach.service_id:
                 raise ValueError(f"service id must not contain '|', got {attach.service_id!r}")
-            args = [cid_field, attach.encode(), "check"] if check else [cid_field, attach.encode()]
+            args = [attach.encode(), "check"] if check else [attach.encode()]
             reply = await self._call("fetch_undelivered", [k.messages, k.attached], args)
-            if not isinstance(reply, bytes):
+            if not isinstance(reply, list):
                 return services_pb2.FetchUndeliveredResponse(not_attached=True)
-        return services_pb2.FetchUndeliveredResponse.FromString(reply)
+        # DevicePublishMsg with only client_id set: exactly its encoded field 1, the same in every message
+        cid_field = messages_pb2.DevicePublishMsg(client_id=client_id).SerializeToString()
+        return services_pb2.FetchUndeliveredResponse.FromString(_stored_messages_wire(cid_field, reply))
 
     async def acknowledge(self, client_id: str, packet_id: int) -> bool:
         """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
@@ -607,6 +607,46 @@ class DeviceMsgStore:
     async def attachment(self, client_id: str) -> Attachment | None:
         """The current attachment (diagnostics and tests; the scripts read it atomically themselves)."""
         return Attachment.decode(await self.redis.get(self.keys(client_id).attached))
+
+
+# Wire format of FetchUndeliveredResponse.messages (field 1) holding DevicePublishMsg: a tag byte is
+# (field number << 3) | wire type (0 = varint, 2 = length-delimited).
+_RESPONSE_MESSAGE = bytes((1 << 3 | 2,))         # FetchUndeliveredResponse.messages
+_PACKET_ID = bytes((2 << 3 | 0,))                # DevicePublishMsg.packet_id
+_SERIAL = bytes((3 << 3 | 0,))                   # DevicePublishMsg.serial
+_PUBREL = bytes((4 << 3 | 0, messages_pb2.DEVICE_PACKET_TYPE_PUBREL))  # packet_type (PUBLISH = 0: omitted)
+_MSG = bytes((5 << 3 | 2,))                      # DevicePublishMsg.msg
+_TYPE_PUBREL_BYTE = _TYPE_PUBREL[0]
+_SMALL_VARINTS = [bytes((n,)) for n in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int."""
+    if n < 128:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 127) | 128)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _stored_messages_wire(cid_field: bytes, reply: list[Any]) -> bytes:
+    """fetch_undelivered.lua's {pid, serial, value, ...} as the wire bytes of the `messages` of a
+    FetchUndeliveredResponse (value = type byte + PublishMsg bytes, embedded as DevicePublishMsg.msg)."""
+    parts: list[Any] = []
+    append = parts.append
+    for i in range(0, len(reply), 3):
+        value = reply[i + 2]
+        body = memoryview(value)[1:]
+        head = b"".join((cid_field, _PACKET_ID, _varint(int(reply[i])), _SERIAL, _varint(int(reply[i + 1])),
+                         _PUBREL if value[0] == _TYPE_PUBREL_BYTE else b"", _MSG, _varint(len(body))))
+        append(_RESPONSE_MESSAGE)
+        append(_varint(len(head) + len(body)))
+        append(head)
+        append(body)
+    return b"".join(parts)
 
 
 def _check_pid(packet_id: int) -> None:
