@@ -303,6 +303,12 @@ async def test_save_many_one_call_per_group_of_clients(store_factory, redis_back
         assert [(d.packet_id, d.serial) for d in res.messages] == [(i, i) for i in range(1, kept + 1)]
         assert res.attached == (Attachment("conn-7", "s7") if c == 7 else None)
     assert seqs(await store.fetch_undelivered(clients[5])) == [52, 53, 54, 55]
+    # acknowledgements of many clients: one remove_message.lua call per group, grouped the same way
+    acks = [(cid, pid) for c, cid in enumerate(clients) for pid in range(1, min(1 + c % 6, 4) + 1) if pid != 2]
+    acked, _ = await store.apply_acks(acks + [(clients[0], 999)])
+    assert acked == len(acks) and store.stats.ack_calls == expected_calls
+    for c, cid in enumerate(clients[:12]):
+        assert [d.packet_id for d in await store.fetch_undelivered(cid)] == ([2] if min(1 + c % 6, 4) >= 2 else [])
     for cid in clients:
         await store.clear(cid)
 

@@ -100,7 +100,7 @@ class StoreConfig:
     key_prefix: str = ""
     lua_dir: Path | None = None  # None = default_lua_dir()
     pipeline_chunk: int = 500  # script calls per pipeline in save_many (chunks run concurrently)
-    save_clients_per_call: int = 200  # clients saved by one save_messages.lua call (a script blocks Redis)
+    save_clients_per_call: int = 200  # clients per multi-client script call (save, acks; a script blocks Redis)
     max_in_flight: int = 64  # Redis requests/pipelines in flight at once (redis-py pools refuse >100)
 
     def __post_init__(self) -> None:
@@ -194,6 +194,7 @@ class StoreStats:
     trimmed: int = 0  # stored references dropped because of the limit (oldest first)
     dropped_on_save: int = 0  # not stored: already expired, or beyond the limit within one batch
     save_calls: int = 0  # save_messages.lua calls made by save_many (one per group of clients)
+    ack_calls: int = 0  # remove_message.lua calls made by apply_acks (one per group of clients)
     noscript_reloads: int = 0
 
 
@@ -421,6 +422,21 @@ class DeviceMsgStore:
                     by_idx[i] = exc
         return [by_idx[i] for i in idxs]
 
+    def _per_call(self, items: list, first_key) -> list[list]:
+        """`items` (one per client) split into the groups one multi-client script call takes: all of
+        them on standalone Redis, those whose `first_key(item)` is in one hash slot on a cluster (a
+        script's keys must share a slot), at most save_clients_per_call per group (a script blocks
+        Redis while it runs). Order within a group is the order of `items`."""
+        if self.config.cluster:
+            by_slot: dict[int, list] = {}
+            for item in items:
+                by_slot.setdefault(key_slot(first_key(item).encode("utf-8")), []).append(item)
+            groups = list(by_slot.values())
+        else:
+            groups = [items]
+        n = self.config.save_clients_per_call
+        return [g[i:i + n] for g in groups for i in range(0, len(g), n)]
+
     # ------------------------------------------------------------------------------------ API
 
     async def save_batch(
@@ -470,12 +486,8 @@ class DeviceMsgStore:
         """save_many, also returning each client's attachment read atomically with its save: the
         service forwards a client's stored messages to its attached connector."""
         now_ms = int(time.time() * 1000)
-        # clients grouped so that one save_messages.lua call saves many: all of them on standalone Redis,
-        # those of one hash slot on a cluster (a script's keys must share a slot); at most
-        # save_clients_per_call clients per call (a script blocks Redis while it runs)
-        groups: dict[int, list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int], ClientKeys, bytes]]] = {}
-        cluster = self.config.cluster
         out: dict[str, SaveResult] = {}
+        todo: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int], ClientKeys, bytes]] = []
         for client_id, messages in batches.items():
             out[client_id] = SaveResult([])
             if not messages:
@@ -483,25 +495,19 @@ class DeviceMsgStore:
             args, sent = self._save_args(messages, default_ttl, now_ms)
             if not sent:
                 continue
-            k = self.keys(client_id)
-            slot = key_slot(k.messages.encode("utf-8")) if cluster else 0
-            groups.setdefault(slot, []).append((client_id, messages, sent, k, args[1]))
-        if not groups:
+            todo.append((client_id, messages, sent, self.keys(client_id), args[1]))
+        if not todo:
             return out
-        per_call = self.config.save_clients_per_call
         calls: list[tuple[list[str], list[Any]]] = []
-        metas: list[list] = []
+        metas = self._per_call(todo, lambda item: item[3].messages)
         limit = self.config.messages_limit
-        for members in groups.values():
-            for i in range(0, len(members), per_call):
-                part = members[i:i + per_call]
-                keys: list[str] = []
-                args: list[Any] = [limit]
-                for _, _, _, k, blob in part:
-                    keys += (k.messages, k.last_packet_id, k.serial, k.attached)
-                    args.append(blob)
-                calls.append((keys, args))
-                metas.append(part)
+        for part in metas:
+            keys: list[str] = []
+            args: list[Any] = [limit]
+            for _, _, _, k, blob in part:
+                keys += (k.messages, k.last_packet_id, k.serial, k.attached)
+                args.append(blob)
+            calls.append((keys, args))
         replies = await self._call_many("save_messages", calls)
         for part, reply in zip(metas, replies):
             if len(reply) != 5 * len(part):
@@ -555,14 +561,16 @@ class DeviceMsgStore:
             _check_pid(pid)
         if not pids:
             return 0
-        return int(await self._call("remove_message", [self.keys(client_id).messages], pids))
+        ids = ",".join(map(str, pids))
+        return int(await self._call("remove_message", [self.keys(client_id).messages], [ids]))
 
     async def apply_acks(
         self, acks: Iterable[tuple[str, int]], pubrecs: Iterable[tuple[str, int]] = ()
     ) -> tuple[int, int]:
         """Many (client id, packet id) PUBRECs and acknowledgements of any clients at once: the PUBRECs
         first (one mark_pubrec.lua call each), then the acknowledgements (one remove_message.lua call
-        per client with all its packet ids), each kind in one pipeline (per master in cluster mode).
+        per group of clients, grouped like save_many's calls, with all their packet ids), each kind in
+        one pipeline (per master in cluster mode).
         Returns (acknowledged, marked): how many were still stored. Raises ValueError on a bad packet
         id before anything is applied."""
         by_client: dict[str, dict[int, None]] = {}  # client id -> its packet ids (insertion-ordered set)
@@ -583,8 +591,11 @@ class DeviceMsgStore:
                 "mark_pubrec", [([self.keys(cid).messages], [pid]) for cid, pid in marks])
             marked = sum(int(r) for r in replies)
         if by_client:
+            items = [(self.keys(cid).messages, ",".join(map(str, pids))) for cid, pids in by_client.items()]
+            parts = self._per_call(items, lambda item: item[0])
             replies = await self._call_many(
-                "remove_message", [([self.keys(cid).messages], list(pids)) for cid, pids in by_client.items()])
+                "remove_message", [([z for z, _ in part], [ids for _, ids in part]) for part in parts])
+            self.stats.ack_calls += len(parts)
             acknowledged = sum(int(r) for r in replies)
         return acknowledged, marked
 
