@@ -1,19 +1,24 @@
 --[[
-remove_message.lua -- remove delivered messages of ONE client by packet id (PUBACK, PUBCOMP, or PUBREC
-when no PUBREL must be kept).
+remove_message.lua -- remove delivered messages of N clients by packet id (PUBACK, PUBCOMP, or PUBREC
+when no PUBREL must be kept): one call for the acknowledgements of many clients.
 
 KEYS:
-  KEYS[1]  <p>{client}_messages   ZSET; message key = KEYS[1] .. "_" .. packet_id
+  KEYS[c]  <p>{client c}_messages   ZSET of client c (1..N); message key = KEYS[c] .. "_" .. packet_id
+           (in Redis Cluster the caller groups clients by hash slot, so one call touches one slot)
 ARGV:
-  ARGV[1..n]  packet ids (1..65535); usually one
+  ARGV[c]  client c's packet ids (1..65535), comma-separated decimal ("7", "7,8,12")
 Returns: integer, how many of them still existed (message key present, i.e. not expired or already
-  removed). For one packet id: 1 = removed, 0 = unknown/expired. The ZSET reference is removed either way.
+  removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired. The ZSET
+  reference is removed either way.
 ]]
-local prefix = KEYS[1] .. '_'
 local removed = 0
-for i = 1, #ARGV do
-  local mkey = prefix .. ARGV[i]
-  redis.call('ZREM', KEYS[1], mkey)
-  removed = removed + redis.call('DEL', mkey)
+for c = 1, #KEYS do
+  local zkey = KEYS[c]
+  local prefix = zkey .. '_'
+  for pid in string.gmatch(ARGV[c] or '', '%d+') do
+    local mkey = prefix .. pid
+    redis.call('ZREM', zkey, mkey)
+    removed = removed + redis.call('DEL', mkey)
+  end
 end
 return removed

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import pytest
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
 from tbmq.v1 import messages_pb2 as pb
 
-from device_persistence.store import DeviceMsgStore, StoreConfig, client_keys
+from device_persistence.store import Attachment, DeviceMsgStore, StoreConfig, client_keys
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -274,6 +277,61 @@ async def test_save_many_clients(store_factory):
         assert seqs(await store.fetch_undelivered(cid)) == seqs(batches[cid]) + [999]
     for cid in batches:
         assert await store.clear(cid) == 6
+
+
+async def test_save_many_one_call_per_group_of_clients(store_factory, redis_backend):
+    """save_many saves many clients per save_messages.lua call: all of them (up to
+    save_clients_per_call) on standalone Redis, those of one hash slot on a cluster. Each client keeps
+    its own packet ids, serials, limit and attachment."""
+    store = await store_factory(save_clients_per_call=50, messages_limit=4)
+    tag = time.time_ns()
+    clients = [f"grp-{tag}-{c}" for c in range(120)]
+    await store.fetch_undelivered(clients[7], attach=Attachment("conn-7", "s7"))
+    batches = {cid: [msg(c * 10 + i) for i in range(1 + c % 6)] for c, cid in enumerate(clients)}
+    out = await store.save_many_attached(batches)
+    if redis_backend.get("cluster_nodes"):
+        slots = Counter(key_slot(client_keys(cid).messages.encode()) for cid in clients)
+        expected_calls = sum(-(-n // 50) for n in slots.values())
+    else:
+        expected_calls = 3  # 120 clients, 50 per call
+    assert store.stats.save_calls == expected_calls
+    for c, cid in enumerate(clients):
+        n = 1 + c % 6
+        kept = min(n, 4)  # the oldest of a batch above the limit are skipped
+        res = out[cid]
+        assert seqs(res.messages) == seqs(batches[cid])[n - kept:]
+        assert [(d.packet_id, d.serial) for d in res.messages] == [(i, i) for i in range(1, kept + 1)]
+        assert res.attached == (Attachment("conn-7", "s7") if c == 7 else None)
+    assert seqs(await store.fetch_undelivered(clients[5])) == [52, 53, 54, 55]
+    # acknowledgements of many clients: one remove_message.lua call per group, grouped the same way
+    acks = [(cid, pid) for c, cid in enumerate(clients) for pid in range(1, min(1 + c % 6, 4) + 1) if pid != 2]
+    acked, _ = await store.apply_acks(acks + [(clients[0], 999)])
+    assert acked == len(acks) and store.stats.ack_calls == expected_calls
+    for c, cid in enumerate(clients[:12]):
+        assert [d.packet_id for d in await store.fetch_undelivered(cid)] == ([2] if min(1 + c % 6, 4) >= 2 else [])
+    for cid in clients:
+        await store.clear(cid)
+
+
+async def test_save_messages_bad_batch_writes_nothing(store_factory):
+    """One malformed batch fails the whole multi-client call before anything is written."""
+    store = await store_factory()
+    base = f"bad-{time.time_ns()}"
+    first = client_keys(base + "-a")
+    slot = key_slot(first.messages.encode())
+    second = next(client_keys(f"{base}-{i}") for i in range(100_000)
+                  if key_slot(client_keys(f"{base}-{i}").messages.encode()) == slot)  # one slot (cluster)
+    keys = [first.messages, first.last_packet_id, first.serial, first.attached,
+            second.messages, second.last_packet_id, second.serial, second.attached]
+    good = b"604800000,2:Px"
+    with pytest.raises(ResponseError, match="bad record"):
+        await store._call("save_messages", keys, [10, good, b"604800000,9:Px"])
+    assert await store.redis.exists(first.messages, first.message(1), second.messages) == 0
+    reply = await store._call("save_messages", keys, [10, good, good + good])
+    assert reply[:4] == [0, 0, 1, b"\x00\x01"] and reply[5:9] == [0, 0, 1, b"\x00\x01\x00\x02"]
+    await store.clear(base + "-a")
+    await store.redis.delete(second.messages, second.last_packet_id, second.serial,
+                             second.message(1), second.message(2))
 
 
 async def test_ten_thousand_messages_in_order(store_factory, client_id):

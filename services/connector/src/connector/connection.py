@@ -369,7 +369,7 @@ class Connection(asyncio.Protocol):
                 if cls is Publish:
                     await self._on_publish(packet)
                 elif cls is PubAck:
-                    self._on_puback(packet)
+                    self._on_acks(packet, inq)
                 elif cls is PubRec:
                     self._on_pubrec(packet)
                 elif cls is PubRel:
@@ -595,11 +595,28 @@ class Connection(asyncio.Protocol):
         self.write(PubComp(p.packet_id))
 
     # ---------------------------------------------------------------------------------- acks from client
+    def _on_acks(self, first: PubAck, inq) -> None:
+        """A PUBACK and every PUBACK queued right behind it (a client acknowledging a burst sends them in
+        one segment): the window is refilled once after the last, in one write, instead of once per
+        acknowledgement."""
+        self._pump_held = True
+        try:
+            self._on_puback(first)
+            while inq and inq[0].__class__ is PubAck and self.state != CLOSED:
+                self._on_puback(inq.popleft())
+        finally:
+            self._pump_held = False
+        if self._reading_paused and len(inq) < self.s.inbound_queue_max // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        self._pump()
+
     def _on_puback(self, p: PubAck) -> None:
         msg = self.out.on_puback(p.packet_id)
         if msg is not None:
             self._delivered(msg)
-            self._pump()
+            if not self._pump_held:
+                self._pump()
 
     def _on_pubrec(self, p: PubRec) -> None:
         failed = p.reason_code >= 0x80
@@ -756,13 +773,21 @@ class Connection(asyncio.Protocol):
             stored = await self._fetch(self.client_id, resync=resync)
             if stored is None:
                 return
-            again, self.refetch = self.refetch, False
+            # A backlog is queued one window at a time, each written in one go, yielding to the loop
+            # in between (the client's PUBACKs of the first window are handled while the rest is
+            # converted). Forwards arriving meanwhile are still held: they follow the answer, in order.
+            step = max(self.out.window, 64)
+            for i in range(0, len(stored), step):
+                if i:
+                    await asyncio.sleep(0)
+                    if self.state != CONNECTED:
+                        return
+                self._deliver_batch(stored[i:i + step], dup=True)
+            again = self.refetch
+            self.refetch = False
             self.fetching = again  # still holding when another fetch follows
-            for dm in stored:
-                self._deliver_device(dm, dup=True)
             held, self.held_persisted = self.held_persisted, []
-            for dm in held:
-                self._deliver_device(dm, dup=False)
+            self._deliver_batch(held, dup=False)
             if not again or self.state != CONNECTED:
                 return
             resync = True
@@ -791,6 +816,18 @@ class Connection(asyncio.Protocol):
             self.held_persisted.append(dm)
             return
         self._deliver_device(dm, dup=False)
+
+    def _deliver_batch(self, messages, *, dup: bool) -> None:
+        """_deliver_device for each, then one write of what fits the window."""
+        if not messages:
+            return
+        self._pump_held = True
+        try:
+            for dm in messages:
+                self._deliver_device(dm, dup=dup)
+        finally:
+            self._pump_held = False
+        self._pump()
 
     def _deliver_device(self, dm: pb.DevicePublishMsg, *, dup: bool) -> None:
         if dm.serial <= self.max_serial:

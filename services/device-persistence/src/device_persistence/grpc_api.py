@@ -85,12 +85,10 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         _service_id(request.service_id)
         if not request.session_id:
             raise BadRequest("session_id must be non-empty")
-        messages = await self.store.fetch_undelivered(
+        response = await self.store.fetch_undelivered_response(
             request.client_id, attach=Attachment(request.service_id, request.session_id), check=request.resync)
-        if messages is None:
-            return spb.FetchUndeliveredResponse(not_attached=True)
-        trace.get_current_span().set_attribute("tbmq.messages", len(messages))
-        return spb.FetchUndeliveredResponse(messages=messages)
+        trace.get_current_span().set_attribute("tbmq.messages", len(response.messages))
+        return response
 
     @_rpc
     async def Detach(self, request: spb.DetachRequest):

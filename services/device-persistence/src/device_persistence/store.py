@@ -41,6 +41,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -51,7 +52,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from tbmq.v1 import messages_pb2
+from tbmq.v1 import messages_pb2, services_pb2
 
 __all__ = [
     "MAX_PACKET_ID",
@@ -72,10 +73,6 @@ SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pu
 
 _TYPE_PUBLISH = b"P"
 _TYPE_PUBREL = b"R"
-_PACKET_TYPE = {
-    ord(_TYPE_PUBLISH): messages_pb2.DEVICE_PACKET_TYPE_PUBLISH,
-    ord(_TYPE_PUBREL): messages_pb2.DEVICE_PACKET_TYPE_PUBREL,
-}
 
 
 def default_lua_dir() -> Path:
@@ -103,6 +100,7 @@ class StoreConfig:
     key_prefix: str = ""
     lua_dir: Path | None = None  # None = default_lua_dir()
     pipeline_chunk: int = 500  # script calls per pipeline in save_many (chunks run concurrently)
+    save_clients_per_call: int = 200  # clients per multi-client script call (save, acks; a script blocks Redis)
     max_in_flight: int = 64  # Redis requests/pipelines in flight at once (redis-py pools refuse >100)
 
     def __post_init__(self) -> None:
@@ -121,6 +119,8 @@ class StoreConfig:
             errors.append(f"key prefix must not contain braces (hash tags), got {self.key_prefix!r}")
         if self.pipeline_chunk < 1:
             errors.append("pipeline_chunk must be >= 1")
+        if self.save_clients_per_call < 1:
+            errors.append("save_clients_per_call must be >= 1")
         if not 1 <= self.max_in_flight <= 90:
             errors.append("max_in_flight must be 1..90")
         for node in self.cluster_nodes:
@@ -193,6 +193,8 @@ class StoreStats:
     saved: int = 0
     trimmed: int = 0  # stored references dropped because of the limit (oldest first)
     dropped_on_save: int = 0  # not stored: already expired, or beyond the limit within one batch
+    save_calls: int = 0  # save_messages.lua calls made by save_many (one per group of clients)
+    ack_calls: int = 0  # remove_message.lua calls made by apply_acks (one per group of clients)
     noscript_reloads: int = 0
 
 
@@ -420,6 +422,21 @@ class DeviceMsgStore:
                     by_idx[i] = exc
         return [by_idx[i] for i in idxs]
 
+    def _per_call(self, items: list, first_key) -> list[list]:
+        """`items` (one per client) split into the groups one multi-client script call takes: all of
+        them on standalone Redis, those whose `first_key(item)` is in one hash slot on a cluster (a
+        script's keys must share a slot), at most save_clients_per_call per group (a script blocks
+        Redis while it runs). Order within a group is the order of `items`."""
+        if self.config.cluster:
+            by_slot: dict[int, list] = {}
+            for item in items:
+                by_slot.setdefault(key_slot(first_key(item).encode("utf-8")), []).append(item)
+            groups = list(by_slot.values())
+        else:
+            groups = [items]
+        n = self.config.save_clients_per_call
+        return [g[i:i + n] for g in groups for i in range(0, len(g), n)]
+
     # ------------------------------------------------------------------------------------ API
 
     async def save_batch(
@@ -456,7 +473,8 @@ class DeviceMsgStore:
         batches: Mapping[str, Sequence[messages_pb2.PublishMsg]],
         default_ttl: int | None = None,
     ) -> dict[str, list[messages_pb2.DevicePublishMsg]]:
-        """save_batch for many clients at once: one script call per client, all pipelined."""
+        """save_batch for many clients at once: one script call per group of clients (standalone: all of
+        them, up to save_clients_per_call; cluster: those of one hash slot), the calls pipelined."""
         saved = await self.save_many_attached(batches, default_ttl)
         return {client_id: result.messages for client_id, result in saved.items()}
 
@@ -468,9 +486,8 @@ class DeviceMsgStore:
         """save_many, also returning each client's attachment read atomically with its save: the
         service forwards a client's stored messages to its attached connector."""
         now_ms = int(time.time() * 1000)
-        calls: list[tuple[list[str], list[Any]]] = []
-        meta: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int]]] = []
         out: dict[str, SaveResult] = {}
+        todo: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int], ClientKeys, bytes]] = []
         for client_id, messages in batches.items():
             out[client_id] = SaveResult([])
             if not messages:
@@ -478,13 +495,26 @@ class DeviceMsgStore:
             args, sent = self._save_args(messages, default_ttl, now_ms)
             if not sent:
                 continue
-            k = self.keys(client_id)
-            calls.append(([k.messages, k.last_packet_id, k.serial, k.attached], args))
-            meta.append((client_id, messages, sent))
-        if calls:
-            replies = await self._call_many("save_messages", calls)
-            for (client_id, messages, sent), reply in zip(meta, replies):
-                out[client_id] = self._save_result(client_id, messages, sent, reply)
+            todo.append((client_id, messages, sent, self.keys(client_id), args[1]))
+        if not todo:
+            return out
+        calls: list[tuple[list[str], list[Any]]] = []
+        metas = self._per_call(todo, lambda item: item[3].messages)
+        limit = self.config.messages_limit
+        for part in metas:
+            keys: list[str] = []
+            args: list[Any] = [limit]
+            for _, _, _, k, blob in part:
+                keys += (k.messages, k.last_packet_id, k.serial, k.attached)
+                args.append(blob)
+            calls.append((keys, args))
+        replies = await self._call_many("save_messages", calls)
+        for part, reply in zip(metas, replies):
+            if len(reply) != 5 * len(part):
+                raise RuntimeError(f"save_messages.lua answered {len(reply)} elements for {len(part)} clients")
+            for j, (client_id, messages, sent, _, _) in enumerate(part):
+                out[client_id] = self._save_result(client_id, messages, sent, reply[5 * j:5 * j + 5])
+        self.stats.save_calls += len(calls)
         return out
 
     async def fetch_undelivered(
@@ -496,6 +526,15 @@ class DeviceMsgStore:
         earlier is in this answer. With `check` (and `attach`), the attachment is only compared, never
         set: None when the client is not attached to `attach` (a connector's re-sync must not take the
         attachment back from a newer session)."""
+        resp = await self.fetch_undelivered_response(client_id, attach, check=check)
+        return None if resp.not_attached else list(resp.messages)
+
+    async def fetch_undelivered_response(
+        self, client_id: str, attach: Attachment | None = None, *, check: bool = False
+    ) -> services_pb2.FetchUndeliveredResponse:
+        """fetch_undelivered as the gRPC answer (`not_attached` set instead of None). The answer's wire
+        bytes are spliced from the script's reply (the stored PublishMsg bytes are copied, never parsed)
+        and parsed once, by protobuf's C code: no protobuf object is built per message in Python."""
         k = self.keys(client_id)
         if attach is None:
             reply = await self._call("fetch_undelivered", [k.messages], [])
@@ -505,19 +544,10 @@ class DeviceMsgStore:
             args = [attach.encode(), "check"] if check else [attach.encode()]
             reply = await self._call("fetch_undelivered", [k.messages, k.attached], args)
             if not isinstance(reply, list):
-                return None
-        out = []
-        for i in range(0, len(reply), 3):
-            value = reply[i + 2]
-            dmsg = messages_pb2.DevicePublishMsg(
-                client_id=client_id,
-                packet_id=int(reply[i]),
-                serial=int(reply[i + 1]),
-                packet_type=_PACKET_TYPE.get(value[0], messages_pb2.DEVICE_PACKET_TYPE_PUBLISH),
-            )
-            dmsg.msg.ParseFromString(value[1:])
-            out.append(dmsg)
-        return out
+                return services_pb2.FetchUndeliveredResponse(not_attached=True)
+        # DevicePublishMsg with only client_id set: exactly its encoded field 1, the same in every message
+        cid_field = messages_pb2.DevicePublishMsg(client_id=client_id).SerializeToString()
+        return services_pb2.FetchUndeliveredResponse.FromString(_stored_messages_wire(cid_field, reply))
 
     async def acknowledge(self, client_id: str, packet_id: int) -> bool:
         """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
@@ -531,24 +561,26 @@ class DeviceMsgStore:
             _check_pid(pid)
         if not pids:
             return 0
-        return int(await self._call("remove_message", [self.keys(client_id).messages], pids))
+        ids = ",".join(map(str, pids))
+        return int(await self._call("remove_message", [self.keys(client_id).messages], [ids]))
 
     async def apply_acks(
         self, acks: Iterable[tuple[str, int]], pubrecs: Iterable[tuple[str, int]] = ()
     ) -> tuple[int, int]:
         """Many (client id, packet id) PUBRECs and acknowledgements of any clients at once: the PUBRECs
         first (one mark_pubrec.lua call each), then the acknowledgements (one remove_message.lua call
-        per client with all its packet ids), each kind in one pipeline (per master in cluster mode).
+        per group of clients, grouped like save_many's calls, with all their packet ids), each kind in
+        one pipeline (per master in cluster mode).
         Returns (acknowledged, marked): how many were still stored. Raises ValueError on a bad packet
         id before anything is applied."""
-        by_client: dict[str, list[int]] = {}
+        by_client: dict[str, dict[int, None]] = {}  # client id -> its packet ids (insertion-ordered set)
         for client_id, pid in acks:
             _check_pid(pid)
             ids = by_client.get(client_id)
             if ids is None:
-                by_client[client_id] = [pid]
-            elif pid not in ids:
-                ids.append(pid)
+                by_client[client_id] = {pid: None}
+            else:
+                ids[pid] = None
         marks: list[tuple[str, int]] = []
         for client_id, pid in pubrecs:
             _check_pid(pid)
@@ -559,8 +591,11 @@ class DeviceMsgStore:
                 "mark_pubrec", [([self.keys(cid).messages], [pid]) for cid, pid in marks])
             marked = sum(int(r) for r in replies)
         if by_client:
+            items = [(self.keys(cid).messages, ",".join(map(str, pids))) for cid, pids in by_client.items()]
+            parts = self._per_call(items, lambda item: item[0])
             replies = await self._call_many(
-                "remove_message", [([self.keys(cid).messages], pids) for cid, pids in by_client.items()])
+                "remove_message", [([z for z, _ in part], [ids for _, ids in part]) for part in parts])
+            self.stats.ack_calls += len(parts)
             acknowledged = sum(int(r) for r in replies)
         return acknowledged, marked
 
@@ -583,6 +618,46 @@ class DeviceMsgStore:
     async def attachment(self, client_id: str) -> Attachment | None:
         """The current attachment (diagnostics and tests; the scripts read it atomically themselves)."""
         return Attachment.decode(await self.redis.get(self.keys(client_id).attached))
+
+
+# Wire format of FetchUndeliveredResponse.messages (field 1) holding DevicePublishMsg: a tag byte is
+# (field number << 3) | wire type (0 = varint, 2 = length-delimited).
+_RESPONSE_MESSAGE = bytes((1 << 3 | 2,))         # FetchUndeliveredResponse.messages
+_PACKET_ID = bytes((2 << 3 | 0,))                # DevicePublishMsg.packet_id
+_SERIAL = bytes((3 << 3 | 0,))                   # DevicePublishMsg.serial
+_PUBREL = bytes((4 << 3 | 0, messages_pb2.DEVICE_PACKET_TYPE_PUBREL))  # packet_type (PUBLISH = 0: omitted)
+_MSG = bytes((5 << 3 | 2,))                      # DevicePublishMsg.msg
+_TYPE_PUBREL_BYTE = _TYPE_PUBREL[0]
+_SMALL_VARINTS = [bytes((n,)) for n in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int."""
+    if n < 128:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 127) | 128)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _stored_messages_wire(cid_field: bytes, reply: list[Any]) -> bytes:
+    """fetch_undelivered.lua's {pid, serial, value, ...} as the wire bytes of the `messages` of a
+    FetchUndeliveredResponse (value = type byte + PublishMsg bytes, embedded as DevicePublishMsg.msg)."""
+    parts: list[Any] = []
+    append = parts.append
+    for i in range(0, len(reply), 3):
+        value = reply[i + 2]
+        body = memoryview(value)[1:]
+        head = b"".join((cid_field, _PACKET_ID, _varint(int(reply[i])), _SERIAL, _varint(int(reply[i + 1])),
+                         _PUBREL if value[0] == _TYPE_PUBREL_BYTE else b"", _MSG, _varint(len(body))))
+        append(_RESPONSE_MESSAGE)
+        append(_varint(len(head) + len(body)))
+        append(head)
+        append(body)
+    return b"".join(parts)
 
 
 def _check_pid(packet_id: int) -> None:

@@ -118,7 +118,7 @@ class DevicePersistenceServicer:
     def AcknowledgeMany(self, request, context):
         """Many PUBACK/PUBCOMP (Acknowledge) and PUBREC (MarkPubrec) of any clients in one call: the
         connector coalesces them for a few milliseconds. The PUBRECs are applied before the
-        acknowledgements; per client, one Redis script call for all its acknowledgements (pipelined).
+        acknowledgements; one Redis script call per group of clients (pipelined).
         Idempotent: safe to retry as a whole.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
