@@ -111,7 +111,10 @@ class SessionRegistry(Service):
         await self.plain.start()
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       read_committed=True, max_poll_records=s.batch_max_records,
-                                      session_timeout_ms=6000, heartbeat_interval_ms=2000, long_poll=True)
+                                      session_timeout_ms=6000, heartbeat_interval_ms=2000, long_poll=True,
+                                      # a batch whose transaction failed is fetched again after a seek, and a
+                                      # seek waits for the parked fetch: that wait stays aiokafka's 500 ms
+                                      fetch_max_wait_ms=500)
         await self.consumer.start()
         self.consumer.subscribe([REQUESTS], listener=_Listener(self))
         self.spawn(self._consume(), "consume session requests")
