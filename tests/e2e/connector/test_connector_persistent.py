@@ -84,6 +84,43 @@ async def test_persistent_session_subscriptions_survive_reconnect_elsewhere(pq, 
     await run(pub.close)
 
 
+@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
+async def test_persistent_reconnects_restore_the_set_just_written_and_deliver_the_queue_in_order(pq, unique, v5):
+    """Reconnect after reconnect, alternating connectors: each CONNACK says session present, the session
+    has the subscription added just before it (the connector reads its subscription view up to the end
+    before CONNACK, on a connection of its own), and what was queued while offline arrives after CONNACK
+    in publish order, before anything published later."""
+    u = unique("rc")
+    pub = Client(u + "p")
+    await run(pub.connect, pq.mqtt_ports[0])
+    kw = dict(v5=v5, session_expiry=600 if v5 else None)
+    c = Client(u, clean=True if v5 else False, **kw)
+    await run(c.connect, pq.mqtt_ports[0])
+    await run(c.subscribe, f"{u}/r0", 1)
+    await routed(pub, c, f"{u}/r0", 1)
+    for i in range(1, 9):
+        new = f"{u}/r{i}"
+        await run(c.subscribe, new, 1)
+        await routed(pub, c, new, 1)  # the router knows it (it learns subscriptions asynchronously)
+        await run(c.close, wait=True)
+        await run(pub.publish, f"{u}/r0", b"q%d-0" % i, 1)  # queued while offline: the oldest subscription
+        await run(pub.publish, new, b"q%d-1" % i, 1)       # and the newest
+        await run(pub.publish, f"{u}/r0", b"q%d-2" % i, 1)
+        c = Client(u, clean=False, **kw)
+        flags, rc, _ = await run(c.connect, pq.mqtt_ports[i % 2])
+        assert flags.session_present
+        await run(pub.publish, new, b"live%d" % i, 1)  # reaches the set the connector restored
+
+        expected = {f"{u}/r0": [b"q%d-0" % i, b"q%d-2" % i], new: [b"q%d-1" % i, b"live%d" % i]}
+
+        def got(topic: str, c=c) -> list[bytes]:
+            return [m.payload for m in real(c.messages_on(topic))]
+
+        assert await run(c.wait, lambda: {t: got(t) for t in expected} == expected), {t: got(t) for t in expected}
+    await run(c.close)
+    await run(pub.close)
+
+
 async def test_offline_qos1_messages_delivered_on_reconnect_with_dup(pq, unique):
     u = unique("off")
     pub = Client(u + "p")

@@ -2,6 +2,7 @@
 
 import pytest
 from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow, check_fetcher
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS
 
 
 def feed(w: FetchWindow, rate: float, seconds: float, t0: float = 0.0, poll_s: float | None = None):
@@ -25,7 +26,7 @@ def test_quiet_consumer_long_polls_and_answers_at_the_first_record():
     w = FetchWindow(max_wait_s=0.005)
     feed(w, 100, 2.0)  # 100 msg/s: half a record per 5 ms window
     assert not w.window.busy
-    assert w.window.min_bytes == 1 and w.window.max_wait_ms == 500
+    assert w.window.min_bytes == 1 and w.window.max_wait_ms == IDLE_FETCH_WAIT_MS  # the long poll
     assert 80 < w.rate < 120
 
 
@@ -86,7 +87,7 @@ class _Consumer:
 def test_adaptive_fetch_writes_the_window_into_the_fetcher():
     c = _Consumer()
     a = AdaptiveFetch(c, FetchWindow(max_wait_s=0.004))
-    assert (c._fetcher._fetch_min_bytes, c._fetcher._fetch_max_wait_ms) == (1, 500)
+    assert (c._fetcher._fetch_min_bytes, c._fetcher._fetch_max_wait_ms) == (1, IDLE_FETCH_WAIT_MS)
     t = 0.0
     for _ in range(50):
         t += 0.0005

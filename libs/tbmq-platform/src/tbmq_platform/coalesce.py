@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import aiokafka
 
+from .kafka import IDLE_FETCH_WAIT_MS
+
 CHECKED_AIOKAFKA = ("0.14.",)
 
 
@@ -45,7 +47,8 @@ class Window:
 
 
 class FetchWindow:
-    def __init__(self, *, max_wait_s: float = 0.005, idle_wait_ms: int = 500, busy_min_bytes: int = 1 << 20,
+    def __init__(self, *, max_wait_s: float = 0.005, idle_wait_ms: int = IDLE_FETCH_WAIT_MS,
+                 busy_min_bytes: int = 1 << 20,
                  enter_records: float = 3.0, leave_records: float = 1.0, tau_s: float = 0.05) -> None:
         if tau_s <= 0:
             raise ValueError("tau_s must be > 0")

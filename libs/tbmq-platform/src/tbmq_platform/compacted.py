@@ -1,78 +1,184 @@
-"""Follow a compacted topic as a table: read it from the beginning, report ready at its end, keep following.
+"""Follow compacted topics as tables: read them from the beginning, report ready at their end, keep following.
 
 Every instance of every service that needs the session map, the subscription set or the retained
 messages reads the whole compacted topic itself (no consumer group: each instance gets every partition).
-`wait_caught_up()` returns once every record that existed when it was called has been applied, which is
-how a service knows its state is rebuilt before it serves, and how a service that just wrote a record can
-wait until its own view contains it.
+
+Guarantees:
+- `wait_caught_up()` returns once every record that existed (was committed, for a read_committed view)
+  when it was called has been applied. That is how a service knows its state is rebuilt before it
+  serves, and how a service that just wrote a record (or read a response written in the same Kafka
+  transaction as one) waits until its own view contains it.
+- A read_committed view (the default) never applies a record of an aborted transaction.
+
+Cost (docs/performance.md, "Idle: one consumer for the views, long-polls"): `CompactedViews` follows every
+compacted topic of a process on ONE consumer (one fetch per broker for all of them, instead of one per
+topic) whose fetch long-polls for `idle_wait_ms` (it returns as soon as a record is there, so a long
+wait adds no latency; it only sets how often an idle view asks). The end offsets `wait_caught_up` needs
+are asked on a second, never-assigned consumer: Kafka answers a connection's requests one at a time,
+so a ListOffsets sent on the fetching consumer's connection would wait behind its parked long-poll
+(up to `idle_wait_ms`; this was the ~450 ms persistent-reconnect CONNACK of issue 13).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from .kafka import make_consumer, topic_partitions
+from .kafka import IDLE_FETCH_WAIT_MS, make_consumer, topic_partitions
 
 log = logging.getLogger(__name__)
 
 Apply = Callable[[bytes, bytes | None], None]
 
+# While a wait_caught_up is pending, positions are re-read this often besides after every applied poll: a
+# fetch that only moved the position (a transaction marker, an aborted transaction's records) returns no
+# records, so it wakes nobody. Never ticks when nobody waits.
+RECHECK_S = 0.02
 
-class CompactedTopicView:
+
+class CompactedViews:
+    """Several compacted topics of one process followed on one consumer (see the module docstring).
+
+    ``view(topic, apply)`` before ``start()``; ``start()`` returns once every view has caught up."""
+
     # read_committed by default: the session-registry writes sessions and subscription clears in Kafka
     # transactions, and a view must never apply a record of a transaction that was aborted.
-    def __init__(self, bootstrap: str, topic: str, apply: Apply, *, client_id: str,
-                 read_committed: bool = True):
-        self.topic = topic
-        self._apply = apply
-        self._consumer: AIOKafkaConsumer = make_consumer(
-            bootstrap, group_id=None, client_id=client_id, read_committed=read_committed)
-        self._partitions: list[TopicPartition] = []
-        self._positions: dict[TopicPartition, int] = {}
+    def __init__(self, bootstrap: str, *, client_id: str, read_committed: bool = True,
+                 idle_wait_ms: int = IDLE_FETCH_WAIT_MS) -> None:
+        self._bootstrap = bootstrap
+        self._client_id = client_id
+        self._read_committed = read_committed
+        self._idle_wait_ms = idle_wait_ms
+        self.views: dict[str, CompactedTopicView] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._offsets: AIOKafkaConsumer | None = None
+        self._partitions: dict[str, list[TopicPartition]] = {}
         self._progress = asyncio.Condition()
         self._task: asyncio.Task | None = None
-        self.records = 0
+        self.started = False
+
+    def view(self, topic: str, apply: Apply) -> "CompactedTopicView":
+        """Follow `topic`, calling `apply(key, value)` for each record in order (value None: a tombstone)."""
+        if self.started:
+            raise RuntimeError("CompactedViews: views are added before start()")
+        if topic in self.views:
+            raise ValueError(f"{topic} is already followed")
+        v = self.views[topic] = CompactedTopicView._of(self, topic, apply)
+        return v
 
     async def start(self) -> None:
+        self.started = True
+        self._consumer = make_consumer(self._bootstrap, group_id=None, client_id=self._client_id,
+                                       read_committed=self._read_committed, long_poll=True,
+                                       fetch_max_wait_ms=self._idle_wait_ms,
+                                       consumer_timeout_ms=self._idle_wait_ms)
+        # the same isolation: a read_committed view's end is the last stable offset
+        self._offsets = make_consumer(self._bootstrap, group_id=None, client_id=f"{self._client_id}-offsets",
+                                      read_committed=self._read_committed)
         await self._consumer.start()
-        self._partitions = await topic_partitions(self._consumer, self.topic)
-        self._consumer.assign(self._partitions)
-        await self._consumer.seek_to_beginning(*self._partitions)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {self.topic}")
+        await self._offsets.start()
+        tps: list[TopicPartition] = []
+        for topic in self.views:
+            self._partitions[topic] = await topic_partitions(self._consumer, topic)
+            tps.extend(self._partitions[topic])
+            await topic_partitions(self._offsets, topic)  # its metadata knows the topic's leaders
+        self._consumer.assign(tps)
+        await self._consumer.seek_to_beginning(*tps)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {','.join(self.views)}")
         await self.wait_caught_up()
-        log.info("%s: %d records applied", self.topic, self.records)
+        for v in self.views.values():
+            log.info("%s: %d records applied", v.topic, v.records)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self._consumer.stop()
+        for c in (self._consumer, self._offsets):
+            if c is not None:
+                await c.stop()
+
+    async def wait_caught_up(self, topics: Iterable[str] | None = None, timeout: float = 60.0) -> None:
+        """Wait until everything written to `topics` (default: every view) before this call is applied."""
+        tps = [tp for t in (self.views if topics is None else topics) for tp in self._partitions[t]]
+        async with asyncio.timeout(timeout):
+            ends = await self._offsets.end_offsets(tps)
+            consumer = self._consumer
+
+            async def done() -> bool:
+                # positions move only when a poll's records are applied (the drain and the apply loop of
+                # _run run without an await in between), or past records no view applies (markers)
+                for tp, end in ends.items():
+                    if await consumer.position(tp) < end:
+                        return False
+                return True
+
+            async with self._progress:  # checked under the lock: a notify between check and wait is not lost
+                while not await done():
+                    try:
+                        async with asyncio.timeout(RECHECK_S):
+                            await self._progress.wait()
+                    except TimeoutError:
+                        pass
+
+    async def _run(self) -> None:
+        consumer = self._consumer
+        views = self.views
+        while True:
+            batches = await consumer.getmany(timeout_ms=self._idle_wait_ms, max_records=5000)
+            if not batches:
+                continue
+            for tp, records in batches.items():
+                view = views[tp.topic]
+                apply = view.apply
+                for record in records:
+                    try:
+                        apply(record.key, record.value)
+                    except Exception:  # a bad record must not stop the view; it is logged and skipped
+                        log.exception("%s: cannot apply record at offset %d", tp.topic, record.offset)
+                    view.records += 1
+            async with self._progress:
+                self._progress.notify_all()
+
+
+class CompactedTopicView:
+    """One followed compacted topic. Made by `CompactedViews.view()` (several topics on one consumer), or
+    standalone, ``CompactedTopicView(bootstrap, topic, apply, client_id=...)``, with its own start/stop."""
+
+    def __init__(self, bootstrap: str, topic: str, apply: Apply, *, client_id: str, read_committed: bool = True,
+                 idle_wait_ms: int = IDLE_FETCH_WAIT_MS) -> None:
+        views = CompactedViews(bootstrap, client_id=client_id, read_committed=read_committed,
+                               idle_wait_ms=idle_wait_ms)
+        self._init(topic, apply, views, own=True)
+        views.views[topic] = self
+
+    @classmethod
+    def _of(cls, views: CompactedViews, topic: str, apply: Apply) -> "CompactedTopicView":
+        view = cls.__new__(cls)
+        view._init(topic, apply, views, own=False)
+        return view
+
+    def _init(self, topic: str, apply: Apply, views: CompactedViews, *, own: bool) -> None:
+        self.topic = topic
+        self.apply = apply
+        self._views = views
+        self._own = own
+        self.records = 0
+
+    async def start(self) -> None:
+        if not self._own:
+            raise RuntimeError(f"{self.topic}: started by its CompactedViews")
+        await self._views.start()
+
+    async def stop(self) -> None:
+        if self._own:
+            await self._views.stop()
 
     async def wait_caught_up(self, timeout: float = 60.0) -> None:
         """Wait until everything written to the topic before this call has been applied."""
-        ends = await self._consumer.end_offsets(self._partitions)
+        await self._views.wait_caught_up([self.topic], timeout)
 
-        def done() -> bool:
-            return all(self._positions.get(tp, 0) >= end for tp, end in ends.items())
 
-        async with self._progress:
-            await asyncio.wait_for(self._progress.wait_for(done), timeout)
-
-    async def _run(self) -> None:
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200, max_records=5000)
-            for tp, records in batches.items():
-                for record in records:
-                    try:
-                        self._apply(record.key, record.value)
-                    except Exception:  # a bad record must not stop the view; it is logged and skipped
-                        log.exception("%s: cannot apply record at offset %d", self.topic, record.offset)
-                    self.records += 1
-            async with self._progress:
-                for tp in self._partitions:
-                    self._positions[tp] = await self._consumer.position(tp)
-                self._progress.notify_all()
+__all__ = ["CompactedTopicView", "CompactedViews"]

@@ -21,6 +21,15 @@ from .topics import PRODUCTION, TopicSpec
 
 log = logging.getLogger(__name__)
 
+# The long-poll of a consumer that is woken by data: an idle fetch waits this long at the broker for a
+# record, and returns as soon as one is there (min bytes 1), so the value costs no latency; it sets how often
+# an idle consumer asks (the broker's default fetch wait, 500 ms, made every idle consumer fetch twice a
+# second). Used by the compacted views, the connector's control consumer and the idle window of every
+# adaptive fetch (tbmq_platform.coalesce). Not for a consumer that seeks while it has nothing to read: a
+# seek waits for the parked fetch to return before the next fetch is sent (aiokafka: one per broker).
+IDLE_FETCH_WAIT_MS = 5000
+LONG_POLL_GROUP_TICK_MS = 1000
+
 
 class KeyPartitioner:
     """Kafka's default key partitioning — murmur2 of the key, masked positive, modulo the partition count,
@@ -74,7 +83,15 @@ def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | Non
 
 def make_consumer(bootstrap: str, *topics: str, group_id: str | None, client_id: str,
                   auto_offset_reset: str = "earliest", read_committed: bool = False,
-                  max_poll_records: int = 2000, **extra) -> AIOKafkaConsumer:
+                  max_poll_records: int = 2000, long_poll: bool = False, **extra) -> AIOKafkaConsumer:
+    """A consumer that never auto-commits. `long_poll`: a consumer woken by data (IDLE_FETCH_WAIT_MS): its
+    idle fetch waits that long at the broker, and aiokafka's fetch loop, which otherwise wakes every
+    200 ms (`consumer_timeout_ms`) to look for work, wakes on its events only (a fetch answered, records
+    consumed, a seek, an assignment), with a 1 s bound for a group member (how soon it notices a
+    rebalance) and IDLE_FETCH_WAIT_MS for a consumer without a group."""
+    if long_poll:
+        extra.setdefault("fetch_max_wait_ms", IDLE_FETCH_WAIT_MS)
+        extra.setdefault("consumer_timeout_ms", IDLE_FETCH_WAIT_MS if group_id is None else LONG_POLL_GROUP_TICK_MS)
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,

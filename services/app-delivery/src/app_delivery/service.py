@@ -14,7 +14,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_platform import topics
-from tbmq_platform.kafka import delete_topics, ensure_topics, make_consumer
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, delete_topics, ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import context_from_grpc, span_from_kafka
 
@@ -48,7 +48,8 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
         s = self.s
         await ensure_topics(s.bootstrap, [topics.spec(topics.SYS_APP_REMOVED)], profile=s.topic_profile)
         self.removed_consumer = make_consumer(s.bootstrap, topics.SYS_APP_REMOVED, group_id=s.removed_group,
-                                              client_id=f"{s.instance_id}-removed", max_poll_records=100)
+                                              client_id=f"{s.instance_id}-removed", max_poll_records=100,
+                                              long_poll=True)
         await self.removed_consumer.start()
         self.spawn(self._removed_loop(), "app.removed")
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -128,7 +129,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
     async def _removed_loop(self) -> None:
         consumer = self.removed_consumer
         while not self._stopping:
-            batches = await consumer.getmany(timeout_ms=1000, max_records=100)
+            batches = await consumer.getmany(timeout_ms=IDLE_FETCH_WAIT_MS, max_records=100)
             for _tp, records in batches.items():
                 for record in records:
                     await self._handle_removed(record)

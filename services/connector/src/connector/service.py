@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
-from tbmq_platform.compacted import CompactedTopicView
-from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer, topic_partitions
+from tbmq_platform.compacted import CompactedViews
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (
     CLIENT_SESSION,
@@ -74,6 +74,7 @@ class ConnectorService(Service):
         # Kafka clients need the running loop: made in start()
         self.producer = None
         self.sessions: SessionEvents | None = None
+        self.views: CompactedViews | None = None
         self.retained_view = self.subs_view = self.session_view = None
         self.control = self.data = None
         self.device: DevicePersistenceClient | None = None
@@ -107,26 +108,23 @@ class ConnectorService(Service):
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         self.sessions = SessionEvents(self.producer)
-        self.retained_view = CompactedTopicView(bootstrap, MSG_RETAINED, self._apply_retained,
-                                                client_id=f"{self.service_id}-retained")
-        self.subs_view = CompactedTopicView(bootstrap, CLIENT_SUBSCRIPTIONS, self._apply_subscriptions,
-                                            client_id=f"{self.service_id}-subscriptions")
-        self.session_view = CompactedTopicView(bootstrap, CLIENT_SESSION, self.wills.on_session_record,
-                                               client_id=f"{self.service_id}-sessions")
+        # the three compacted views on one consumer (tbmq_platform.compacted)
+        self.views = CompactedViews(bootstrap, client_id=f"{self.service_id}-views")
+        self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
+        self.subs_view = self.views.view(CLIENT_SUBSCRIPTIONS, self._apply_subscriptions)
+        self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         # Responses and disconnect commands are written in the registry's transactions: never act on an
-        # aborted one.
+        # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
-                                     read_committed=True)
+                                     read_committed=True, long_poll=True)
         self.data = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-downlink",
-                                  max_poll_records=5000)
+                                  max_poll_records=5000, long_poll=True)
         await self.producer.start()
         await self.control.start()
         await assign_at_end(self.control, [self._topics["response"], self._topics["disconnect"]])
         await self.data.start()
         await assign_at_end(self.data, [self._topics["basic"]])
-        await self.retained_view.start()
-        await self.subs_view.start()
-        await self.session_view.start()
+        await self.views.start()
         self.device = DevicePersistenceClient(s.device_persistence_grpc_targets, s.grpc_timeout_s,
                                               ack_delay_s=s.ack_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
                                               ack_max_calls=s.ack_max_calls)
@@ -157,7 +155,7 @@ class ConnectorService(Service):
             except Exception:
                 log.exception("producer flush failed")
         await self.cancel_tasks()
-        for part in (self.control, self.data, self.retained_view, self.subs_view, self.session_view):
+        for part in (self.control, self.data, self.views):
             if part is None:
                 continue
             try:
@@ -273,7 +271,7 @@ class ConnectorService(Service):
     async def _control_loop(self) -> None:
         rtopic = self._topics["response"]
         while True:
-            batches = await self.control.getmany(timeout_ms=500, max_records=1000)
+            batches = await self.control.getmany(timeout_ms=IDLE_FETCH_WAIT_MS, max_records=1000)
             for tp, records in batches.items():
                 for r in records:
                     try:
@@ -296,7 +294,7 @@ class ConnectorService(Service):
         adaptive = self.adaptive_fetch = adaptive_fetch(self.data, self.settings.fetch_window_ms)
         slice_n = self.settings.delivery_slice
         while True:
-            batches = await self.data.getmany(timeout_ms=500)
+            batches = await self.data.getmany(timeout_ms=IDLE_FETCH_WAIT_MS)
             if adaptive is not None:
                 adaptive.polled_batches(batches)
             done = 0

@@ -36,7 +36,7 @@ from opentelemetry import trace
 from redis.exceptions import RedisError
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
-from tbmq_platform.kafka import ensure_topics, make_consumer
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import MSG_PERSISTED, spec
 
@@ -83,6 +83,7 @@ class DevicePersistenceService(Service):
         self._batch_lock = asyncio.Lock()
         self._stopping = False
         self._loop_task: asyncio.Task | None = None
+        self._polling = False  # the consumer loop waits in getmany (no batch in progress)
         self._pending_offsets: dict = {}  # saved (durable) but not yet committed: tp -> next offset
         self._commit_task: asyncio.Task | None = None  # the one commit in flight, off the hot loop
         self._last_commit = 0.0
@@ -94,7 +95,7 @@ class DevicePersistenceService(Service):
         await self.store.ping()
         await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], profile=s.topic_profile)
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
-                                      max_poll_records=s.max_poll_records)
+                                      max_poll_records=s.max_poll_records, long_poll=True)
         self.consumer.subscribe([MSG_PERSISTED], listener=_Revoke(self))
         await self.consumer.start()
         self.grpc_server, self.grpc_port = await start_server(self.servicer, s.grpc_host, s.grpc_port)
@@ -111,9 +112,10 @@ class DevicePersistenceService(Service):
         # 2. the batch in progress finishes (save, commit); no new one starts
         self._stopping = True
         if self._loop_task is not None and not self._loop_task.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._loop_task), 20)
-            except (asyncio.TimeoutError, Exception):
+            if self._polling:  # between batches, in a long poll: nothing to finish (pending offsets are
+                self._loop_task.cancel()  # committed by the loop's finally)
+            done, _ = await asyncio.wait({self._loop_task}, timeout=20)
+            if not done or (not self._loop_task.cancelled() and self._loop_task.exception() is not None):
                 log.warning("consumer loop did not end cleanly; uncommitted records will be replayed")
         # 3. leave the group, close
         if self.consumer is not None:
@@ -134,8 +136,13 @@ class DevicePersistenceService(Service):
         adaptive = self.adaptive_fetch = adaptive_fetch(consumer, self.s.fetch_window_ms)
         try:
             while not self._stopping:
-                batches = await consumer.getmany(timeout_ms=min(200, max(1, int(interval * 1000) or 200)),
-                                                 max_records=self.s.max_poll_records)
+                # wakes for the next commit only when offsets are pending: an idle loop does not tick
+                wait_ms = min(200, max(1, int(interval * 1000) or 200)) if self._pending_offsets else IDLE_FETCH_WAIT_MS
+                self._polling = True
+                try:
+                    batches = await consumer.getmany(timeout_ms=wait_ms, max_records=self.s.max_poll_records)
+                finally:
+                    self._polling = False
                 if adaptive is not None:
                     adaptive.polled_batches(batches)
                 async with self._batch_lock:

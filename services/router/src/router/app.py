@@ -42,7 +42,7 @@ from opentelemetry.trace import SpanKind
 
 from tbmq_platform import topics
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
-from tbmq_platform.compacted import CompactedTopicView
+from tbmq_platform.compacted import CompactedViews
 from tbmq_platform.health import HealthServer
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
@@ -501,7 +501,7 @@ class RouterRuntime(Service):
         self.routing = state or RoutingState()
         self.health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
                                    self.health_details)
-        self.views: list[CompactedTopicView] = []
+        self.views: CompactedViews | None = None
         self.pipeline: Pipeline | None = None
         self.exit_code = 0
         # spans cost ~5x the routing itself: only create them when they are exported
@@ -532,13 +532,11 @@ class RouterRuntime(Service):
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
             topics.MSG_ALL, topics.MSG_PERSISTED, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS)],
             profile=s.topic_profile)
-        self.views = [
-            CompactedTopicView(s.bootstrap, topics.CLIENT_SUBSCRIPTIONS, self.routing.apply_subscriptions,
-                               client_id=f"{s.instance_id}-subscriptions"),
-            CompactedTopicView(s.bootstrap, topics.CLIENT_SESSION, self.routing.apply_session,
-                               client_id=f"{s.instance_id}-sessions"),
-        ]
-        await asyncio.wait_for(asyncio.gather(*(v.start() for v in self.views)), s.rebuild_timeout_s)
+        # both views on one consumer (tbmq_platform.compacted)
+        self.views = CompactedViews(s.bootstrap, client_id=f"{s.instance_id}-views")
+        self.views.view(topics.CLIENT_SUBSCRIPTIONS, self.routing.apply_subscriptions)
+        self.views.view(topics.CLIENT_SESSION, self.routing.apply_session)
+        await asyncio.wait_for(self.views.start(), s.rebuild_timeout_s)
         self.rebuilt_in = time.monotonic() - t0
         gc.collect()
         gc.freeze()  # the rebuilt trie is long-lived: keep it out of the GC's generations
@@ -546,8 +544,8 @@ class RouterRuntime(Service):
 
     async def on_stop(self) -> None:
         self.health.ready = False
-        for v in self.views:
-            await v.stop()
+        if self.views is not None:
+            await self.views.stop()
         await self.health.stop()
 
     # -- batch delivery (BatchConsumer -> agent) --------------------------------------------------

@@ -26,7 +26,7 @@ from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedTopicView
-from tbmq_platform.kafka import KeyPartitioner, ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, KeyPartitioner, ensure_topics, make_consumer, make_producer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 
@@ -111,7 +111,10 @@ class SessionRegistry(Service):
         await self.plain.start()
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       read_committed=True, max_poll_records=s.batch_max_records,
-                                      session_timeout_ms=6000, heartbeat_interval_ms=2000)
+                                      session_timeout_ms=6000, heartbeat_interval_ms=2000, long_poll=True,
+                                      # a batch whose transaction failed is fetched again after a seek, and a
+                                      # seek waits for the parked fetch: that wait stays aiokafka's 500 ms
+                                      fetch_max_wait_ms=500)
         await self.consumer.start()
         self.consumer.subscribe([REQUESTS], listener=_Listener(self))
         self.spawn(self._consume(), "consume session requests")
@@ -183,7 +186,7 @@ class SessionRegistry(Service):
     async def _consume(self) -> None:
         assert self.consumer is not None
         while not self._stopping:
-            batches = await self.consumer.getmany(timeout_ms=200, max_records=self.s.batch_max_records)
+            batches = await self.consumer.getmany(timeout_ms=IDLE_FETCH_WAIT_MS, max_records=self.s.batch_max_records)
             if not batches:
                 continue
             generation = self._generation

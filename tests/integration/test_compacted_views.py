@@ -1,0 +1,130 @@
+"""tbmq_platform.compacted on the real Kafka broker: several compacted topics followed on one consumer, rebuilt
+from the beginning, read-your-writes with `wait_caught_up`, read_committed (aborted transactions never
+applied, their markers do not stall a wait), and a wait that is not queued behind the view's parked fetch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import TopicPartition
+from tbmq_platform import topics as catalogue
+from tbmq_platform.compacted import CompactedTopicView, CompactedViews
+from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+
+pytestmark = pytest.mark.integration
+
+
+async def _topics(kafka, unique, n: int, partitions: int = 2) -> list[str]:
+    names = [unique(f"cv{i}") for i in range(n)]
+    await ensure_topics(kafka.bootstrap_servers,
+                        [catalogue.TopicSpec(t, "k", "bytes", partitions, "test", "test") for t in names])
+    return names
+
+
+async def _producer(kafka, unique, transactional: bool = False):
+    p = make_producer(kafka.bootstrap_servers, client_id=unique("p"),
+                      transactional_id=unique("tx") if transactional else None)
+    await p.start()
+    return p
+
+
+async def test_views_on_one_consumer_rebuild_then_follow_each_topic(kafka, unique):
+    a, b = await _topics(kafka, unique, 2)
+    p = await _producer(kafka, unique)
+    try:
+        for i in range(20):
+            await p.send_and_wait(a, key=b"k%d" % (i % 5), value=b"a%d" % i)
+        await p.send_and_wait(b, key=b"x", value=b"b0")
+        await p.send_and_wait(b, key=b"x", value=None)  # a tombstone
+        await p.send_and_wait(b, key=b"y", value=b"b1")
+        table_a: dict = {}
+        table_b: dict = {}
+        views = CompactedViews(kafka.bootstrap_servers, client_id=unique("views"))
+        va = views.view(a, lambda k, v: table_a.__setitem__(k, v))
+        vb = views.view(b, lambda k, v: table_b.__setitem__(k, v) if v is not None else table_b.pop(k, None))
+        await views.start()
+        try:
+            # start() returned: every record written before it is applied, per topic
+            assert table_a == {b"k%d" % k: b"a%d" % (15 + k) for k in range(5)}
+            assert table_b == {b"y": b"b1"}
+            assert (va.records, vb.records) == (20, 3)
+            with pytest.raises(RuntimeError):
+                await va.start()  # its CompactedViews starts it
+            # read-your-writes: a record acknowledged before wait_caught_up is applied when it returns
+            for i in range(10):
+                await p.send_and_wait(b, key=b"z", value=b"new%d" % i)
+                await vb.wait_caught_up(timeout=10)
+                assert table_b[b"z"] == b"new%d" % i
+            await p.send_and_wait(a, key=b"k0", value=b"last")
+            await views.wait_caught_up(timeout=10)
+            assert table_a[b"k0"] == b"last"
+        finally:
+            await views.stop()
+    finally:
+        await p.stop()
+
+
+async def _lso(kafka, unique, tp: TopicPartition) -> int:
+    c = make_consumer(kafka.bootstrap_servers, group_id=None, client_id=unique("lso"), read_committed=True)
+    await c.start()
+    try:
+        return (await c.end_offsets([tp]))[tp]
+    finally:
+        await c.stop()
+
+
+async def test_read_committed_view_skips_aborted_and_is_not_stalled_by_markers(kafka, unique):
+    (t,) = await _topics(kafka, unique, 1, partitions=1)
+    tp = TopicPartition(t, 0)
+    applied: list = []
+    view = CompactedTopicView(kafka.bootstrap_servers, t, lambda k, v: applied.append((k, v)),
+                              client_id=unique("view"))
+    await view.start()
+    tx = await _producer(kafka, unique, transactional=True)
+    try:
+        # a transaction becomes visible to read_committed readers when its markers are written, a moment
+        # after commit_transaction() returns: until then the wait's end (the last stable offset) is before it
+        await tx.begin_transaction()
+        await tx.send(t, key=b"k", value=b"committed")
+        await tx.commit_transaction()
+        async with asyncio.timeout(10):
+            while not applied:
+                await view.wait_caught_up(timeout=10)
+        assert applied == [(b"k", b"committed")]
+        # after the position: only an aborted transaction and its marker. No record reaches the view, yet a
+        # wait must see the position pass them (no poll returns anything to wake it)
+        await tx.begin_transaction()
+        aborted = await (await tx.send(t, key=b"k", value=b"aborted"))
+        await tx.abort_transaction()
+        async with asyncio.timeout(10):
+            while await _lso(kafka, unique, tp) < aborted.offset + 2:  # record + abort marker
+                pass
+        await view.wait_caught_up(timeout=10)
+        assert applied == [(b"k", b"committed")]
+        assert view.records == 1
+    finally:
+        await tx.stop()
+        await view.stop()
+
+
+async def test_wait_caught_up_is_not_queued_behind_the_parked_long_poll(kafka, unique):
+    """The view's idle fetch parks at the broker for `idle_wait_ms` (here longer than the waits' bound);
+    Kafka answers one request per connection at a time, so end offsets asked on that connection would wait
+    for it. Each wait below must complete within its bound while the fetch is parked."""
+    (t,) = await _topics(kafka, unique, 1, partitions=1)
+    table: dict = {}
+    view = CompactedTopicView(kafka.bootstrap_servers, t, lambda k, v: table.__setitem__(k, v),
+                              client_id=unique("view"), idle_wait_ms=30_000)
+    await view.start()
+    p = await _producer(kafka, unique)
+    try:
+        for _ in range(3):
+            await view.wait_caught_up(timeout=10)  # nothing new: only the end-offset round trip
+        await p.send_and_wait(t, key=b"k", value=b"v")  # answers the parked fetch; a new one parks
+        await view.wait_caught_up(timeout=10)
+        assert table == {b"k": b"v"}
+        await view.wait_caught_up(timeout=10)
+    finally:
+        await p.stop()
+        await view.stop()
