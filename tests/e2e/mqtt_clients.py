@@ -17,6 +17,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from waits import poll, wait_until  # the one bounded wait (tests/waits.py), re-exported
 
 __all__ = ["BOUND", "PROBE", "Client", "run", "poll", "wait_until", "routed", "watcher_and_prober", "real",
            "payloads"]
@@ -28,22 +29,6 @@ PROBE = b"probe-"  # payload prefix of routed()'s probe messages
 def run(fn, *args, **kw):
     """`fn(*args, **kw)` in a thread (blocking paho calls off the event loop)."""
     return asyncio.to_thread(fn, *args, **kw)
-
-
-async def poll(pred: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
-    """Bounded polling (never a bare sleep as synchronisation): True once `pred()` holds, False after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(step)
-    return True
-
-
-async def wait_until(pred: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> None:
-    """`poll()` that fails the test (AssertionError naming `what`) when `pred()` does not hold in time."""
-    if not await poll(pred, timeout, step):
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Client:

@@ -1,28 +1,17 @@
 """A fake connector's end of `DevicePersistence.Forward` (what connector.grpc_clients.ForwardLink does), for the
-tests that talk to a real device-persistence service, and the bounded wait they use (never a bare sleep)."""
+tests that talk to a real device-persistence service (their bounded wait: tests/waits.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import time
-from collections.abc import Callable
 
 import grpc
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
+from waits import wait_until
 
 BOUND = 30.0
-
-
-async def wait_until(pred: Callable[[], object], timeout: float = BOUND, what: str = "condition",
-                     step: float = 0.05) -> None:
-    """Bounded polling: returns once `pred()` holds; AssertionError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(step)
 
 
 class ForwardClient:

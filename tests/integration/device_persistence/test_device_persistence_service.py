@@ -12,6 +12,7 @@ import uuid
 import grpc
 import pytest
 from forward_harness import BOUND, ForwardClient, wait_until
+from waits import poll
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
@@ -85,14 +86,15 @@ class Handles:
         return [int(d.msg.payload) for d in await self.store.fetch_undelivered(client_id)]
 
     async def wait_stored(self, client_id: str, pred, timeout: float = BOUND) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = await self.stored(client_id)
-            if pred(got):
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"stored for {client_id}: {len(got)} messages, condition not met")
-            await asyncio.sleep(0.1)
+        got: list[int] = []
+
+        async def holds() -> bool:
+            got[:] = await self.stored(client_id)
+            return pred(got)
+
+        if not await poll(holds, timeout, step=0.1):
+            raise AssertionError(f"stored for {client_id}: {len(got)} messages, condition not met")
+        return got
 
     async def fake_connector(self) -> str:
         return f"fake-conn-{uuid.uuid4().hex[:8]}"
@@ -429,9 +431,7 @@ async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka
             stored[:] = [int(d.msg.payload.split(b":")[0]) for d in await h.store.fetch_undelivered(cid)]
             return len(stored) >= total
 
-        deadline = time.monotonic() + BOUND
-        while not await all_stored() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)  # bounded polling
+        await poll(all_stored, BOUND, step=0.1)
         assert stored == list(range(total))
         details = await h.details()
         assert details["forward_overflows"] >= 1

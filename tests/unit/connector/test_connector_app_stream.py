@@ -6,11 +6,13 @@ generator is already running" from a request iterator left blocked on its queue.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 
 import grpc
 import pytest
+from waits import wait_until
 from connector.grpc_clients import AppDeliveryChannels, AppStream
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
@@ -77,11 +79,7 @@ class Server:
         await self.server.stop(0)
 
 
-async def _wait(pred, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
+_wait = functools.partial(wait_until, timeout=10.0, what="condition", step=0.005)  # tests/waits.py
 
 
 def _server_side(task: asyncio.Task) -> bool:
