@@ -1,21 +1,17 @@
 """Shared DEVICE group stores handed to a persistent member: the pure pieces (GroupStores, the local packet id
 -> (store id, store packet id) mapping through the window) and a Connection driven with a fake service and
-transport (no Kafka, no gRPC): fetch + hold, serial dedupe, QoS capping, PUBACK/PUBREC/PUBCOMP acknowledging the
+transport (connector_fakes: no Kafka, no gRPC): fetch + hold, serial dedupe, QoS capping, PUBACK/PUBREC/PUBCOMP acknowledging the
 group store entry, detach on unsubscribe and on the end of the connection."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
-
 import pytest
-from connector.connection import CONNECTED, Connection
-from connector.convert import topic_subscription
-from connector.flow import DEVICE, GROUP, GroupRef, GroupStores, OutboundWindow, OutMsg, upstream_ack
-from connector.settings import ConnectorSettings
+from connector.connection import Connection
+from connector_fakes import FakePort, connected, until
 from tbmq.v1 import messages_pb2 as pb
-from tbmq_mqtt import PubAck, PubComp, PubRec, Unsubscribe
-from tbmq_platform.settings import load
+from tbmq_connection.convert import topic_subscription
+from tbmq_connection.flow import DEVICE, GROUP, GroupRef, GroupStores, OutboundWindow, OutMsg, upstream_ack
+from tbmq_mqtt import Connect, PubAck, PubComp, PubRec, Subscribe, Subscription, Unsubscribe
 from tbmq_routing import shared_store_id
 
 pytestmark = pytest.mark.unit
@@ -62,86 +58,26 @@ def test_group_messages_get_live_ids_and_map_back_to_the_store():
 
 
 # ------------------------------------------------------------------------------------------ a Connection
-class FakeDevice:
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-        self.answers: dict[str, asyncio.Future] = {}
-
-    async def fetch(self, client_id, service_id, session_id, *, resync=False):
-        self.calls.append(("fetch", client_id, session_id))
-        if resync:
-            self.calls.append(("resync", client_id, session_id))
-        fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
-        answer = await fut
-        del self.answers[client_id]  # the next fetch waits for its own answer
-        return answer
-
-    def answer(self, client_id, messages) -> None:
-        fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
-        fut.set_result(list(messages))
-
-    def acknowledge(self, client_id, packet_id):
-        self.calls.append(("ack", client_id, packet_id))
-
-    def mark_pubrec(self, client_id, packet_id):
-        self.calls.append(("pubrec", client_id, packet_id))
-
-    def detach(self, client_id, session_id):
-        self.calls.append(("detach", client_id, session_id))
-
-    def of(self, kind):
-        return [c[1:] for c in self.calls if c[0] == kind]
-
-
-class FakeService:
-    def __init__(self) -> None:
-        self.settings = load(ConnectorSettings, {})
-        self.service_id = "c-1"
-        self.device = FakeDevice()
-        self.connections: set = set()
-        self.by_session: dict = {}
-        self.by_client: dict = {}
-        self.by_store: dict = {}
-        self.stats: Counter = Counter()
-        self.bg: list = []
-
-    def spawn_bg(self, coro) -> None:
-        self.bg.append(asyncio.get_running_loop().create_task(coro))
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.data = b""
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-
-def member(*, qos: int = 1, sub_id: int = 0, level: int = 4) -> tuple[FakeService, Connection]:
-    svc = FakeService()
-    conn = Connection(svc)
-    conn.transport = FakeTransport()
-    conn.level = level
-    conn.v5 = level == 5
-    conn.client_id = "member"
-    conn.session_id = "sess-1"
-    conn.state = CONNECTED
-    conn.device = True
-    conn.subs = {("g", "jobs/#"): topic_subscription("g", "jobs/#", qos, subscription_id=sub_id)}
-    return svc, conn
+async def member(*, qos: int = 1, sub_id: int = 0, level: int = 5, plain: bool = False,
+                 persistent: bool = True) -> tuple[FakePort, Connection]:
+    """A persistent DEVICE member connected through the adapter (FakePort: no Kafka, no gRPC) whose stored
+    session has the shared subscription: its own store and the group store are fetched at CONNACK. The own
+    store's fetch is answered empty here."""
+    subs = {("g", "jobs/#"): topic_subscription("g", "jobs/#", qos, subscription_id=sub_id)}
+    if plain:
+        subs[("", "plain/#")] = topic_subscription("", "plain/#", 1)
+    resp = pb.SessionEventResponse(success=True, session_present=True, session_expiry_interval=60,
+                                   persistent=persistent, client_type=pb.CLIENT_TYPE_DEVICE)
+    port = FakePort(resp, subs=subs)
+    conn, transport, (connack, *_) = await connected(
+        port, Connect(protocol_level=level, client_id="member", clean_start=False, keep_alive=0))
+    assert connack.session_present
+    conn.transport = transport
+    if persistent:
+        await until(lambda: ("member", conn.session_id) in port.device.of("fetch"))
+        port.device.answer("member", [])
+        await until(lambda: not conn.m.fetching)
+    return port, conn
 
 
 def stored(serial: int, pid: int, payload: bytes, qos: int = 1, *, pubrel: bool = False) -> pb.DevicePublishMsg:
@@ -152,27 +88,25 @@ def stored(serial: int, pid: int, payload: bytes, qos: int = 1, *, pubrel: bool 
 
 
 def inflight(conn: Connection) -> dict[int, OutMsg]:
-    return dict(conn.out.inflight)
+    return dict(conn.m.out.inflight)
 
 
-async def settle(svc: FakeService) -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
-    if svc.bg:
-        await asyncio.wait(svc.bg, timeout=2)
+def client_sends(conn: Connection, packet) -> None:
+    """A packet from the client, straight into the machine (what the adapter's packet loop does)."""
+    conn.m.packet(packet, 0)
+    conn._drain()
 
 
 async def test_member_fetches_the_group_store_and_acks_map_back():
-    svc, conn = member()
-    conn._attach_groups()
-    await asyncio.sleep(0)
-    assert svc.by_store == {STORE: conn} and svc.device.of("fetch") == [(STORE, "sess-1")]
+    svc, conn = await member()
+    await until(lambda: (STORE, conn.session_id) in svc.device.of("fetch"))
+    assert svc.by_store == {STORE: conn}
     # a forward arriving during the fetch is held; it is also in the answer (serial 2): sent once
     conn.on_group_persisted(stored(2, 2, b"b"))
     conn.on_group_persisted(stored(3, 3, b"c"))
-    assert not conn.out.inflight
+    assert not conn.m.out.inflight
     svc.device.answer(STORE, [stored(1, 1, b"a"), stored(2, 2, b"b")])
-    await settle(svc)
+    await until(lambda: len(inflight(conn)) == 3)
     msgs = sorted(inflight(conn).values(), key=lambda m: m.ref.serial)
     assert [m.publish.payload for m in msgs] == [b"a", b"b", b"c"]
     assert [m.publish.dup for m in msgs] == [True, True, False]  # fetched ones may have been sent before
@@ -180,81 +114,69 @@ async def test_member_fetches_the_group_store_and_acks_map_back():
     # local ids come from the live allocator (not the store's 1, 2, 3)
     assert not {m.packet_id for m in msgs} & {1, 2, 3}
     # the member's PUBACK of the local id acknowledges the group store entry
-    conn._on_puback(PubAck(msgs[1].packet_id))
-    await asyncio.sleep(0)
+    client_sends(conn, PubAck(msgs[1].packet_id))
     assert svc.device.of("ack") == [(STORE, 2)]
     # a later forward is delivered at once (no hold), an old serial is skipped
     conn.on_group_persisted(stored(2, 2, b"b"))
     conn.on_group_persisted(stored(4, 4, b"d"))
-    assert sorted(m.ref.serial for m in conn.out.inflight.values()) == [1, 3, 4]
+    assert sorted(m.ref.serial for m in conn.m.out.inflight.values()) == [1, 3, 4]
     # the end of the connection detaches the group store (and the member's own store)
     conn.close("test")
     assert svc.by_store == {}
-    assert ("detach", STORE, "sess-1") in svc.device.calls and ("detach", "member", "sess-1") in svc.device.calls
+    sid = conn.session_id
+    assert ("detach", STORE, sid) in svc.device.calls and ("detach", "member", sid) in svc.device.calls
 
 
 async def test_qos_capping_qos2_flow_and_pubrel_owed_entries():
-    svc, conn = member(qos=2)
-    conn._attach_groups()
+    svc, conn = await member(qos=2)
     svc.device.answer(STORE, [stored(1, 7, b"q2", qos=2), stored(2, 8, b"done", qos=2, pubrel=True)])
-    await settle(svc)
-    (m,) = conn.out.inflight.values()
+    await until(lambda: len(inflight(conn)) == 1)
+    (m,) = conn.m.out.inflight.values()
     assert m.qos == 2 and m.publish.qos == 2 and m.ref == GroupRef(STORE, 7, 1)
     # PUBREL owed from an earlier member: the group already got it exactly once -> acknowledged, nothing sent
     assert svc.device.of("ack") == [(STORE, 8)]
-    conn._on_pubrec(PubRec(m.packet_id))
+    client_sends(conn, PubRec(m.packet_id))
     assert svc.device.of("pubrec") == [(STORE, 7)]
-    conn._on_pubcomp(PubComp(m.packet_id))
+    client_sends(conn, PubComp(m.packet_id))
     assert svc.device.of("ack") == [(STORE, 8), (STORE, 7)]
-    assert not conn.out.inflight
+    assert not conn.m.out.inflight
 
     # a member granted QoS 0: sent at QoS 0 once and acknowledged for the store at once
-    svc, conn = member(qos=0)
-    conn._attach_groups()
+    svc, conn = await member(qos=0)
+    conn.transport.data = b""
     svc.device.answer(STORE, [stored(1, 1, b"x", qos=1)])
-    await settle(svc)
-    assert not conn.out.inflight and svc.device.of("ack") == [(STORE, 1)]
+    await until(lambda: svc.device.of("ack") == [(STORE, 1)])
+    assert not conn.m.out.inflight
     assert conn.transport.data  # the QoS 0 PUBLISH went out
 
 
 async def test_group_store_only_for_persistent_device_members_and_detached_on_unsubscribe():
-    svc, conn = member()
-    conn.device = False  # non-persistent session: cannot keep the messages
-    conn._attach_groups()
+    svc, conn = await member(persistent=False)  # non-persistent session: cannot keep the messages
     assert svc.device.calls == [] and svc.by_store == {}
 
-    svc, conn = member()
-    conn.subs[("", "plain/#")] = topic_subscription("", "plain/#", 1)
-    conn._attach_groups()
-    conn._attach_groups()  # e.g. a second SUBSCRIBE: no second fetch
-    await asyncio.sleep(0)
-    assert svc.device.of("fetch") == [(STORE, "sess-1")]
+    svc, conn = await member(plain=True)
+    await until(lambda: (STORE, conn.session_id) in svc.device.of("fetch"))
+    client_sends(conn, Subscribe(packet_id=4, subscriptions=[Subscription("$share/g/jobs/#", qos=1)]))
+    assert [c for c in svc.device.of("fetch") if c[0] == STORE] == [(STORE, conn.session_id)]  # no second fetch
     svc.device.answer(STORE, [])
-    await settle(svc)
-
-    async def produce_subscriptions(*_a):
-        return None
-    svc.produce_subscriptions = produce_subscriptions
-    await conn._on_unsubscribe(Unsubscribe(packet_id=5, filters=["$share/g/jobs/#"]))
-    assert svc.device.of("detach") == [(STORE, "sess-1")] and svc.by_store == {}
+    await until(lambda: not conn.m.groups.fetching(STORE))
+    conn.m.packet(Unsubscribe(packet_id=5, filters=["$share/g/jobs/#"]), 0)
+    await conn._drain_awaiting()
+    assert svc.device.of("detach") == [(STORE, conn.session_id)] and svc.by_store == {}
     conn.on_group_persisted(stored(1, 1, b"late"))  # no longer a member: stays in the store
-    assert not conn.out.inflight
+    assert not conn.m.out.inflight
 
 
 async def test_unsubscribed_or_gone_during_the_fetch_detaches_again():
     """The Detach sent at UNSUBSCRIBE may run before the fetch attached: a second Detach follows the fetch."""
-    svc, conn = member()
-    conn._attach_groups()
-    await asyncio.sleep(0)
-
-    async def produce_subscriptions(*_a):
-        return None
-    svc.produce_subscriptions = produce_subscriptions
-    await conn._on_unsubscribe(Unsubscribe(packet_id=5, filters=["$share/g/jobs/#"]))
+    svc, conn = await member()
+    await until(lambda: (STORE, conn.session_id) in svc.device.of("fetch"))
+    conn.m.packet(Unsubscribe(packet_id=5, filters=["$share/g/jobs/#"]), 0)
+    await conn._drain_awaiting()
     svc.device.answer(STORE, [stored(1, 1, b"a")])
-    await settle(svc)
-    assert svc.device.of("detach") == [(STORE, "sess-1"), (STORE, "sess-1")]
-    assert not conn.out.inflight  # nothing delivered: it stays in the store for the group
+    await until(lambda: len(svc.device.of("detach")) == 2)
+    assert svc.device.of("detach") == [(STORE, conn.session_id), (STORE, conn.session_id)]
+    assert not conn.m.out.inflight  # nothing delivered: it stays in the store for the group
 
 
 # ------------------------------------------------------------------------------------------ re-sync
@@ -280,55 +202,46 @@ def own(serial: int, payload: bytes) -> pb.DevicePublishMsg:
                                msg=pb.PublishMsg(topic="me/1", qos=1, payload=payload, created_at_ms=1))
 
 
-async def until(pred) -> None:
-    """Bounded: lets the event loop run the fake's tasks until `pred()` holds."""
-    for _ in range(200):
-        if pred():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
-
-
 async def test_resync_fetches_again_and_delivers_only_what_was_not_delivered():
     """A forward stream opens (or ends) while the connection's first fetch runs: the connection fetches
     again after it (read only: `resync`), holding forwards meanwhile; what it already delivered (by serial)
     is not sent twice, what was saved while no stream forwarded it is delivered, in serial order."""
-    svc, conn = member()
-    conn.subs = {}
-    conn.fetching = True
-    svc.spawn_bg(conn._fetch_stored())
-    await until(lambda: svc.device.of("fetch") == [("member", "sess-1")])
+    port = FakePort(pb.SessionEventResponse(success=True, session_present=True, session_expiry_interval=60,
+                                            persistent=True, client_type=pb.CLIENT_TYPE_DEVICE))
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="member", clean_start=False,
+                                                       keep_alive=0))
+    svc = port
+    await until(lambda: svc.device.of("fetch") == [("member", conn.session_id)])
     conn.resync()                                    # registered on a device-persistence instance now
     assert svc.device.of("resync") == []             # not concurrently: after the running fetch
     conn.on_persisted(own(3, b"c"))                  # held
     svc.device.answer("member", [own(1, b"a"), own(2, b"b")])
-    await until(lambda: svc.device.of("resync") == [("member", "sess-1")])
-    assert sorted(m.ref for m in conn.out.inflight.values()) == [1, 2, 3]
-    assert conn.fetching                             # still holding during the re-sync fetch
+    await until(lambda: svc.device.of("resync") == [("member", conn.session_id)])
+    assert sorted(m.ref for m in conn.m.out.inflight.values()) == [1, 2, 3]
+    assert conn.m.fetching                             # still holding during the re-sync fetch
     conn.on_persisted(own(4, b"d"))                  # forwarded on the new stream: held
     svc.device.answer("member", [own(2, b"b"), own(3, b"c"), own(4, b"d"), own(5, b"e")])
-    await until(lambda: not conn.fetching)
-    msgs = sorted(conn.out.inflight.values(), key=lambda m: m.ref)
+    await until(lambda: not conn.m.fetching)
+    msgs = sorted(conn.m.out.inflight.values(), key=lambda m: m.ref)
     assert [(m.ref, m.publish.payload, m.publish.dup) for m in msgs] == [
         (1, b"a", True), (2, b"b", True), (3, b"c", False), (4, b"d", True), (5, b"e", True)]
     conn.on_persisted(own(6, b"f"))                  # after the re-sync: delivered at once
-    assert max(m.ref for m in conn.out.inflight.values()) == 6
+    assert max(m.ref for m in conn.m.out.inflight.values()) == 6
     # idle: a re-sync starts a fetch at once
     conn.resync()
-    assert conn.fetching and svc.stats["resyncs"] == 1
+    assert conn.m.fetching and svc.stats["resyncs"] == 1
     svc.device.answer("member", [own(5, b"e"), own(6, b"f")])
-    await until(lambda: not conn.fetching)
-    assert len(conn.out.inflight) == 6
+    await until(lambda: not conn.m.fetching)
+    assert len(conn.m.out.inflight) == 6
 
 
 async def test_resync_refetches_the_attached_group_stores():
-    svc, conn = member()
-    conn._attach_groups()
+    svc, conn = await member()
     svc.device.answer(STORE, [stored(1, 1, b"a")])
-    await until(lambda: not conn.groups.fetching(STORE))
+    await until(lambda: not conn.m.groups.fetching(STORE))
     conn.resync()
-    await until(lambda: (STORE, "sess-1") in svc.device.of("resync"))
+    await until(lambda: (STORE, conn.session_id) in svc.device.of("resync"))
     conn.on_group_persisted(stored(3, 3, b"c"))      # held during the re-sync fetch
     svc.device.answer(STORE, [stored(1, 1, b"a"), stored(2, 2, b"b")])
-    await until(lambda: not conn.groups.fetching(STORE))
-    assert sorted(m.ref.serial for m in conn.out.inflight.values()) == [1, 2, 3]
+    await until(lambda: not conn.m.groups.fetching(STORE))
+    assert sorted(m.ref.serial for m in conn.m.out.inflight.values()) == [1, 2, 3]

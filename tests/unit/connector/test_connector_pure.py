@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from connector.connect import ConnectRefused, plan_connect, will_delay_seconds
-from connector.convert import outbound_publish, publish_msg, remaining_expiry
-from connector.flow import (
+from tbmq_connection.connect import ConnectRefused, plan_connect, will_delay_seconds
+from tbmq_connection.convert import outbound_publish, publish_msg, remaining_expiry
+from tbmq_connection.flow import (
     AWAIT_PUBCOMP,
     AWAIT_PUBREC,
     DEVICE,

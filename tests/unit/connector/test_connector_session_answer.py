@@ -1,49 +1,16 @@
-"""The connector applies the session registry's answer and decides nothing about the session itself
+"""The connector applies the session registry's answer (persistence, capped interval) instead of deciding it
 (session_registry.logic is the one home of the rules): a Connection driven through CONNECT and DISCONNECT with a
-fake service, registry and transport (no Kafka, no gRPC).
-
-The case of issue 13: a v5 client resumes its session with clean start 0 and no Session Expiry Interval. The
-registry answers session present, interval 0, persistent; the connector must then fetch the stored messages
-(before this change it recomputed "persistent" from the interval, got false, and delivered nothing)."""
+fake port (connector_fakes: no Kafka, no gRPC)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from connector.connection import CLOSED, CONNECTED, Connection
-from connector.wills import Wills
+from connector_fakes import FakePort, connected, until, v5_connect
 from tbmq.v1 import messages_pb2 as pb
-from tbmq_mqtt import ConnAck, Connect, Disconnect, MqttDecoder, Properties, ReasonCode, Role
-from test_connector_group_store import FakeService, FakeTransport, settle
+from tbmq_connection import CLOSED, CONNECTED
+from tbmq_mqtt import Disconnect, Properties, ReasonCode, encode
 
 pytestmark = pytest.mark.unit
-
-
-class FakeSessions:
-    """The registry: answers every CONNECTION_REQUEST with `answer`; records the DISCONNECTION_REQUESTs."""
-
-    def __init__(self, answer: pb.SessionEventResponse) -> None:
-        self.answer = answer
-        self.requests: list[pb.SessionInfo] = []
-        self.disconnects: list[tuple[pb.SessionInfo, int | None]] = []
-
-    async def connect(self, session: pb.SessionInfo, timeout: float) -> pb.SessionEventResponse:
-        self.requests.append(pb.SessionInfo.FromString(session.SerializeToString()))
-        return self.answer
-
-    async def disconnect(self, session: pb.SessionInfo, *, graceful: bool, session_expiry: int | None = None):
-        self.disconnects.append((pb.SessionInfo.FromString(session.SerializeToString()), session_expiry))
-
-
-class RegistryService(FakeService):
-    def __init__(self, answer: pb.SessionEventResponse) -> None:
-        super().__init__()
-        self.sessions = FakeSessions(answer)
-        self.wills = Wills(lambda client_id, will, level: None)
-
-    async def subscriptions_of(self, client_id: str) -> dict:
-        return {}
 
 
 def answer(*, present: bool, sei: int, persistent: bool,
@@ -52,47 +19,29 @@ def answer(*, present: bool, sei: int, persistent: bool,
                                    persistent=persistent, client_type=client_type)
 
 
-async def connected(resp: pb.SessionEventResponse, connect: Connect) -> tuple[RegistryService, Connection, ConnAck]:
-    svc = RegistryService(resp)
-    conn = Connection(svc)
-    conn.transport = FakeTransport()
-    conn.app_streams_opened = 0
-
-    def open_app_stream() -> None:  # the real one opens a gRPC stream to app-delivery
-        conn.app_streams_opened += 1
-
-    conn._open_app_stream = open_app_stream
-    await conn._on_connect(connect)
-    packets = MqttDecoder(connect.protocol_level, role=Role.CLIENT).feed(conn.transport.data)
-    assert packets and isinstance(packets[0], ConnAck), packets
-    return svc, conn, packets[0]
-
-
-def v5_connect(*, clean_start: bool, sei: int | None) -> Connect:
-    props = Properties(session_expiry_interval=sei) if sei is not None else Properties()
-    return Connect(protocol_level=5, client_id="dev", clean_start=clean_start, keep_alive=30, properties=props)
+async def disconnect(conn, transport, packet: Disconnect) -> list:
+    conn.data_received(encode(packet, 5))
+    await until(lambda: conn.state == CLOSED)
+    return transport.packets(5)
 
 
 async def test_resumed_session_with_interval_zero_fetches_its_stored_messages():
-    resp = answer(present=True, sei=0, persistent=True)
-    svc, conn, connack = await connected(resp, v5_connect(clean_start=False, sei=None))
+    port = FakePort(answer(present=True, sei=0, persistent=True))
+    conn, transport, (connack,) = await connected(port, v5_connect(clean_start=False, sei=None))
     # the request carries the interval as sent and leaves persistence to the registry
-    req = svc.sessions.requests[0]
+    req = port.requests[0]
     assert req.session_expiry_interval == 0 and not req.persistent and not req.clean_start
     assert connack.session_present and connack.reason_code == 0
     assert connack.properties.session_expiry_interval is None   # the answer's 0 is what the client asked for
-    assert conn.state == CONNECTED and conn.persistent and conn.device
-    await asyncio.sleep(0)
-    assert svc.device.of("fetch") == [("dev", conn.session_id)]   # its queued messages are fetched
-    svc.device.answer("dev", [])
-    await settle(svc)
+    assert conn.state == CONNECTED and conn.m.persistent and conn.m.device
+    await until(lambda: port.device.of("fetch") == [("dev", conn.session_id)])   # its queued messages are fetched
+    port.device.answer("dev", [])
+    await until(lambda: not conn.m.fetching)
     # the connection ends: the session (interval 0) ends with it; a DISCONNECT may not give it one
-    conn._on_disconnect(Disconnect(reason_code=0, properties=Properties(session_expiry_interval=60)))
-    assert conn.state == CLOSED
-    sent = MqttDecoder(5, role=Role.CLIENT).feed(conn.transport.data)
+    sent = await disconnect(conn, transport, Disconnect(reason_code=0,
+                                                        properties=Properties(session_expiry_interval=60)))
     assert isinstance(sent[-1], Disconnect) and sent[-1].reason_code == ReasonCode.PROTOCOL_ERROR
-    await settle(svc)
-    (info, expiry), = svc.sessions.disconnects
+    (info, graceful, expiry), = port.disconnects
     assert expiry is None and info.persistent and info.session_expiry_interval == 0
 
 
@@ -101,31 +50,33 @@ async def test_resumed_session_with_interval_zero_fetches_its_stored_messages():
 async def test_stored_messages_follow_the_answer_not_the_interval(client_type, persistent):
     """Same CONNECT (interval 0), two answers: the connector fetches (DEVICE) / opens the stream (APPLICATION)
     exactly when the registry says persistent."""
-    resp = answer(present=persistent, sei=0, persistent=persistent, client_type=client_type)
-    svc, conn, connack = await connected(resp, v5_connect(clean_start=False, sei=None))
-    await asyncio.sleep(0)
+    port = FakePort(answer(present=persistent, sei=0, persistent=persistent, client_type=client_type))
+    conn, transport, (connack,) = await connected(port, v5_connect(clean_start=False, sei=None))
     assert connack.session_present is persistent
     device = persistent and client_type == pb.CLIENT_TYPE_DEVICE
-    assert conn.device is device and bool(svc.device.of("fetch")) is device
-    assert conn.app_streams_opened == int(persistent and client_type == pb.CLIENT_TYPE_APPLICATION)
+    if device:
+        await until(lambda: bool(port.device.of("fetch")))
+    assert conn.m.device is device and bool(port.device.of("fetch")) is device
+    assert len(port.app_streams) == int(persistent and client_type == pb.CLIENT_TYPE_APPLICATION)
     conn.close("test")
     if device:
-        svc.device.answer("dev", [])
-    await settle(svc)
+        port.device.answer("dev", [])
+    assert all(s.stopped is False for s in port.app_streams)   # stopped in the background
+    await until(lambda: all(t.done() for t in port.bg))
+    assert all(s.stopped for s in port.app_streams)
 
 
 async def test_interval_cap_is_the_registrys():
     """The CONNECT's interval goes to the registry as sent; CONNACK echoes the registry's capped value; a
     DISCONNECT may set an interval when the CONNECT's was non-zero even if the registry capped it to 0
     [MQTT-3.14.2-2 is about the CONNECT packet], and the registry caps that one too."""
-    resp = answer(present=False, sei=0, persistent=False)     # e.g. MQTT_CLIENT_SESSION_EXPIRY_MAX_..._INTERVAL=0
-    svc, conn, connack = await connected(resp, v5_connect(clean_start=True, sei=0xFFFFFFFF))
-    assert svc.sessions.requests[0].session_expiry_interval == 0xFFFFFFFF
+    port = FakePort(answer(present=False, sei=0, persistent=False))  # e.g. the cap setting is 0
+    conn, transport, (connack,) = await connected(port, v5_connect(clean_start=True, sei=0xFFFFFFFF))
+    assert port.requests[0].session_expiry_interval == 0xFFFFFFFF
     assert connack.properties.session_expiry_interval == 0
-    assert not conn.device
-    conn._on_disconnect(Disconnect(reason_code=0, properties=Properties(session_expiry_interval=50)))
-    await settle(svc)
-    (info, expiry), = svc.sessions.disconnects
-    assert expiry == 50
-    sent = MqttDecoder(5, role=Role.CLIENT).feed(conn.transport.data)
+    assert not conn.m.device
+    sent = await disconnect(conn, transport, Disconnect(reason_code=0,
+                                                        properties=Properties(session_expiry_interval=50)))
+    (info, graceful, expiry), = port.disconnects
+    assert expiry == 50 and graceful
     assert not any(isinstance(p, Disconnect) for p in sent)   # no protocol error

@@ -6,6 +6,9 @@ instance, grpc_clients.ForwardLink) and the app-delivery streams (persistent APP
 forward stream opens (registered on that instance) or ends, every persistent DEVICE connection re-syncs
 (Connection.resync: fetch again, deliver what it has not delivered yet), so a forward lost with a stream
 is never stranded for the rest of the connection.
+
+The service is each connection's `port.ConnectionPort` (the narrow interface connection.py runs its
+machine's effects through): connection.py never imports this module.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from tbmq_platform.topics import (
     static_topics,
 )
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
+from tbmq_connection import ConnectionMachine, MachineConfig
+from tbmq_connection.convert import publish_msg
 from tbmq_routing import RetainedStore
 
 from .connection import Connection
-from .convert import publish_msg
-from .grpc_clients import AppDeliveryChannels, DevicePersistenceClient
+from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
 from .sessions import SessionEvents
 from .settings import ConnectorSettings
 from .wills import Wills
@@ -93,6 +97,12 @@ class ConnectorService(Service):
         # created only when exported (OTLP endpoint set) or asked for. Without them every produced record
         # still carries a traceparent (a fresh one per PUBLISH: `fresh_trace_headers`).
         self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
+        self.machine_config = MachineConfig(
+            service_id=self.service_id, receive_maximum=settings.receive_maximum,
+            topic_alias_maximum=settings.topic_alias_maximum, max_packet_size=settings.max_packet_size,
+            max_inflight=settings.max_inflight, max_queued=settings.max_queued,
+            server_keep_alive_max=settings.server_keep_alive_max,
+            connect_timeout_ms=int(settings.connect_timeout_s * 1000))
         self._topics = {
             "response": response_topic(self.service_id),
             "disconnect": disconnect_topic(self.service_id),
@@ -197,6 +207,52 @@ class ConnectorService(Service):
             pass
         except Exception:
             log.exception("background job failed")
+
+    # ------------------------------------------------------------------------------------ the connections' port
+    def new_machine(self, address: str) -> ConnectionMachine:
+        return ConnectionMachine(self.machine_config, stats=self.stats, retained=self.retained.match_filter,
+                                 address=address)
+
+    def connection_opened(self, conn: Connection) -> None:
+        self.connections.add(conn)
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        session_id, client_id = conn.session_id, conn.client_id
+        if session_id and self.by_session.get(session_id) is conn:
+            del self.by_session[session_id]
+        if client_id and self.by_client.get(client_id) is conn:
+            del self.by_client[client_id]
+
+    def route_session(self, session_id: str, conn: Connection) -> None:
+        self.by_session[session_id] = conn
+
+    def route_client(self, client_id: str, conn: Connection) -> None:
+        self.by_client[client_id] = conn
+
+    def route_store(self, store_id: str, conn: Connection) -> None:
+        self.by_store[store_id] = conn
+
+    def unroute_store(self, store_id: str, conn: Connection) -> None:
+        if self.by_store.get(store_id) is conn:
+            del self.by_store[store_id]
+
+    async def request_session(self, session: pb.SessionInfo) -> pb.SessionEventResponse:
+        return await self.sessions.connect(session, self.settings.session_event_timeout_s)
+
+    def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None) -> None:
+        self.spawn_bg(self.sessions.disconnect(session, graceful=graceful, session_expiry=session_expiry))
+
+    def session_started(self, client_id: str, clean_start: bool) -> None:
+        self.wills.on_connected(client_id, clean_start)
+
+    def schedule_will(self, client_id: str, session_id: str, will, level: int, delay: int) -> None:
+        self.wills.schedule(client_id, session_id, will, level, delay)
+
+    def open_app_stream(self, opening, on_record, on_records) -> AppStream:
+        stream = AppStream(self.apps, opening, on_record, on_records=on_records)
+        stream.start()
+        return stream
 
     # ------------------------------------------------------------------------------------ producing
     async def produce_publish(self, msg: pb.PublishMsg, topic: str, retain: bool, headers=None):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from tbmq_mqtt import MQTT_3_1, MQTT_5, Connect
+from tbmq_mqtt import MQTT_3_1, MQTT_5, Connect, ReasonCode
 from tbmq_routing import TopicError, validate_topic_name
 
-CLIENT_ID_NOT_VALID = 0x85
-TOPIC_NAME_INVALID = 0x90
+CLIENT_ID_NOT_VALID = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+TOPIC_NAME_INVALID = ReasonCode.TOPIC_NAME_INVALID
 MAX_SESSION_EXPIRY = 0xFFFFFFFF
 MAX_CLIENT_ID_BYTES = 65535
 

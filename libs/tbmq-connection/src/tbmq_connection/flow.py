@@ -29,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tbmq_mqtt import ReasonCode
+
 LIVE = 0     # tbmq.msg.downlink.basic / retained on subscribe: connector-assigned id, nothing to ack upstream
 DEVICE = 1   # persistent DEVICE message: fixed id, Acknowledge/MarkPubrec to device-persistence
 APP = 2      # APPLICATION record: connector-assigned id, AppAck(ref) upstream
@@ -279,16 +281,16 @@ class InboundAliases:
         """The topic of a PUBLISH; raises AliasError(reason code) when the alias use is invalid."""
         if alias is None:
             if not topic:
-                raise AliasError(0x82, "empty topic name without a topic alias")
+                raise AliasError(ReasonCode.PROTOCOL_ERROR, "empty topic name without a topic alias")
             return topic
         if alias == 0 or alias > self.maximum:
-            raise AliasError(0x94, f"topic alias {alias} outside 1..{self.maximum}")
+            raise AliasError(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} outside 1..{self.maximum}")
         if topic:
             self._topics[alias] = topic
             return topic
         known = self._topics.get(alias)
         if known is None:
-            raise AliasError(0x82, f"topic alias {alias} used before it was set")
+            raise AliasError(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} used before it was set")
         return known
 
 

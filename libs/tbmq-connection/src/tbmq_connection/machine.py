@@ -1,0 +1,1018 @@
+"""One MQTT connection's session logic as a sans-io state machine (in the manner of h11 and mqttproto).
+
+No I/O, no clock, no event loop: the machine is fed decoded packets (tbmq_mqtt) and events — Kafka's answer
+for a produced PUBLISH, the session registry's answer, deliveries (live, persisted DEVICE, APPLICATION
+records), fetched stored messages, timers, transport back-pressure, a takeover command, the end of the
+transport — each with the time `now` in epoch milliseconds, and appends the effects that follow
+(`tbmq_connection.effects`) to `self.effects`, in the order they must run. Every input method returns that
+deque; the runner pops and runs the effects (the connector's asyncio adapter, `connector.connection`).
+
+Guarantees kept here (each where the code enforces it):
+
+* Nothing acknowledged is lost: PUBACK / PUBREC of an inbound PUBLISH is sent only after Kafka acknowledged
+  its record(s) (`produced`), and in packet order; a failed record gets PUBACK/PUBREC 0x80 (v5) or closes
+  the connection (3.x, which has no failure ack).
+* Exactly-once receive [MQTT-4.3.3-10]: a QoS 2 PUBLISH whose id awaits PUBREL is answered, not produced again.
+* Outbound: at most the client's Receive Maximum in flight (`flow.OutboundWindow`); stored DEVICE messages
+  keep the store's packet ids; upstream acknowledgements (device-persistence, app-delivery) only after the
+  client's PUBACK / PUBCOMP.
+* Keep alive [MQTT-3.1.2-22]: closed (v5: DISCONNECT 0x8D) when nothing arrived for 1.5 × the keep alive.
+* Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; delayed by the v5 Will Delay Interval but not past the end
+  of the session [MQTT-3.1.3-9].
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
+from tbmq_mqtt import (
+    MQTT_3_1_1,
+    MQTT_5,
+    REASON_CODES_BY_PACKET,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MqttProtocolError,
+    PacketType,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    encode,
+    server_error_response,
+)
+from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
+
+from .connect import ConnectRefused, plan_connect, will_delay_seconds
+from .convert import outbound_publish, publish_msg, topic_subscription
+from .effects import (
+    AckApp,
+    AckStored,
+    CancelTimer,
+    Close,
+    CloseAppStream,
+    DetachStore,
+    FetchStored,
+    Finished,
+    LoadSubscriptions,
+    Online,
+    OpenAppStream,
+    ProducePublish,
+    ProduceSubscriptions,
+    PubrecStored,
+    ReportDisconnect,
+    RequestSession,
+    ScheduleWill,
+    Send,
+    SessionStarted,
+    StartTimer,
+)
+from .flow import APP, DEVICE, GROUP, LIVE, AliasError, GroupRef, GroupStores, InboundAliases, InboundQos, \
+    OutboundWindow, OutMsg, upstream_ack
+
+log = logging.getLogger("connector.connection")
+
+# states
+NEW, CONNECTING, CONNECTED, CLOSED = range(4)
+
+# timer names (StartTimer / timer_fired)
+CONNECT_TIMEOUT = "connect"
+KEEP_ALIVE = "keep_alive"
+
+RC = ReasonCode
+_SESSION_FAILURE = {pb.SESSION_FAILURE_QUOTA_EXCEEDED: RC.QUOTA_EXCEEDED,
+                    pb.SESSION_FAILURE_SERVER_UNAVAILABLE: RC.SERVER_UNAVAILABLE,
+                    pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID: RC.CLIENT_IDENTIFIER_NOT_VALID,
+                    pb.SESSION_FAILURE_UNSPECIFIED_ERROR: RC.UNSPECIFIED_ERROR}
+_TAKEOVER_REASON = {pb.DISCONNECT_REASON_SESSION_TAKEN_OVER: RC.SESSION_TAKEN_OVER,
+                    pb.DISCONNECT_REASON_ADMINISTRATIVE: RC.ADMINISTRATIVE_ACTION,
+                    pb.DISCONNECT_REASON_SERVER_SHUTTING_DOWN: RC.SERVER_SHUTTING_DOWN}
+_CONNACK_PROPS_BASE = dict(retain_available=True, wildcard_subscription_available=True,
+                           subscription_identifier_available=True, shared_subscription_available=True)
+_DISCONNECT_CODES = REASON_CODES_BY_PACKET[PacketType.DISCONNECT]
+
+
+def _no_retained(_topic_filter: str) -> Iterable:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class MachineConfig:
+    """The connector's limits, as a connection applies them (built once from its settings)."""
+
+    service_id: str
+    receive_maximum: int = 1024          # ours: QoS 1/2 PUBLISHes a client may have unacknowledged (v5 CONNACK)
+    topic_alias_maximum: int = 10        # ours: inbound topic aliases (v5 CONNACK; 0 = none)
+    max_packet_size: int = 262144        # ours (v5 CONNACK)
+    max_inflight: int = 1000             # outbound window cap (and the client's Receive Maximum)
+    max_queued: int = 1000               # outbound queue behind the window
+    server_keep_alive_max: int = 600     # largest keep alive granted to a v5 client (0 = as asked)
+    connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
+    device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
+
+
+class ConnectionMachine:
+    """The state of one MQTT connection, from the first byte to the end of the transport."""
+
+    def __init__(self, config: MachineConfig, *, stats: Counter | None = None,
+                 retained: Callable[[str], Iterable] | None = None, address: str = "") -> None:
+        self.cfg = config
+        self.stats = stats if stats is not None else Counter()
+        self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
+        self.address = address
+        self.effects: deque = deque()
+        self.state = NEW
+        self.state_before_close = NEW
+        self.level = MQTT_3_1_1
+        self.v5 = False
+        self.last_rx = 0
+        self.keep_alive = 0
+        # session
+        self.client_id = ""
+        self.session_id = ""
+        self.session: pb.SessionInfo | None = None
+        self.client_type = pb.CLIENT_TYPE_DEVICE
+        self.persistent = False          # the registry's answer: messages kept for the client (fetch / stream)
+        self.session_expiry = 0          # the registry's interval: how long the session outlives the connection
+        self.connect_expiry = 0          # the CONNECT's interval as sent (v5 DISCONNECT may not raise it from 0)
+        self.will = None
+        self.will_delay = 0
+        self.subs: dict[tuple[str, str], pb.TopicSubscription] = {}
+        self._plan = None                # the CONNECT's plan while the registry answers
+        self._session_present = False
+        self._subscribing = None         # a SUBSCRIBE / UNSUBSCRIBE waiting for Kafka's acknowledgement
+        # flow
+        self.inbound = InboundQos(config.receive_maximum)
+        self.acks: deque[ProducePublish] = deque()
+        self.aliases = InboundAliases(config.topic_alias_maximum)
+        self.out = OutboundWindow(min(config.max_inflight, 65535), config.max_queued)
+        self.client_max_packet = None
+        self.writing_paused = False
+        self._pump_held = False          # delivering a batch: the window is written once after it
+        # end of connection
+        self.graceful = False            # DISCONNECT 0x00 received: no Will
+        self.disconnect_expiry: int | None = None
+        self.taken_over: pb.DisconnectCommand | None = None
+        self.request_sent = False        # CONNECTION_REQUEST made: a DISCONNECTION_REQUEST is owed
+        self.close_reason = ""
+        self._finished = False
+        # persistent DEVICE / APPLICATION
+        self.device = False
+        self.fetching = False
+        self.refetch = False             # a re-sync came while fetching: fetch again after
+        self.held_persisted: list[pb.DevicePublishMsg] = []
+        self.max_serial = -1
+        self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
+        self.app_open = False
+        self.app_refs: dict[tuple, int] = {}
+
+    # ====================================================================================== inputs
+    def start(self, now: int) -> deque:
+        """The transport is up: CONNECT is due within the connect timeout."""
+        self.last_rx = now
+        self.effects.append(StartTimer(CONNECT_TIMEOUT, now + self.cfg.connect_timeout_ms))
+        return self.effects
+
+    def bytes_received(self, now: int) -> None:
+        """Anything arrived (even part of a packet): the keep alive counts from here."""
+        self.last_rx = now
+
+    def packet(self, p, now: int) -> deque:
+        """One decoded packet from the client."""
+        if self.state == CLOSED:
+            return self.effects
+        try:
+            cls = p.__class__
+            if cls is Publish:
+                self._on_publish(p, now)
+            elif cls is PubAck:
+                self._on_puback(p)
+            elif cls is PubRec:
+                self._on_pubrec(p)
+            elif cls is PubRel:
+                self._on_pubrel(p)
+            elif cls is PubComp:
+                self._on_pubcomp(p)
+            elif cls is PingReq:
+                self._send(encode(PingResp(), self.level))
+            elif cls is Subscribe:
+                self._on_subscribe(p, now)
+            elif cls is Unsubscribe:
+                self._on_unsubscribe(p, now)
+            elif cls is Disconnect:
+                self._on_disconnect(p)
+            elif cls is Connect:
+                self._on_connect(p, now)
+            else:  # AUTH: enhanced authentication is not supported
+                self._protocol_error(RC.PROTOCOL_ERROR, f"{cls.__name__} not supported")
+        except MqttProtocolError as exc:
+            self._protocol_error(exc.reason_code, exc.message)
+        return self.effects
+
+    def pubacks(self, acks: list, now: int) -> deque:
+        """A run of PUBACKs (a client acknowledging a burst sends them in one segment): the window is refilled
+        once after the last, in one write."""
+        self._pump_held = True
+        try:
+            for p in acks:
+                if self.state == CLOSED:
+                    break
+                self._on_puback(p)
+        finally:
+            self._pump_held = False
+        self._pump()
+        return self.effects
+
+    def decode_error(self, exc: MqttProtocolError, now: int) -> deque:
+        """The codec rejected the bytes: close with its reason code (CONNACK for a bad CONNECT)."""
+        self._protocol_error(exc.reason_code, exc.message, connect=exc.packet_type == PacketType.CONNECT,
+                             level=exc.protocol_level)
+        return self.effects
+
+    def timer_fired(self, name: str, now: int) -> deque:
+        if name == CONNECT_TIMEOUT:
+            if self.state == NEW:
+                self._close(f"no CONNECT within {self.cfg.connect_timeout_ms / 1000:g}s", log_level=logging.WARNING)
+        elif name == KEEP_ALIVE and self.state != CLOSED and self.keep_alive:
+            deadline = self.last_rx + self.keep_alive * 1500
+            if now >= deadline:
+                # [MQTT-3.1.2-22]: nothing for 1.5 x the keep alive
+                self._close(f"keep alive {self.keep_alive}s expired", rc=RC.KEEP_ALIVE_TIMEOUT)
+            else:
+                self.effects.append(StartTimer(KEEP_ALIVE, deadline))
+        return self.effects
+
+    def session_answer(self, resp: pb.SessionEventResponse, now: int) -> deque:
+        """The registry's answer to RequestSession."""
+        if self.state != CONNECTING:
+            return self.effects  # went away (or taken over) while waiting; the end was reported
+        plan = self._plan
+        if not resp.success:
+            self.request_sent = False  # the registry did not create a session
+            self._refuse(_SESSION_FAILURE.get(resp.failure, RC.UNSPECIFIED_ERROR),
+                         f"session registry refused: {pb.SessionFailure.Name(resp.failure)}")
+            return self.effects
+        # the registry decides what the session is (session_registry.logic): a resumed session is persistent
+        # for this connection whatever its new interval [MQTT-3.1.2-4, -5, -23]
+        self.client_type = resp.client_type
+        self.session_expiry = resp.session_expiry_interval if self.v5 else 0
+        self.connect_expiry = plan.requested_session_expiry
+        self.persistent = resp.persistent
+        self.session.client_type = resp.client_type
+        self.session.session_expiry_interval = self.session_expiry
+        self.session.persistent = self.persistent
+        self._session_present = bool(resp.session_present)
+        self.effects.append(SessionStarted(self.client_id, plan.clean_start))
+        if resp.session_present:
+            self.effects.append(LoadSubscriptions(self.client_id))
+        else:
+            self._accept()
+        return self.effects
+
+    def session_failed(self, reason: str, now: int) -> deque:
+        """No answer from the registry (timeout, Kafka unavailable): CONNACK Server unavailable."""
+        if self.state == CONNECTING:
+            self._refuse(RC.SERVER_UNAVAILABLE, reason)
+        return self.effects
+
+    def subscriptions_loaded(self, subs: dict | None, now: int) -> deque:
+        """The stored subscription set of a present session (None: not available, start empty)."""
+        if self.state != CONNECTING:
+            return self.effects
+        if subs:
+            self.subs = dict(subs)
+        self._accept()
+        return self.effects
+
+    def produced(self, eff: ProducePublish, error: BaseException | None, now: int) -> deque:
+        """Kafka answered one record of a QoS 1/2 PUBLISH (`error` None: acknowledged)."""
+        eff.pending -= 1
+        if error is not None and eff.error is None:
+            eff.error = error
+        if eff.pending <= 0 and self.acks and self.acks[0] is eff:
+            self._flush_acks()
+        return self.effects
+
+    def produce_failed(self, eff: ProducePublish, error: BaseException, now: int) -> deque:
+        """The PUBLISH could not even be handed to the producer."""
+        if eff.qos:
+            eff.pending = 0
+            if eff.error is None:
+                eff.error = error
+            if self.acks and self.acks[0] is eff:
+                self._flush_acks()
+        return self.effects
+
+    def subscriptions_written(self, error: BaseException | None, now: int) -> deque:
+        """Kafka answered the ProduceSubscriptions of the SUBSCRIBE / UNSUBSCRIBE being handled."""
+        pending, self._subscribing = self._subscribing, None
+        if pending is None:
+            return self.effects
+        unsubscribe, packet_id, new_set, codes, retained = pending
+        if error is not None:
+            log.error("client %r: subscriptions not written to Kafka: %r", self.client_id, error)
+            if self.state != CLOSED:
+                codes = [RC.UNSPECIFIED_ERROR] * len(codes)
+                self._send(encode(UnsubAck(packet_id, codes if self.v5 else []) if unsubscribe
+                                  else SubAck(packet_id, codes), self.level))
+            return self.effects
+        old_shared = {k for k in self.subs if k[0]}
+        self.subs = new_set
+        if self.app_open and {k for k in new_set if k[0]} != old_shared:
+            self._restart_app_stream()
+        if unsubscribe:
+            for key in old_shared - {k for k in new_set if k[0]}:
+                self._detach_group(shared_store_id(*key))  # no longer a member of that group
+            if self.state != CLOSED:
+                self._send(encode(UnsubAck(packet_id, codes if self.v5 else []), self.level))
+        elif self.state != CLOSED:
+            self._subscribed(packet_id, codes, retained, now)
+        return self.effects
+
+    # ------------------------------------------------------------------------------------ deliveries
+    def deliver(self, msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids, now: int, *,
+                kind: int = LIVE, fixed_id: int | None = None, ref=None, dup: bool = False,
+                pubrel_only: bool = False) -> deque:
+        """One message for the client (a live delivery unless `kind` says otherwise)."""
+        if self.state != CONNECTED:
+            return self.effects
+        if pubrel_only:
+            self.out.offer(OutMsg(2, kind, None, fixed_id, True, ref), force=True)
+            self._pump()
+            return self.effects
+        pkt = outbound_publish(msg, qos, retain, subscription_ids, now, v5=self.v5, dup=dup)
+        if pkt is None:  # expired [MQTT-3.3.2-5]
+            if kind != LIVE:
+                self._delivered(OutMsg(qos, kind, None, fixed_id, False, ref, packet_id=fixed_id or 0))
+            return self.effects
+        stats = self.stats
+        if qos == 0:
+            if self.writing_paused:
+                stats["dropped_qos0_slow"] += 1
+                return self.effects
+            data = encode(pkt, self.level)
+            if self.client_max_packet is not None and len(data) > self.client_max_packet:
+                stats["dropped_too_large"] += 1  # [MQTT-3.1.2-25]
+                return self.effects
+            self._send(data)
+            stats["msgs_out"] += 1
+            return self.effects
+        out = OutMsg(qos, kind, pkt, fixed_id, False, ref)
+        if not self.out.offer(out, force=kind != LIVE):
+            stats["dropped_queue_full"] += 1
+            if self.out.dropped in (1, 100, 10000) or self.out.dropped % 100000 == 0:
+                log.warning("client %r: outbound queue full (%d), %d messages dropped so far",
+                            self.client_id, self.out.max_queued, self.out.dropped)
+            return self.effects
+        if not self._pump_held:
+            self._pump()
+        return self.effects
+
+    def persisted(self, dm: pb.DevicePublishMsg, now: int) -> deque:
+        """A forward of this client's own store (persistent DEVICE)."""
+        if not self.device or self.state != CONNECTED:
+            return self.effects
+        if self.fetching:
+            self.held_persisted.append(dm)  # delivered after the fetch's answer, in order
+            return self.effects
+        self._deliver_device(dm, False, now)
+        return self.effects
+
+    def group_persisted(self, dm: pb.DevicePublishMsg, now: int) -> deque:
+        """A forward of a shared group store this connection attached."""
+        if self.state != CONNECTED or dm.client_id not in self.groups:
+            return self.effects  # still in Redis: the next member's fetch gets it
+        if not self.groups.hold(dm.client_id, dm):
+            self._deliver_group(dm, False, now)
+        return self.effects
+
+    def fetch_wanted(self, fetch: FetchStored) -> bool:
+        """Is the answer of `fetch` still of use (connected, and for a group store: still attached)?"""
+        if self.state != CONNECTED:
+            return False
+        return self.groups.fetching(fetch.store_id) if fetch.group else True
+
+    def stored(self, fetch: FetchStored, messages, now: int) -> deque:
+        """(Part of) the answer of `fetch`, in store order: delivered as re-sends (DUP), one write."""
+        if not messages or not self.fetch_wanted(fetch):
+            return self.effects
+        self._pump_held = True
+        try:
+            if fetch.group:
+                for dm in messages:
+                    self._deliver_group(dm, True, now)
+            else:
+                for dm in messages:
+                    self._deliver_device(dm, True, now)
+        finally:
+            self._pump_held = False
+        self._pump()
+        return self.effects
+
+    def fetch_finished(self, fetch: FetchStored, now: int) -> deque:
+        """Every part of `fetch`'s answer was given: what was held meanwhile follows; a re-sync that came
+        meanwhile fetches again."""
+        if self.state != CONNECTED:
+            return self.effects
+        store_id = fetch.store_id
+        if fetch.group:
+            if not self.groups.fetching(store_id):
+                return self.fetch_abandoned(fetch, now)
+            held = self.groups.fetched(store_id)
+            self._pump_held = True
+            try:
+                for dm in held:
+                    self._deliver_group(dm, False, now)
+            finally:
+                self._pump_held = False
+            self._pump()
+            if self.groups.again(store_id) and self.state == CONNECTED:
+                self.effects.append(FetchStored(store_id, resync=True, group=True))
+            return self.effects
+        again = self.refetch
+        self.refetch = False
+        self.fetching = again  # still holding when another fetch follows
+        held, self.held_persisted = self.held_persisted, []
+        self._pump_held = True
+        try:
+            for dm in held:
+                self._deliver_device(dm, False, now)
+        finally:
+            self._pump_held = False
+        self._pump()
+        if again and self.state == CONNECTED:
+            self.effects.append(FetchStored(self.client_id, resync=True))
+        return self.effects
+
+    def fetch_abandoned(self, fetch: FetchStored, now: int) -> deque:
+        """`fetch`'s answer is of no use (connection gone, or the group store was detached meanwhile): a group
+        store is detached again (the Detach made then may have run before this fetch attached; a no-op when
+        another session attached since). The messages stay stored."""
+        if fetch.group and self.cfg.device_persistence:
+            self.effects.append(DetachStore(fetch.store_id))
+        return self.effects
+
+    def resync(self, now: int) -> deque:
+        """A forward stream opened or ended: fetch this session's stores again (own, and every group store it
+        attached) and deliver what was not delivered yet."""
+        if not self.device or self.state != CONNECTED or not self.cfg.device_persistence:
+            return self.effects
+        if self.fetching:
+            self.refetch = True
+        else:
+            self.fetching = True
+            self.stats["resyncs"] += 1
+            self.effects.append(FetchStored(self.client_id, resync=True))
+        for store_id in self.groups.attached():
+            if self.groups.refetch(store_id):
+                self.stats["resyncs"] += 1
+                self.effects.append(FetchStored(store_id, resync=True, group=True))
+        return self.effects
+
+    def app_records(self, records, now: int) -> deque:
+        """Records from app-delivery (persistent APPLICATION), in order; one write after the last."""
+        self._pump_held = True
+        try:
+            for rec in records:
+                self._on_app_record(rec, now)
+        finally:
+            self._pump_held = False
+        self._pump()
+        return self.effects
+
+    # ------------------------------------------------------------------------------------ transport
+    def transport_paused(self, now: int) -> deque:
+        """The client is not reading (write buffer above its high-water mark): QoS 0 is dropped, the window
+        waits."""
+        self.writing_paused = True
+        return self.effects
+
+    def transport_resumed(self, now: int) -> deque:
+        self.writing_paused = False
+        if self.state == CONNECTED:
+            self._pump()
+        return self.effects
+
+    def take_over(self, cmd: pb.DisconnectCommand, now: int) -> deque:
+        """The registry gave the session to a newer connection: close without a DISCONNECTION_REQUEST."""
+        self.taken_over = cmd
+        rc = _TAKEOVER_REASON.get(cmd.reason, RC.SESSION_TAKEN_OVER)
+        self._close(f"session taken over ({rc.name})", rc=rc)
+        return self.effects
+
+    def shutdown(self, now: int) -> deque:
+        """The server is shutting down: v5 DISCONNECT 0x8B."""
+        self._close("server shutting down", rc=RC.SERVER_SHUTTING_DOWN)
+        return self.effects
+
+    def abort(self, reason: str, now: int) -> deque:
+        """Drop the connection at once (a client that does not read)."""
+        self._close(reason, log_level=logging.WARNING, abort=True)
+        return self.effects
+
+    def close(self, reason: str, now: int) -> deque:
+        """Close from the server side, without a reason code."""
+        self._close(reason)
+        return self.effects
+
+    def internal_error(self, now: int) -> deque:
+        self._close("internal error", rc=RC.UNSPECIFIED_ERROR, log_level=logging.ERROR)
+        return self.effects
+
+    def connection_lost(self, reason: str, now: int) -> deque:
+        """The transport ended (the peer closed it, or our Close took effect)."""
+        if self.state != CLOSED:
+            if not self.close_reason:
+                self.close_reason = reason
+            self.state_before_close = self.state
+            self.state = CLOSED
+        self._finish()
+        return self.effects
+
+    # ====================================================================================== CONNECT
+    def _on_connect(self, c: Connect, now: int) -> None:
+        self.effects.append(CancelTimer(CONNECT_TIMEOUT))
+        self.level = c.protocol_level
+        self.v5 = c.protocol_level == MQTT_5
+        cfg = self.cfg
+        try:
+            plan = plan_connect(c, server_keep_alive_max=cfg.server_keep_alive_max)
+        except ConnectRefused as exc:
+            self._protocol_error(exc.reason_code, exc.message, connect=True, level=c.protocol_level)
+            return
+        if c.properties.authentication_method is not None:
+            self._protocol_error(RC.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported",
+                                 connect=True, level=c.protocol_level)
+            return
+        self.state = CONNECTING
+        self._plan = plan
+        self.client_id = plan.client_id
+        self.session_id = str(uuid.uuid4())
+        self.keep_alive = plan.keep_alive
+        self.client_max_packet = plan.maximum_packet_size
+        self.out.window = max(1, min(plan.receive_maximum, cfg.max_inflight))
+        self.will = c.will
+        self.will_delay = plan.will_delay
+        if self.keep_alive:
+            self.last_rx = now
+            self.effects.append(StartTimer(KEEP_ALIVE, now + self.keep_alive * 1500))
+        self.session = pb.SessionInfo(
+            client_id=self.client_id, service_id=cfg.service_id, session_id=self.session_id,
+            client_type=pb.CLIENT_TYPE_DEVICE, connected=True, clean_start=plan.clean_start,
+            session_expiry_interval=plan.requested_session_expiry, mqtt_version=self.level,
+            keep_alive=plan.keep_alive, connected_at_ms=now, client_address=self.address,
+            username=c.username or "")
+        self.request_sent = True
+        self.effects.append(RequestSession(self.session))
+
+    def _accept(self) -> None:
+        """CONNACK success, then the persistent session's stored messages / stream."""
+        plan = self._plan
+        self._plan = None
+        cfg = self.cfg
+        present = self._session_present
+        if self.v5:
+            kw = dict(_CONNACK_PROPS_BASE, receive_maximum=cfg.receive_maximum,
+                      maximum_packet_size=cfg.max_packet_size, topic_alias_maximum=cfg.topic_alias_maximum or None)
+            if plan.assigned_client_id:
+                kw["assigned_client_identifier"] = self.client_id
+            if plan.server_keep_alive is not None:
+                kw["server_keep_alive"] = plan.server_keep_alive
+            if self.session_expiry != plan.requested_session_expiry:
+                kw["session_expiry_interval"] = self.session_expiry
+            self._send(encode(ConnAck(present, RC.SUCCESS, Properties(**kw)), MQTT_5))
+        else:
+            self._send(encode(ConnAck(present, RC.SUCCESS), self.level))
+        self.state = CONNECTED
+        self.effects.append(Online(self.client_id))
+        if self.persistent and self.client_type == pb.CLIENT_TYPE_DEVICE and cfg.device_persistence:
+            self.device = True
+            self.fetching = True
+            self.effects.append(FetchStored(self.client_id))
+            self._attach_groups()
+        elif self.persistent and self.client_type == pb.CLIENT_TYPE_APPLICATION:
+            self._open_app_stream()
+
+    def _refuse(self, rc: int, reason: str) -> None:
+        if self.state == CLOSED:
+            return
+        self._send(encode(ConnAck(False, rc), self.level))
+        self._close(reason + f" [CONNACK {_rc_name(rc)}]", log_level=logging.WARNING)
+
+    # ====================================================================================== PUBLISH in
+    def _on_publish(self, p: Publish, now: int) -> None:
+        if self.state != CONNECTED:
+            raise MqttProtocolError(RC.PROTOCOL_ERROR, "PUBLISH before CONNACK")
+        topic = p.topic
+        if self.v5:
+            props = p.properties
+            if props.topic_alias is not None or not topic:
+                try:
+                    topic = self.aliases.resolve(topic, props.topic_alias)
+                except AliasError as exc:
+                    raise MqttProtocolError(exc.reason_code, exc.message) from None
+        qos = p.qos
+        pid = p.packet_id
+        if qos == 2 and pid in self.inbound.awaiting_pubrel:
+            # [MQTT-4.3.3-10]: a re-sent PUBLISH before PUBREL is not forwarded again; answer PUBREC
+            self._queue_ack(ProducePublish(None, topic, False, 2, pid))
+            return
+        if qos and self.v5 and self.inbound.over_quota():
+            # more than our Receive Maximum unacknowledged: DISCONNECT 0x93 (MQTT 5 section 3.3.4)
+            raise MqttProtocolError(RC.RECEIVE_MAXIMUM_EXCEEDED,
+                                    f"more than {self.inbound.receive_maximum} QoS 1/2 PUBLISHes unacknowledged")
+        msg = publish_msg(p, topic, publisher_id=self.client_id, service_id=self.cfg.service_id,
+                          mqtt_version=self.level, now_ms=now)
+        self.stats["msgs_in"] += 1
+        eff = ProducePublish(msg, topic, p.retain, qos, pid)
+        if qos:
+            eff.pending = 2 if p.retain else 1  # tbmq.msg.all, and tbmq.msg.retained
+            if qos == 2:
+                self.inbound.awaiting_pubrel.add(pid)
+            self._queue_ack(eff)
+        self.effects.append(eff)
+
+    def _queue_ack(self, eff: ProducePublish) -> None:
+        self.inbound.pending_acks += 1
+        self.acks.append(eff)
+        if len(self.acks) == 1 and eff.pending <= 0:
+            self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        """PUBACK / PUBREC for every PUBLISH at the head whose records Kafka acknowledged, in packet order."""
+        acks = self.acks
+        out = []
+        level = self.level
+        while acks:
+            e = acks[0]
+            if e.pending > 0:
+                break
+            acks.popleft()
+            self.inbound.pending_acks -= 1
+            if self.state == CLOSED:
+                continue
+            qos = e.qos
+            pid = e.packet_id
+            if e.error is not None:
+                if not self.v5:
+                    # 3.x has no failure acknowledgement: the client must not think it was accepted
+                    self._close(f"Kafka did not accept a QoS {qos} PUBLISH: {e.error!r}", log_level=logging.ERROR)
+                    return
+                log.error("client %r: Kafka did not accept a QoS %d PUBLISH: %r", self.client_id, qos, e.error)
+                self.inbound.awaiting_pubrel.discard(pid)
+                out.append(encode(PubAck(pid, RC.UNSPECIFIED_ERROR) if qos == 1
+                                  else PubRec(pid, RC.UNSPECIFIED_ERROR), MQTT_5))
+            elif qos == 1:
+                out.append(encode(PubAck(pid), level))
+            else:
+                out.append(encode(PubRec(pid), level))
+        if out:
+            self._send(b"".join(out) if len(out) > 1 else out[0])
+
+    def _on_pubrel(self, p: PubRel) -> None:
+        # An unknown id (e.g. the PUBLISH arrived on an earlier connection) is completed all the same.
+        self.inbound.awaiting_pubrel.discard(p.packet_id)
+        self._send(encode(PubComp(p.packet_id), self.level))
+
+    # ====================================================================================== acks from the client
+    def _on_puback(self, p: PubAck) -> None:
+        msg = self.out.on_puback(p.packet_id)
+        if msg is not None:
+            self._delivered(msg)
+            if not self._pump_held:
+                self._pump()
+
+    def _on_pubrec(self, p: PubRec) -> None:
+        failed = p.reason_code >= RC.UNSPECIFIED_ERROR
+        msg = self.out.on_pubrec(p.packet_id, failed)
+        if msg is None:
+            # not ours (or a repeat): PUBREL all the same so the client can finish [MQTT-4.3.3]
+            if not failed:
+                self._send(encode(PubRel(p.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if self.v5 else RC.SUCCESS),
+                                  self.level))
+            return
+        if failed:
+            self._delivered(msg)
+            self._pump()
+            return
+        self._send(encode(PubRel(p.packet_id), self.level))
+        if self.cfg.device_persistence:
+            up = upstream_ack(msg, self.client_id)  # own store, or the group store (local id mapped back)
+            if up is not None:
+                self.effects.append(PubrecStored(*up))
+
+    def _on_pubcomp(self, p: PubComp) -> None:
+        msg = self.out.on_pubcomp(p.packet_id)
+        if msg is not None:
+            self._delivered(msg)
+            self._pump()
+
+    def _delivered(self, msg: OutMsg) -> None:
+        """The client acknowledged (or the message was discarded for it): tell its source."""
+        kind = msg.kind
+        if kind == DEVICE or kind == GROUP:
+            if self.cfg.device_persistence:
+                self.effects.append(AckStored(*upstream_ack(msg, self.client_id)))
+        elif kind == APP:
+            ref = msg.ref
+            self.app_refs.pop((ref.topic, ref.partition, ref.offset), None)
+            if self.app_open:
+                self.effects.append(AckApp(ref))
+
+    # ====================================================================================== outbound
+    def _send(self, data: bytes) -> None:
+        self.effects.append(Send(data))
+
+    def _pump(self) -> None:
+        """Move what the window allows into flight and send it, in one write."""
+        level = self.level
+        limit = self.client_max_packet
+        out = self.out
+        while not self.writing_paused and self.state == CONNECTED:
+            ready = out.ready()
+            if not ready:
+                return
+            chunks = []
+            freed = False
+            for m in ready:
+                if m.pubrel_only:
+                    chunks.append(encode(PubRel(m.packet_id), level))
+                    continue
+                pkt = m.publish
+                pkt.packet_id = m.packet_id
+                data = encode(pkt, level)
+                if limit is not None and len(data) > limit:
+                    # [MQTT-3.1.2-25]: not sent; treated as delivered for this client
+                    self.stats["dropped_too_large"] += 1
+                    out.inflight.pop(m.packet_id, None)
+                    self._delivered(m)
+                    freed = True
+                    continue
+                chunks.append(data)
+            if chunks:
+                self.stats["msgs_out"] += len(chunks)
+                self._send(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+            if not freed:
+                return
+
+    # ------------------------------------------------------------------------------------ persistent DEVICE
+    def _deliver_device(self, dm: pb.DevicePublishMsg, dup: bool, now: int) -> None:
+        if dm.serial <= self.max_serial:
+            return  # delivered already (a forward that was also in a fetch's answer)
+        self.max_serial = dm.serial
+        m = dm.msg
+        self.deliver(m, m.qos, m.retain, m.subscription_ids, now, kind=DEVICE, fixed_id=dm.packet_id,
+                     ref=dm.serial, dup=dup, pubrel_only=dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL)
+
+    # Shared DEVICE groups: while no member of a shared DEVICE group is connected, the router persists the
+    # group's copies under the group store id ss_<share>_<filter> (tbmq_routing.shared_store_id). A persistent
+    # DEVICE member fetches (and so attaches) that store when it has the shared subscription; forwards of it
+    # come to `group_persisted`. Its messages go out with ids of the live allocator (kind GROUP, ref =
+    # GroupRef): the store's packet ids are another id space.
+    def _attach_groups(self) -> None:
+        """Attach (and fetch) the group store of every shared subscription not attached yet. Only for a
+        persistent DEVICE session: a non-persistent one could not keep the messages."""
+        if not self.device or self.state != CONNECTED or not self.cfg.device_persistence:
+            return
+        for share_name, topic_filter in list(self.subs):
+            if not share_name:
+                continue
+            store_id = shared_store_id(share_name, topic_filter)
+            if self.groups.begin(store_id, (share_name, topic_filter)):
+                self.stats["group_fetches"] += 1
+                self.effects.append(FetchStored(store_id, group=True))
+
+    def _detach_group(self, store_id: str) -> None:
+        if self.groups.detach(store_id) and self.cfg.device_persistence:
+            self.effects.append(DetachStore(store_id))
+
+    def _deliver_group(self, dm: pb.DevicePublishMsg, dup: bool, now: int) -> None:
+        store_id = dm.client_id
+        key = self.groups.key(store_id)
+        sub = self.subs.get(key) if key is not None else None
+        if sub is None or self.state != CONNECTED:
+            return  # no longer subscribed: stays in the store
+        if not self.groups.accept(store_id, dm.serial):
+            return  # already delivered (a forward of a message that was also in the fetch answer)
+        self.stats["group_delivered"] += 1
+        if dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL:
+            # a member's PUBREC was received on an earlier connection: the group got the message (QoS 2,
+            # exactly once); another member has no use for a PUBREL of an id it never saw. Done.
+            self.effects.append(AckStored(store_id, dm.packet_id))
+            return
+        m = dm.msg
+        qos = min(m.qos, sub.qos)
+        retain = m.retain and sub.retain_as_published
+        ids = (sub.subscription_id,) if sub.subscription_id else ()
+        if qos == 0:
+            # the group's copy is QoS > 0 but this member was granted QoS 0: sent once, done for the store
+            self.deliver(m, 0, retain, ids, now)
+            self.effects.append(AckStored(store_id, dm.packet_id))
+            return
+        self.deliver(m, qos, retain, ids, now, kind=GROUP, ref=GroupRef(store_id, dm.packet_id, dm.serial),
+                     dup=dup)
+
+    # ------------------------------------------------------------------------------------ APPLICATION
+    def _open_app_stream(self) -> None:
+        # qos: the member's granted QoS; app-delivery caps the group's copy at it [MQTT-3.8.4-8]
+        shared = [spb.AppSharedSubscription(share_name=t.share_name, topic_filter=t.topic_filter, qos=t.qos)
+                  for t in self.subs.values() if t.share_name]
+        opening = spb.AppOpen(client_id=self.client_id, session_id=self.session_id,
+                              receive_maximum=self.out.window, shared=shared)
+        self.app_open = True
+        self.effects.append(OpenAppStream(opening))
+
+    def _restart_app_stream(self) -> None:
+        if self.app_open:
+            self.effects.append(CloseAppStream())
+        self._open_app_stream()
+
+    def _on_app_record(self, rec: spb.AppRecord, now: int) -> None:
+        if self.state != CONNECTED:
+            return
+        key = (rec.ref.topic, rec.ref.partition, rec.ref.offset)
+        if key in self.app_refs:
+            return  # still in flight with the client from before the stream reopened
+        m = rec.msg
+        if m.qos == 0:
+            self.deliver(m, 0, m.retain, m.subscription_ids, now)
+            if self.app_open:
+                self.effects.append(AckApp(rec.ref))
+            return
+        self.app_refs[key] = 1
+        self.deliver(m, m.qos, m.retain, m.subscription_ids, now, kind=APP, ref=rec.ref, dup=rec.redelivery)
+
+    # ====================================================================================== SUBSCRIBE
+    def _on_subscribe(self, p: Subscribe, now: int) -> None:
+        if self.state != CONNECTED:
+            raise MqttProtocolError(RC.PROTOCOL_ERROR, "SUBSCRIBE before CONNACK")
+        v5 = self.v5
+        sub_id = 0
+        if v5 and p.properties.subscription_identifiers:
+            sub_id = p.properties.subscription_identifiers[0]
+        fail = RC.TOPIC_FILTER_INVALID if v5 else RC.UNSPECIFIED_ERROR
+        codes: list[int] = []
+        new_set = dict(self.subs)
+        retained: list[tuple[str, int, int]] = []
+        for s in p.subscriptions:
+            try:
+                pf = parse_subscription_filter(s.filter, no_local=s.no_local and v5, allow_shared=True)
+            except InvalidSharedSubscription as exc:
+                if exc.protocol_error:
+                    raise MqttProtocolError(RC.PROTOCOL_ERROR, str(exc)) from None
+                codes.append(fail)
+                continue
+            except InvalidTopicFilter:
+                codes.append(fail)
+                continue
+            qos = min(s.qos, 2)
+            key = (pf.share_name, pf.filter)
+            existed = key in new_set
+            rh = s.retain_handling if v5 else 0
+            new_set[key] = topic_subscription(
+                pf.share_name, pf.filter, qos, no_local=s.no_local if v5 else False,
+                retain_as_published=s.retain_as_published if v5 else False, retain_handling=rh,
+                subscription_id=sub_id)
+            codes.append(qos)
+            if not pf.share_name and (rh == 0 or (rh == 1 and not existed)):
+                retained.append((pf.filter, qos, sub_id))
+        if new_set != self.subs:
+            self._subscribing = (False, p.packet_id, new_set, codes, retained)
+            self.effects.append(ProduceSubscriptions(self.client_id, list(new_set.values()), self.client_type))
+            return
+        self._subscribed(p.packet_id, codes, retained, now)
+
+    def _subscribed(self, packet_id: int, codes: list[int], retained, now: int) -> None:
+        self._send(encode(SubAck(packet_id, codes), self.level))
+        self._attach_groups()  # a new shared subscription of a persistent DEVICE member: its group's store
+        # retained messages [MQTT-3.3.1-9] (retain=1), per Retain Handling; not for shared subscriptions
+        for topic_filter, qos, sid in retained:
+            ids = (sid,) if sid else ()
+            for m in self.retained(topic_filter):
+                self.deliver(m, min(m.qos, qos), True, ids, now)
+
+    def _on_unsubscribe(self, p: Unsubscribe, now: int) -> None:
+        if self.state != CONNECTED:
+            raise MqttProtocolError(RC.PROTOCOL_ERROR, "UNSUBSCRIBE before CONNACK")
+        codes = []
+        new_set = dict(self.subs)
+        for f in p.filters:
+            try:
+                pf = parse_subscription_filter(f, allow_shared=True)
+            except InvalidTopicFilter:
+                codes.append(RC.TOPIC_FILTER_INVALID)
+                continue
+            if new_set.pop((pf.share_name, pf.filter), None) is None:
+                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
+            else:
+                codes.append(RC.SUCCESS)
+        if new_set != self.subs:
+            self._subscribing = (True, p.packet_id, new_set, codes, None)
+            self.effects.append(ProduceSubscriptions(self.client_id, list(new_set.values()), self.client_type))
+            return
+        self._send(encode(UnsubAck(p.packet_id, codes if self.v5 else []), self.level))
+
+    # ====================================================================================== DISCONNECT
+    def _on_disconnect(self, p: Disconnect) -> None:
+        if self.v5:
+            new_expiry = p.properties.session_expiry_interval
+            if new_expiry is not None:
+                if self.connect_expiry == 0 and new_expiry > 0:
+                    # [MQTT-3.14.2-2]: from 0 in CONNECT to non-zero is a Protocol Error
+                    self._protocol_error(RC.PROTOCOL_ERROR, "DISCONNECT sets a Session Expiry Interval after 0")
+                    return
+                # the registry caps it (its one setting); uncapped here it only bounds the Will Delay, and a
+                # session the registry ends sooner sends its Will then (wills.on_session_record)
+                self.disconnect_expiry = new_expiry
+                self.session_expiry = new_expiry
+        # 0x00: normal, no Will [MQTT-3.1.2-10]; 0x04 (Disconnect with Will Message) and error codes: the Will
+        # goes out
+        self.graceful = not self.v5 or p.reason_code == RC.NORMAL_DISCONNECTION
+        self._close(f"DISCONNECT {_rc_name(p.reason_code)}" if self.v5 else "DISCONNECT", log_level=logging.DEBUG)
+
+    # ====================================================================================== closing
+    def _protocol_error(self, rc: int, message: str, *, connect: bool = False, level: int | None = None) -> None:
+        if self.state == CLOSED:
+            return
+        if connect or self.state == NEW:
+            # a bad CONNECT: v5 CONNACK with the reason code; 3.x only for version and client id problems
+            # (tbmq_mqtt.server_error_response [MQTT-3.2.2-8])
+            err = MqttProtocolError(rc, message, packet_type=PacketType.CONNECT,
+                                    protocol_level=level if level is not None else MQTT_3_1_1)
+            data = server_error_response(err)
+            if data is not None:
+                self._send(data)
+            self._close(f"bad CONNECT: {message} [{_rc_name(rc)}]", log_level=logging.WARNING)
+            return
+        self._close(f"protocol error: {message} [{_rc_name(rc)}]", rc=rc, log_level=logging.WARNING)
+
+    def _close(self, reason: str, *, rc: int | None = None, log_level: int = logging.INFO,
+               abort: bool = False) -> None:
+        """Close this connection (once): a v5 DISCONNECT first when connected and `rc` is given."""
+        if self.state == CLOSED:
+            return
+        self.state_before_close = self.state
+        self.state = CLOSED
+        self.close_reason = reason
+        if rc is not None and self.v5 and self.state_before_close == CONNECTED and not abort:
+            if rc not in _DISCONNECT_CODES:
+                rc = RC.UNSPECIFIED_ERROR
+            self._send(encode(Disconnect(rc), MQTT_5))
+        self.effects.append(Close(reason, log_level, abort))
+        self._finish()
+
+    def _finish(self) -> None:
+        """Everything that follows the end of the connection, exactly once."""
+        if self._finished:
+            return
+        self._finished = True
+        effects = self.effects
+        if self.app_open:
+            self.app_open = False
+            effects.append(CloseAppStream())
+        if self.device and self.cfg.device_persistence:
+            effects.append(DetachStore(self.client_id))
+        for store_id in self.groups.attached():
+            self._detach_group(store_id)
+        prior = self.state_before_close
+        if self.request_sent:
+            # the Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; v5 0x04 and every other end send it
+            if self.will is not None and not self.graceful and prior == CONNECTED:
+                delay = will_delay_seconds(self.level, self.will_delay, self.session_expiry)
+                if self.taken_over is not None:
+                    if delay and not self.taken_over.new_session_clean_start:
+                        delay = -1  # the session continues on the new connection before the delay passed
+                    else:
+                        delay = 0
+                if delay >= 0:
+                    effects.append(ScheduleWill(self.client_id, self.session_id, self.will, self.level, delay))
+            # taken over: the registry already moved the session on, nothing to report
+            if self.taken_over is None and prior in (CONNECTED, CONNECTING):
+                effects.append(ReportDisconnect(self.session, self.graceful, self.disconnect_expiry))
+        effects.append(Finished())
+
+
+def _rc_name(rc: int) -> str:
+    try:
+        return ReasonCode(rc).name
+    except ValueError:
+        return f"reason code {rc}"
+
+
+__all__ = ["CLOSED", "CONNECTED", "CONNECTING", "CONNECT_TIMEOUT", "ConnectionMachine", "KEEP_ALIVE",
+           "MachineConfig", "NEW"]

@@ -1,0 +1,432 @@
+"""Whole flows through the sans-io connection machine (tbmq_connection): no sockets, no event loop, time passed
+in. Each test plays a client (connection_harness.Client) and checks the packets it gets and the effects the
+connector is asked to run."""
+
+from __future__ import annotations
+
+import pytest
+from connection_harness import Client, answer
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_connection import (
+    AckStored,
+    Close,
+    FetchStored,
+    Online,
+    ProducePublish,
+    ProduceSubscriptions,
+    PubrecStored,
+    ReportDisconnect,
+    ScheduleWill,
+    SessionStarted,
+)
+from tbmq_mqtt import (
+    Auth,
+    ConnAck,
+    ConnackReturnCode,
+    Connect,
+    Disconnect,
+    MqttProtocolError,
+    PacketType,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+
+pytestmark = pytest.mark.unit
+
+RC = ReasonCode
+
+
+def msg(topic: str = "t/1", payload: bytes = b"x", qos: int = 1, **kw) -> pb.PublishMsg:
+    return pb.PublishMsg(topic=topic, payload=payload, qos=qos, created_at_ms=1, **kw)
+
+
+def produced(c: Client, eff: ProducePublish, error=None) -> None:
+    for _ in range(eff.pending):
+        c.call("produced", eff, error)
+
+
+# ------------------------------------------------------------------------------------------ CONNECT -> PUBLISH -> PUBACK
+@pytest.mark.parametrize("level", [4, 5])
+def test_connect_publish_puback_only_after_kafka_in_packet_order(level):
+    c = Client(level)
+    connack = c.connect()
+    assert connack.reason_code == 0 and not connack.session_present
+    assert c.request.client_id == "dev" and c.request.service_id == "c-1" and c.request.connected
+    assert c.take_effects(SessionStarted) == [SessionStarted("dev", True)]
+    assert c.take_effects(Online) == [Online("dev")]
+    c.send(Publish(topic="a/b", payload=b"1", qos=1, packet_id=1))
+    c.send(Publish(topic="a/c", payload=b"2", qos=1, packet_id=2))
+    c.send(Publish(topic="a/d", payload=b"3", qos=0))
+    e1, e2, e0 = c.take_effects(ProducePublish)
+    assert (e1.topic, e1.msg.payload, e1.msg.publisher_id, e1.msg.created_at_ms) == ("a/b", b"1", "dev", c.now)
+    assert e0.qos == 0 and e0.pending == 0
+    assert c.take() == []                       # nothing acknowledged before Kafka acknowledged
+    produced(c, e2)
+    assert c.take() == []                       # packet order: 1 first
+    produced(c, e1)
+    assert c.take() == [PubAck(1), PubAck(2)]
+    assert c.m.inbound.pending_acks == 0
+
+
+def test_retained_publish_waits_for_both_records():
+    c = Client(4)
+    c.connect()
+    c.send(Publish(topic="r", payload=b"1", qos=1, packet_id=7, retain=True))
+    (e,) = c.take_effects(ProducePublish)
+    assert e.retain and e.pending == 2
+    c.call("produced", e, None)
+    assert c.take() == []
+    c.call("produced", e, None)
+    assert c.take() == [PubAck(7)]
+
+
+def test_kafka_failure_v5_acks_with_unspecified_error_v3_closes():
+    c = Client(5)
+    c.connect()
+    c.send(Publish(topic="a", payload=b"1", qos=1, packet_id=1))
+    c.send(Publish(topic="a", payload=b"1", qos=2, packet_id=2))
+    e1, e2 = c.take_effects(ProducePublish)
+    produced(c, e1, RuntimeError("broker down"))
+    c.call("produce_failed", e2, RuntimeError("no producer"))
+    assert c.take() == [PubAck(1, RC.UNSPECIFIED_ERROR), PubRec(2, RC.UNSPECIFIED_ERROR)]
+    assert 2 not in c.m.inbound.awaiting_pubrel and c.closed is None
+
+    c = Client(4)
+    c.connect()
+    c.send(Publish(topic="a", payload=b"1", qos=1, packet_id=1))
+    (e,) = c.take_effects(ProducePublish)
+    produced(c, e, RuntimeError("broker down"))
+    assert c.take() == [] and c.closed is not None   # 3.1.1 has no failure PUBACK: never a false success
+
+
+# ------------------------------------------------------------------------------------------ QoS 2 both ways
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos2_inbound_exactly_once(level):
+    c = Client(level)
+    c.connect()
+    c.send(Publish(topic="q", payload=b"1", qos=2, packet_id=9))
+    (e,) = c.take_effects(ProducePublish)
+    produced(c, e)
+    assert c.take() == [PubRec(9)]
+    # [MQTT-4.3.3-10] the client re-sends before PUBREL: PUBREC again, not produced again
+    c.send(Publish(topic="q", payload=b"1", qos=2, packet_id=9, dup=True))
+    assert c.take_effects(ProducePublish) == [] and c.take() == [PubRec(9)]
+    c.send(PubRel(9))
+    assert c.take() == [PubComp(9)]
+    c.send(Publish(topic="q", payload=b"2", qos=2, packet_id=9))   # a new message with the freed id
+    assert len(c.take_effects(ProducePublish)) == 1
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos2_outbound_live_and_stored(level):
+    c = Client(level)
+    c.connect(answer(persistent=True, sei=60 if level == 5 else 0))
+    (fetch,) = c.take_effects(FetchStored)
+    c.call("fetch_finished", fetch)
+    c.call("deliver", msg(qos=2), 2, False, ())
+    (pub,) = c.take()
+    assert pub.qos == 2 and pub.packet_id
+    c.send(PubRec(pub.packet_id))
+    assert c.take() == [PubRel(pub.packet_id)]
+    c.send(PubComp(pub.packet_id))
+    assert not c.m.out.inflight and c.of(AckStored) == [] and c.of(PubrecStored) == []  # live: nothing upstream
+    # a stored message keeps the store's id and is acknowledged upstream at PUBREC (mark) and PUBCOMP
+    dm = pb.DevicePublishMsg(client_id="dev", packet_id=42, serial=1, msg=msg(qos=2))
+    c.call("persisted", dm)
+    (pub,) = c.take()
+    assert pub.packet_id == 42
+    c.send(PubRec(42))
+    assert c.take() == [PubRel(42)] and c.take_effects(PubrecStored) == [PubrecStored("dev", 42)]
+    c.send(PubComp(42))
+    assert c.take_effects(AckStored) == [AckStored("dev", 42)]
+    # a PUBREC for an id we do not have: PUBREL all the same so the client can finish
+    c.send(PubRec(77))
+    assert c.take() == [PubRel(77, RC.PACKET_IDENTIFIER_NOT_FOUND if level == 5 else 0)]
+
+
+# ------------------------------------------------------------------------------------------ takeover
+@pytest.mark.parametrize("clean_start,expected_delay", [(False, None), (True, 0)])
+def test_takeover_closes_without_reporting_and_decides_the_will(clean_start, expected_delay):
+    c = Client(5)
+    will = Will(topic="w", payload=b"bye", qos=1, retain=False, properties=Properties(will_delay_interval=30))
+    c.connect(answer(sei=60), will=will, properties=Properties(session_expiry_interval=60))
+    c.take_effects()
+    c.call("take_over", pb.DisconnectCommand(session_id=c.m.session_id, reason=pb.DISCONNECT_REASON_SESSION_TAKEN_OVER,
+                                             new_session_clean_start=clean_start))
+    assert c.take() == [Disconnect(RC.SESSION_TAKEN_OVER)]
+    assert c.closed is not None and c.of(ReportDisconnect) == []   # the registry moved the session on already
+    wills = c.of(ScheduleWill)
+    if expected_delay is None:
+        assert wills == []           # the session continues on the new connection before the delay passed
+    else:
+        assert [w.delay for w in wills] == [expected_delay]
+
+
+# ------------------------------------------------------------------------------------------ keep alive
+@pytest.mark.parametrize("level", [4, 5])
+def test_keep_alive_timeout_after_one_and_a_half_periods(level):
+    c = Client(level)
+    c.connect(keep_alive=10)
+    c.advance(14_000)
+    assert c.closed is None
+    c.m.bytes_received(c.now)         # a PINGREQ arrives
+    c.send(PingReq())
+    assert c.take() == [PingResp()]
+    c.advance(14_999)                 # 15 s after the PINGREQ is the deadline
+    assert c.closed is None
+    c.advance(1)
+    assert c.closed is not None and "keep alive" in c.closed.reason
+    assert c.take() == ([Disconnect(RC.KEEP_ALIVE_TIMEOUT)] if level == 5 else [])
+    (report,) = c.of(ReportDisconnect)
+    assert not report.graceful
+
+
+def test_server_keep_alive_caps_a_v5_client():
+    c = Client(5, server_keep_alive_max=20)
+    connack = c.connect(keep_alive=0)
+    assert connack.properties.server_keep_alive == 20
+    c.advance(30_000)
+    assert c.closed is not None
+
+
+def test_no_connect_within_the_connect_timeout():
+    c = Client(4, connect_timeout_ms=2000)
+    c.advance(1999)
+    assert c.closed is None
+    c.advance(1)
+    assert c.closed is not None and c.of(ReportDisconnect) == []
+
+
+# ------------------------------------------------------------------------------------------ will and will delay
+def test_will_v3_at_once_on_a_lost_connection_not_after_disconnect():
+    will = Will(topic="w", payload=b"bye", qos=0, retain=False)
+    c = Client(4)
+    c.connect(will=will)
+    c.call("connection_lost", "reset by peer")
+    (w,) = c.of(ScheduleWill)
+    assert (w.client_id, w.will, w.delay) == ("dev", will, 0)
+    assert c.of(ReportDisconnect)[0].graceful is False
+
+    c = Client(4)
+    c.connect(will=will)
+    c.send(Disconnect())
+    assert c.of(ScheduleWill) == [] and c.of(ReportDisconnect)[0].graceful   # [MQTT-3.1.2-10]
+
+
+@pytest.mark.parametrize("reason,sei,delay", [(RC.DISCONNECT_WITH_WILL_MESSAGE, 60, 30), (None, 10, 10),
+                                              (None, 0, 0)])
+def test_will_delay_is_bounded_by_the_session(reason, sei, delay):
+    will = Will(topic="w", payload=b"bye", qos=0, retain=False, properties=Properties(will_delay_interval=30))
+    c = Client(5)
+    c.connect(answer(sei=sei), will=will, properties=Properties(session_expiry_interval=sei))
+    if reason is None:
+        c.call("connection_lost", "gone")
+    else:
+        c.send(Disconnect(reason))
+    assert [w.delay for w in c.of(ScheduleWill)] == [delay]   # [MQTT-3.1.3-9]
+
+
+# ------------------------------------------------------------------------------------------ flow control
+def test_receive_maximum_inbound_v5_disconnects_0x93():
+    c = Client(5, receive_maximum=2)
+    connack = c.connect()
+    assert connack.properties.receive_maximum == 2
+    for pid in (1, 2):
+        c.send(Publish(topic="a", payload=b"", qos=1, packet_id=pid))
+    assert c.closed is None
+    c.send(Publish(topic="a", payload=b"", qos=1, packet_id=3))
+    assert c.take() == [Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED)] and c.closed is not None
+
+
+def test_receive_maximum_outbound_is_the_clients():
+    c = Client(5)
+    c.connect(properties=Properties(receive_maximum=2))
+    for i in range(3):
+        c.call("deliver", msg(payload=b"%d" % i), 1, False, ())
+    sent = c.take()
+    assert [p.payload for p in sent] == [b"0", b"1"]            # the window is the client's Receive Maximum
+    c.run(c.m.pubacks([PubAck(sent[0].packet_id)], c.now))
+    assert [p.payload for p in c.take()] == [b"2"]
+
+
+def test_qos0_dropped_while_the_client_does_not_read():
+    c = Client(4)
+    c.connect()
+    c.call("transport_paused")
+    c.call("deliver", msg(qos=0), 0, False, ())
+    c.call("deliver", msg(qos=1), 1, False, ())
+    assert c.take() == [] and c.m.stats["dropped_qos0_slow"] == 1
+    c.call("transport_resumed")
+    assert [p.qos for p in c.take()] == [1]
+
+
+def test_too_large_for_the_client_is_not_sent():
+    c = Client(5)
+    c.connect(properties=Properties(maximum_packet_size=64))
+    c.call("deliver", msg(payload=b"x" * 100), 1, False, ())
+    c.call("deliver", msg(payload=b"ok"), 1, False, ())
+    assert [p.payload for p in c.take()] == [b"ok"] and c.m.stats["dropped_too_large"] == 1   # [MQTT-3.1.2-25]
+
+
+# ------------------------------------------------------------------------------------------ topic aliases inbound
+def test_inbound_topic_aliases():
+    c = Client(5, topic_alias_maximum=2)
+    connack = c.connect()
+    assert connack.properties.topic_alias_maximum == 2
+    c.send(Publish(topic="long/topic", payload=b"1", qos=0, properties=Properties(topic_alias=1)))
+    c.send(Publish(topic="", payload=b"2", qos=0, properties=Properties(topic_alias=1)))
+    assert [e.topic for e in c.take_effects(ProducePublish)] == ["long/topic", "long/topic"]
+    c.send(Publish(topic="", payload=b"3", qos=0, properties=Properties(topic_alias=2)))   # never set
+    assert c.take() == [Disconnect(RC.PROTOCOL_ERROR)] and c.closed is not None
+
+    c = Client(5, topic_alias_maximum=2)
+    c.connect()
+    c.send(Publish(topic="a", payload=b"1", qos=0, properties=Properties(topic_alias=3)))  # above our maximum
+    assert c.take() == [Disconnect(RC.TOPIC_ALIAS_INVALID)]
+
+
+# ------------------------------------------------------------------------------------------ protocol errors
+def test_bad_connect_answers_with_connack():
+    c = Client(5)
+    c.call("decode_error", MqttProtocolError(RC.UNSUPPORTED_PROTOCOL_VERSION, "level 6",
+                                             packet_type=PacketType.CONNECT, protocol_level=5))
+    assert c.take() == [ConnAck(False, RC.UNSUPPORTED_PROTOCOL_VERSION)] and c.closed is not None
+
+    c = Client(4)   # 3.1.1: empty client id without clean session -> identifier rejected
+    c.send(Connect(protocol_level=4, client_id="", clean_start=False, keep_alive=0))
+    (ack,) = c.take()
+    assert ack.reason_code == ConnackReturnCode.IDENTIFIER_REJECTED and c.closed is not None   # 3.x code
+
+    c = Client(5)
+    c.send(Connect(protocol_level=5, client_id="x", clean_start=True, keep_alive=0,
+                   properties=Properties(authentication_method="SCRAM")))
+    assert c.take() == [ConnAck(False, RC.BAD_AUTHENTICATION_METHOD)]
+
+
+def test_protocol_errors_after_connack_disconnect_with_the_reason_code():
+    c = Client(5)
+    c.connect()
+    c.send(Auth())
+    assert c.take() == [Disconnect(RC.PROTOCOL_ERROR)] and c.closed is not None
+
+    c = Client(5)
+    c.connect(properties=Properties(session_expiry_interval=0))
+    c.send(Disconnect(0, Properties(session_expiry_interval=60)))    # [MQTT-3.14.2-2]
+    assert c.take() == [Disconnect(RC.PROTOCOL_ERROR)]
+
+    c = Client(5)
+    c.connect()
+    c.call("decode_error", MqttProtocolError(RC.MALFORMED_PACKET, "bad"))
+    assert c.take() == [Disconnect(RC.MALFORMED_PACKET)]
+
+    c = Client(4)     # 3.1.1: no DISCONNECT from a server, just closed
+    c.connect()
+    c.call("decode_error", MqttProtocolError(RC.MALFORMED_PACKET, "bad"))
+    assert c.take() == [] and c.closed is not None
+
+
+def test_publish_while_the_registry_answers_is_a_protocol_error():
+    c = Client(5)
+    c.send(Connect(protocol_level=5, client_id="x", clean_start=True, keep_alive=0))
+    c.send(Publish(topic="a", payload=b"", qos=0))
+    assert c.closed is not None and c.take() == []          # not connected yet: no DISCONNECT
+    (report,) = c.of(ReportDisconnect)                       # the request was made: its end is reported
+    c.call("session_answer", answer())                        # a late answer changes nothing
+    assert c.take() == []
+
+
+@pytest.mark.parametrize("failure,code", [(pb.SESSION_FAILURE_QUOTA_EXCEEDED, RC.QUOTA_EXCEEDED),
+                                          (pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID, RC.CLIENT_IDENTIFIER_NOT_VALID)])
+def test_registry_refusal_is_the_connack_code(failure, code):
+    c = Client(5)
+    c.send(Connect(protocol_level=5, client_id="x", clean_start=True, keep_alive=0))
+    c.call("session_answer", answer(success=False, failure=failure))
+    assert c.take() == [ConnAck(False, code)] and c.closed is not None
+    assert c.of(ReportDisconnect) == []                      # no session was created
+
+
+def test_no_answer_from_the_registry_is_server_unavailable():
+    c = Client(4)
+    c.send(Connect(protocol_level=4, client_id="x", clean_start=True, keep_alive=0))
+    c.call("session_failed", "timeout")
+    (ack,) = c.take()
+    assert ack.reason_code == ConnackReturnCode.SERVER_UNAVAILABLE and c.closed is not None
+
+
+def test_shutdown_disconnects_v5_with_server_shutting_down():
+    c = Client(5)
+    c.connect()
+    c.call("shutdown")
+    assert c.take() == [Disconnect(RC.SERVER_SHUTTING_DOWN)]
+
+
+# ------------------------------------------------------------------------------------------ subscribe
+@pytest.mark.parametrize("level", [4, 5])
+def test_subscribe_acks_after_kafka_then_retained(level):
+    retained = {"r/#": [msg("r/1", b"kept", qos=1, retain=True)]}
+    c = Client(level, retained=lambda f: retained.get(f, ()))
+    c.connect()
+    c.send(Subscribe(packet_id=3, subscriptions=[Subscription("r/#", qos=1), Subscription("bad/#/x", qos=1)]))
+    (ps,) = c.take_effects(ProduceSubscriptions)
+    assert [t.topic_filter for t in ps.subscriptions] == ["r/#"] and c.take() == []   # SUBACK waits for Kafka
+    c.call("subscriptions_written", None)
+    suback, pub = c.take()
+    assert suback == SubAck(3, [1, RC.TOPIC_FILTER_INVALID if level == 5 else RC.UNSPECIFIED_ERROR])
+    assert pub.retain and pub.payload == b"kept"              # [MQTT-3.3.1-9]
+    # the same subscription again: nothing to write, acknowledged at once
+    c.send(Subscribe(packet_id=4, subscriptions=[Subscription("r/#", qos=1)]))
+    assert c.take_effects(ProduceSubscriptions) == [] and isinstance(c.take()[0], SubAck)
+    c.send(Unsubscribe(packet_id=5, filters=["r/#", "nope"]))
+    (ps,) = c.take_effects(ProduceSubscriptions)
+    assert ps.subscriptions == []
+    c.call("subscriptions_written", None)
+    assert c.take() == [UnsubAck(5, [0, RC.NO_SUBSCRIPTION_EXISTED] if level == 5 else [])]
+
+
+def test_subscribe_not_written_acks_failure():
+    c = Client(5)
+    c.connect()
+    c.send(Subscribe(packet_id=3, subscriptions=[Subscription("a", qos=1)]))
+    c.call("subscriptions_written", RuntimeError("kafka"))
+    assert c.take() == [SubAck(3, [RC.UNSPECIFIED_ERROR])] and c.m.subs == {}
+
+
+def test_expired_message_is_not_delivered():
+    c = Client(5)
+    c.connect()
+    m = msg(message_expiry_interval=5)
+    m.created_at_ms = c.now - 6000
+    c.call("deliver", m, 1, False, ())
+    assert c.take() == []                                    # [MQTT-3.3.2-5]
+    m.created_at_ms = c.now - 2000
+    c.call("deliver", m, 1, False, ())
+    (pub,) = c.take()
+    assert pub.properties.message_expiry_interval == 3
+
+
+def test_the_library_is_pure():
+    """No event loop, Kafka, Redis or gRPC in tbmq_connection: it is driven by its caller."""
+    import ast
+    from pathlib import Path
+
+    import tbmq_connection
+    banned = {"asyncio", "aiokafka", "redis", "grpc", "socket", "time", "threading"}
+    for path in Path(tbmq_connection.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{path.name} imports {name}"

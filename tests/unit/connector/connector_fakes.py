@@ -1,0 +1,209 @@
+"""Fakes for driving connector.connection.Connection (the asyncio adapter) without Kafka or gRPC: a
+`ConnectionPort` (FakePort), a device-persistence client whose fetches wait for the test's answer
+(FakeDevice) and a transport that records what is written (FakeTransport)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from connector.connection import Connection
+from connector.settings import ConnectorSettings
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_connection import ConnectionMachine, MachineConfig
+from tbmq_mqtt import Connect, MqttDecoder, Properties, Role, encode
+from tbmq_platform.settings import load
+
+
+class FakeDevice:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.answers: dict[str, asyncio.Future] = {}
+
+    async def fetch(self, client_id, service_id, session_id, *, resync=False):
+        self.calls.append(("fetch", client_id, session_id))
+        if resync:
+            self.calls.append(("resync", client_id, session_id))
+        fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
+        answer = await fut
+        del self.answers[client_id]  # the next fetch waits for its own answer
+        return answer
+
+    def answer(self, client_id, messages) -> None:
+        fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
+        fut.set_result(list(messages))
+
+    def acknowledge(self, client_id, packet_id):
+        self.calls.append(("ack", client_id, packet_id))
+
+    def mark_pubrec(self, client_id, packet_id):
+        self.calls.append(("pubrec", client_id, packet_id))
+
+    def detach(self, client_id, session_id):
+        self.calls.append(("detach", client_id, session_id))
+
+    def of(self, kind):
+        return [c[1:] for c in self.calls if c[0] == kind]
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+        self.aborted = False
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name, default=None):
+        return ("10.0.0.1", 50000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def packets(self, level: int) -> list:
+        """Everything written so far, decoded as the client sees it (and cleared)."""
+        data, self.data = self.data, b""
+        return MqttDecoder(level, role=Role.CLIENT).feed(data)
+
+
+class FakePort:
+    """connector.port.ConnectionPort with recording fakes; the registry answers every request with `answer`."""
+
+    def __init__(self, answer: pb.SessionEventResponse | None = None, *, subs: dict | None = None) -> None:
+        self.settings = load(ConnectorSettings, {})
+        self.stats: Counter = Counter()
+        self.spans = False
+        self.device = FakeDevice()
+        self.answer = answer or pb.SessionEventResponse(success=True)
+        self.subs = subs or {}
+        self.connections: set = set()
+        self.by_session: dict = {}
+        self.by_client: dict = {}
+        self.by_store: dict = {}
+        self.requests: list[pb.SessionInfo] = []
+        self.disconnects: list[tuple[pb.SessionInfo, bool, int | None]] = []
+        self.wills: list[tuple] = []
+        self.started: list[tuple] = []
+        self.app_streams: list = []
+        self.produced: list[tuple] = []
+        self.subscription_sets: list = []
+        self.bg: list = []
+
+    def new_machine(self, address: str) -> ConnectionMachine:
+        return ConnectionMachine(MachineConfig(service_id="c-1"), stats=self.stats, address=address)
+
+    def connection_opened(self, conn) -> None:
+        self.connections.add(conn)
+
+    def connection_closed(self, conn) -> None:
+        self.connections.discard(conn)
+        for table in (self.by_session, self.by_client):
+            for k in [k for k, v in table.items() if v is conn]:
+                del table[k]
+
+    def route_session(self, session_id, conn) -> None:
+        self.by_session[session_id] = conn
+
+    def route_client(self, client_id, conn) -> None:
+        self.by_client[client_id] = conn
+
+    def route_store(self, store_id, conn) -> None:
+        self.by_store[store_id] = conn
+
+    def unroute_store(self, store_id, conn) -> None:
+        if self.by_store.get(store_id) is conn:
+            del self.by_store[store_id]
+
+    async def produce_publish(self, msg, topic, retain, headers=None):
+        self.produced.append((msg, topic, retain))
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in range(2 if retain else 1)]
+        for f in futs:
+            f.set_result(None)
+        return futs[0], (futs[1] if retain else None)
+
+    async def produce_subscriptions(self, client_id, subs, client_type) -> None:
+        self.subscription_sets.append(list(subs))
+
+    async def request_session(self, session):
+        self.requests.append(pb.SessionInfo.FromString(session.SerializeToString()))
+        return self.answer
+
+    def report_disconnect(self, session, graceful, session_expiry) -> None:
+        self.disconnects.append((pb.SessionInfo.FromString(session.SerializeToString()), graceful, session_expiry))
+
+    async def subscriptions_of(self, client_id) -> dict:
+        return dict(self.subs)
+
+    def session_started(self, client_id, clean_start) -> None:
+        self.started.append((client_id, clean_start))
+
+    def schedule_will(self, client_id, session_id, will, level, delay) -> None:
+        self.wills.append((client_id, will, delay))
+
+    def open_app_stream(self, opening, on_record, on_records):
+        stream = FakeAppStream(opening)
+        self.app_streams.append(stream)
+        return stream
+
+    def spawn_bg(self, coro) -> None:
+        self.bg.append(asyncio.get_running_loop().create_task(coro))
+
+
+class FakeAppStream:
+    def __init__(self, opening) -> None:
+        self.opening = opening
+        self.acks: list = []
+        self.stopped = False
+
+    def ack(self, ref) -> None:
+        self.acks.append(ref)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def until(pred, rounds: int = 500) -> None:
+    """Bounded: lets the event loop run the fakes' tasks until `pred()` holds (no sleeps with a duration)."""
+    for _ in range(rounds):
+        if pred():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def connected(port: FakePort, connect: Connect) -> tuple[Connection, FakeTransport, list]:
+    """A Connection on a FakeTransport that received `connect` and the registry's answer: (conn, transport,
+    packets the client got, CONNACK first)."""
+    conn = Connection(port)
+    transport = FakeTransport()
+    conn.connection_made(transport)
+    conn.data_received(encode(connect, connect.protocol_level))
+    await until(lambda: bool(transport.data) or transport.closed)
+    return conn, transport, transport.packets(connect.protocol_level)
+
+
+def v5_connect(*, client_id: str = "dev", clean_start: bool, sei: int | None, keep_alive: int = 30) -> Connect:
+    props = Properties(session_expiry_interval=sei) if sei is not None else Properties()
+    return Connect(protocol_level=5, client_id=client_id, clean_start=clean_start, keep_alive=keep_alive,
+                   properties=props)

@@ -1,0 +1,114 @@
+"""connector.connection.Connection, the asyncio adapter, on a mock transport: bytes in through data_received(),
+the machine's effects run through a fake port (connector_fakes), what the client gets read back from the
+transport. No sockets, no Kafka, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+from connector.connection import Connection
+from connector_fakes import FakePort, FakeTransport, connected, until, v5_connect
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_connection import CLOSED, CONNECTED
+from tbmq_mqtt import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    SubAck,
+    Subscribe,
+    Subscription,
+    encode,
+)
+
+pytestmark = pytest.mark.unit
+
+
+async def test_connect_then_publish_split_across_reads_gets_puback_after_kafka():
+    port = FakePort()
+    conn, transport, (connack,) = await connected(port, Connect(protocol_level=4, client_id="a", clean_start=True,
+                                                                keep_alive=30))
+    assert isinstance(connack, ConnAck) and connack.reason_code == 0
+    assert port.by_client == {"a": conn} and port.by_session == {conn.session_id: conn}
+    assert port.started == [("a", True)]
+    data = encode(Publish(topic="x/y", payload=b"hello", qos=1, packet_id=5), 4) + \
+        encode(Publish(topic="x/z", payload=b"", qos=2, packet_id=6), 4)
+    conn.data_received(data[:7])                     # a PUBLISH split across TCP segments
+    conn.data_received(data[7:])
+    await until(lambda: len(transport.data) >= 8)
+    assert transport.packets(4) == [PubAck(5), PubRec(6)]
+    assert [(m.topic, m.payload, t) for m, t, _r in port.produced] == [("x/y", b"hello", "x/y"), ("x/z", b"", "x/z")]
+    conn.data_received(encode(PubRel(6), 4))
+    await until(lambda: bool(transport.data))
+    assert transport.packets(4) == [PubComp(6)]
+
+
+async def test_subscribe_and_live_delivery_and_pubacks():
+    port = FakePort()
+    conn, transport, _ = await connected(port, v5_connect(clean_start=True, sei=None))
+    conn.data_received(encode(Subscribe(packet_id=1, subscriptions=[Subscription("t/#", qos=1)]), 5))
+    await until(lambda: bool(transport.data))
+    assert transport.packets(5) == [SubAck(1, [1])]
+    assert [t.topic_filter for t in port.subscription_sets[0]] == ["t/#"]
+    for i in range(3):
+        conn.deliver(pb.PublishMsg(topic="t/1", payload=b"%d" % i, qos=1, created_at_ms=1), 1, False, ())
+    pubs = transport.packets(5)
+    assert [p.payload for p in pubs] == [b"0", b"1", b"2"]
+    conn.data_received(b"".join(encode(PubAck(p.packet_id), 5) for p in pubs))
+    await until(lambda: not conn.m.out.inflight)
+    assert port.stats["msgs_out"] == 3
+
+
+async def test_garbage_before_connect_closes_without_an_answer():
+    port = FakePort()
+    conn = Connection(port)
+    transport = FakeTransport()
+    conn.connection_made(transport)
+    conn.data_received(encode(PubAck(1), 4))         # [MQTT-3.1.0-1]: the first packet must be CONNECT
+    assert conn.state == CLOSED and transport.closed and transport.data == b""
+    assert port.connections == set() and port.disconnects == []
+
+
+async def test_malformed_packet_after_connack_v5_disconnects_with_the_code():
+    port = FakePort()
+    conn, transport, _ = await connected(port, v5_connect(clean_start=True, sei=None))
+    conn.data_received(bytes([0x30, 0x02, 0x00, 0x05]))   # PUBLISH whose topic length runs past the packet
+    assert conn.state == CLOSED and transport.closed
+    (d,) = transport.packets(5)
+    assert isinstance(d, Disconnect) and d.reason_code == ReasonCode.MALFORMED_PACKET
+    await until(lambda: len(port.disconnects) == 1)
+    assert port.by_client == {} and port.by_session == {} and port.connections == set()
+
+
+async def test_client_not_reading_is_aborted():
+    port = FakePort()
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="a", clean_start=True,
+                                                       keep_alive=0))
+    transport.get_write_buffer_size = lambda: port.settings.write_buffer_limit + 1
+    conn.deliver(pb.PublishMsg(topic="t", payload=b"x", qos=0, created_at_ms=1), 0, False, ())
+    assert conn.state == CLOSED and transport.aborted
+
+
+async def test_takeover_command_closes_with_session_taken_over():
+    port = FakePort()
+    conn, transport, _ = await connected(port, v5_connect(clean_start=True, sei=None))
+    port.by_session[conn.session_id].take_over(pb.DisconnectCommand(session_id=conn.session_id))
+    assert transport.packets(5) == [Disconnect(ReasonCode.SESSION_TAKEN_OVER)]
+    assert conn.state == CLOSED and port.disconnects == [] and port.connections == set()
+
+
+async def test_connection_lost_reports_the_disconnect_and_sends_the_will():
+    from tbmq_mqtt import Will
+    port = FakePort()
+    will = Will(topic="w", payload=b"bye", qos=0, retain=False)
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="a", clean_start=True,
+                                                       keep_alive=0, will=will))
+    assert conn.state == CONNECTED
+    conn.connection_lost(ConnectionResetError("reset"))
+    assert port.wills == [("a", will, 0)]
+    (info, graceful, _expiry), = port.disconnects
+    assert not graceful and info.client_id == "a"
