@@ -369,7 +369,7 @@ class ConnectionMachine:
             if self.client_max_packet is not None and len(data) > self.client_max_packet:
                 stats["dropped_too_large"] += 1  # [MQTT-3.1.2-25]
                 return self.effects
-            self._send(data)
+            self.effects.append(Send(data))
             stats["msgs_out"] += 1
             return self.effects
         out = OutMsg(qos, kind, pkt, fixed_id, False, ref)
@@ -682,7 +682,7 @@ class ConnectionMachine:
             else:
                 out.append(encode(PubRec(pid), level))
         if out:
-            self._send(b"".join(out) if len(out) > 1 else out[0])
+            self.effects.append(Send(b"".join(out) if len(out) > 1 else out[0]))
 
     def _on_pubrel(self, p: PubRel) -> None:
         # An unknown id (e.g. the PUBLISH arrived on an earlier connection) is completed all the same.
@@ -766,7 +766,7 @@ class ConnectionMachine:
                 chunks.append(data)
             if chunks:
                 self.stats["msgs_out"] += len(chunks)
-                self._send(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+                self.effects.append(Send(b"".join(chunks) if len(chunks) > 1 else chunks[0]))
             if not freed:
                 return
 

@@ -270,7 +270,15 @@ class Connection(asyncio.Protocol):
         effects = self.m.effects
         while effects:
             e = effects.popleft()
-            handler = _HANDLERS.get(e.__class__)
+            cls = e.__class__
+            if cls is Send:  # the hot path, inline
+                t = self.transport
+                if t is not None and not t.is_closing():
+                    t.write(e.data)
+                    if t.get_write_buffer_size() > self.s.write_buffer_limit:
+                        self._send_over_limit()
+                continue
+            handler = _HANDLERS.get(cls)
             if handler is not None:
                 handler(self, e)
             else:
@@ -350,7 +358,10 @@ class Connection(asyncio.Protocol):
             return
         t.write(e.data)
         if t.get_write_buffer_size() > self.s.write_buffer_limit:
-            self.m.abort(f"write buffer above {self.s.write_buffer_limit} bytes (client not reading)", _now_ms())
+            self._send_over_limit()
+
+    def _send_over_limit(self) -> None:
+        self.m.abort(f"write buffer above {self.s.write_buffer_limit} bytes (client not reading)", _now_ms())
 
     def _close(self, e: Close) -> None:
         log.log(e.log_level, "client %r (%s): %s; closing", self.m.client_id, self.address, e.reason)
