@@ -411,17 +411,7 @@ class ConnectionMachine:
         """(Part of) the answer of `fetch`, in store order: delivered as re-sends (DUP), one write."""
         if not messages or not self.fetch_wanted(fetch):
             return self.effects
-        self._pump_held = True
-        try:
-            if fetch.group:
-                for dm in messages:
-                    self._deliver_group(dm, True, now)
-            else:
-                for dm in messages:
-                    self._deliver_device(dm, True, now)
-        finally:
-            self._pump_held = False
-        self._pump()
+        self._deliver_all(self._deliver_group if fetch.group else self._deliver_device, messages, True, now)
         return self.effects
 
     def fetch_finished(self, fetch: FetchStored, now: int) -> deque:
@@ -433,14 +423,7 @@ class ConnectionMachine:
         if fetch.group:
             if not self.groups.fetching(store_id):
                 return self.fetch_abandoned(fetch, now)
-            held = self.groups.fetched(store_id)
-            self._pump_held = True
-            try:
-                for dm in held:
-                    self._deliver_group(dm, False, now)
-            finally:
-                self._pump_held = False
-            self._pump()
+            self._deliver_all(self._deliver_group, self.groups.fetched(store_id), False, now)
             if self.groups.again(store_id) and self.state == CONNECTED:
                 self.effects.append(FetchStored(store_id, resync=True, group=True))
             return self.effects
@@ -448,13 +431,7 @@ class ConnectionMachine:
         self.refetch = False
         self.fetching = again  # still holding when another fetch follows
         held, self.held_persisted = self.held_persisted, []
-        self._pump_held = True
-        try:
-            for dm in held:
-                self._deliver_device(dm, False, now)
-        finally:
-            self._pump_held = False
-        self._pump()
+        self._deliver_all(self._deliver_device, held, False, now)
         if again and self.state == CONNECTED:
             self.effects.append(FetchStored(self.client_id, resync=True))
         return self.effects
@@ -771,6 +748,18 @@ class ConnectionMachine:
                 return
 
     # ------------------------------------------------------------------------------------ persistent DEVICE
+    def _deliver_all(self, deliver_one, messages, dup: bool, now: int) -> None:
+        """`deliver_one` for each of `messages`, then one write of what fits the window."""
+        if not messages:
+            return
+        self._pump_held = True
+        try:
+            for dm in messages:
+                deliver_one(dm, dup, now)
+        finally:
+            self._pump_held = False
+        self._pump()
+
     def _deliver_device(self, dm: pb.DevicePublishMsg, dup: bool, now: int) -> None:
         if dm.serial <= self.max_serial:
             return  # delivered already (a forward that was also in a fetch's answer)
