@@ -5,7 +5,7 @@ connector is asked to run."""
 from __future__ import annotations
 
 import pytest
-from connection_harness import Client, answer
+from connection_harness import Client, answer, plain
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_connection import (
     AckStored,
@@ -101,7 +101,7 @@ def test_kafka_failure_v5_acks_with_unspecified_error_v3_closes():
     e1, e2 = c.take_effects(ProducePublish)
     produced(c, e1, RuntimeError("broker down"))
     c.call("produce_failed", e2, RuntimeError("no producer"))
-    assert c.take() == [PubAck(1, RC.UNSPECIFIED_ERROR), PubRec(2, RC.UNSPECIFIED_ERROR)]
+    assert plain(c.take()) == [PubAck(1, RC.UNSPECIFIED_ERROR), PubRec(2, RC.UNSPECIFIED_ERROR)]
     assert 2 not in c.m.inbound.awaiting_pubrel and c.closed is None
 
     c = Client(4)
@@ -166,7 +166,7 @@ def test_takeover_closes_without_reporting_and_decides_the_will(clean_start, exp
     c.take_effects()
     c.call("take_over", pb.DisconnectCommand(session_id=c.m.session_id, reason=pb.DISCONNECT_REASON_SESSION_TAKEN_OVER,
                                              new_session_clean_start=clean_start))
-    assert c.take() == [Disconnect(RC.SESSION_TAKEN_OVER)]
+    assert plain(c.take()) == [Disconnect(RC.SESSION_TAKEN_OVER)]
     assert c.closed is not None and c.of(ReportDisconnect) == []   # the registry moved the session on already
     wills = c.of(ScheduleWill)
     if expected_delay is None:
@@ -189,7 +189,7 @@ def test_keep_alive_timeout_after_one_and_a_half_periods(level):
     assert c.closed is None
     c.advance(1)
     assert c.closed is not None and "keep alive" in c.closed.reason
-    assert c.take() == ([Disconnect(RC.KEEP_ALIVE_TIMEOUT)] if level == 5 else [])
+    assert plain(c.take()) == ([Disconnect(RC.KEEP_ALIVE_TIMEOUT)] if level == 5 else [])
     (report,) = c.of(ReportDisconnect)
     assert not report.graceful
 
@@ -248,7 +248,7 @@ def test_receive_maximum_inbound_v5_disconnects_0x93():
         c.send(Publish(topic="a", payload=b"", qos=1, packet_id=pid))
     assert c.closed is None
     c.send(Publish(topic="a", payload=b"", qos=1, packet_id=3))
-    assert c.take() == [Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED)] and c.closed is not None
+    assert plain(c.take()) == [Disconnect(RC.RECEIVE_MAXIMUM_EXCEEDED)] and c.closed is not None
 
 
 def test_receive_maximum_outbound_is_the_clients():
@@ -290,12 +290,12 @@ def test_inbound_topic_aliases():
     c.send(Publish(topic="", payload=b"2", qos=0, properties=Properties(topic_alias=1)))
     assert [e.topic for e in c.take_effects(ProducePublish)] == ["long/topic", "long/topic"]
     c.send(Publish(topic="", payload=b"3", qos=0, properties=Properties(topic_alias=2)))   # never set
-    assert c.take() == [Disconnect(RC.PROTOCOL_ERROR)] and c.closed is not None
+    assert plain(c.take()) == [Disconnect(RC.PROTOCOL_ERROR)] and c.closed is not None
 
     c = Client(5, topic_alias_maximum=2)
     c.connect()
     c.send(Publish(topic="a", payload=b"1", qos=0, properties=Properties(topic_alias=3)))  # above our maximum
-    assert c.take() == [Disconnect(RC.TOPIC_ALIAS_INVALID)]
+    assert plain(c.take()) == [Disconnect(RC.TOPIC_ALIAS_INVALID)]
 
 
 # ------------------------------------------------------------------------------------------ protocol errors
@@ -303,7 +303,7 @@ def test_bad_connect_answers_with_connack():
     c = Client(5)
     c.call("decode_error", MqttProtocolError(RC.UNSUPPORTED_PROTOCOL_VERSION, "level 6",
                                              packet_type=PacketType.CONNECT, protocol_level=5))
-    assert c.take() == [ConnAck(False, RC.UNSUPPORTED_PROTOCOL_VERSION)] and c.closed is not None
+    assert plain(c.take()) == [ConnAck(False, RC.UNSUPPORTED_PROTOCOL_VERSION)] and c.closed is not None
 
     c = Client(4)   # 3.1.1: empty client id without clean session -> identifier rejected
     c.send(Connect(protocol_level=4, client_id="", clean_start=False, keep_alive=0))
@@ -313,24 +313,24 @@ def test_bad_connect_answers_with_connack():
     c = Client(5)
     c.send(Connect(protocol_level=5, client_id="x", clean_start=True, keep_alive=0,
                    properties=Properties(authentication_method="SCRAM")))
-    assert c.take() == [ConnAck(False, RC.BAD_AUTHENTICATION_METHOD)]
+    assert plain(c.take()) == [ConnAck(False, RC.BAD_AUTHENTICATION_METHOD)]
 
 
 def test_protocol_errors_after_connack_disconnect_with_the_reason_code():
     c = Client(5)
     c.connect()
     c.send(Auth())
-    assert c.take() == [Disconnect(RC.PROTOCOL_ERROR)] and c.closed is not None
+    assert plain(c.take()) == [Disconnect(RC.PROTOCOL_ERROR)] and c.closed is not None
 
     c = Client(5)
     c.connect(properties=Properties(session_expiry_interval=0))
     c.send(Disconnect(0, Properties(session_expiry_interval=60)))    # [MQTT-3.14.2-2]
-    assert c.take() == [Disconnect(RC.PROTOCOL_ERROR)]
+    assert plain(c.take()) == [Disconnect(RC.PROTOCOL_ERROR)]
 
     c = Client(5)
     c.connect()
     c.call("decode_error", MqttProtocolError(RC.MALFORMED_PACKET, "bad"))
-    assert c.take() == [Disconnect(RC.MALFORMED_PACKET)]
+    assert plain(c.take()) == [Disconnect(RC.MALFORMED_PACKET)]
 
     c = Client(4)     # 3.1.1: no DISCONNECT from a server, just closed
     c.connect()
@@ -354,7 +354,7 @@ def test_registry_refusal_is_the_connack_code(failure, code):
     c = Client(5)
     c.send(Connect(protocol_level=5, client_id="x", clean_start=True, keep_alive=0))
     c.call("session_answer", answer(success=False, failure=failure))
-    assert c.take() == [ConnAck(False, code)] and c.closed is not None
+    assert plain(c.take()) == [ConnAck(False, code)] and c.closed is not None
     assert c.of(ReportDisconnect) == []                      # no session was created
 
 
@@ -370,7 +370,7 @@ def test_shutdown_disconnects_v5_with_server_shutting_down():
     c = Client(5)
     c.connect()
     c.call("shutdown")
-    assert c.take() == [Disconnect(RC.SERVER_SHUTTING_DOWN)]
+    assert plain(c.take()) == [Disconnect(RC.SERVER_SHUTTING_DOWN)]
 
 
 # ------------------------------------------------------------------------------------------ subscribe
@@ -401,7 +401,7 @@ def test_subscribe_not_written_acks_failure():
     c.connect()
     c.send(Subscribe(packet_id=3, subscriptions=[Subscription("a", qos=1)]))
     c.call("subscriptions_written", RuntimeError("kafka"))
-    assert c.take() == [SubAck(3, [RC.UNSPECIFIED_ERROR])] and c.m.subs == {}
+    assert plain(c.take()) == [SubAck(3, [RC.UNSPECIFIED_ERROR])] and c.m.subs == {}
 
 
 def test_expired_message_is_not_delivered():
@@ -430,3 +430,86 @@ def test_the_library_is_pure():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
                 assert name.split(".")[0] not in banned, f"{path.name} imports {name}"
+
+
+# ------------------------------------------------------------------------------------------ outbound topic aliases
+def test_outbound_aliases_lru_map():
+    from tbmq_connection.flow import OutboundAliases
+    a = OutboundAliases(2)
+    assert a.assign("x") == (1, False) and a.assign("y") == (2, False)
+    assert a.assign("x") == (1, True)                # known: x is now the most recently used
+    assert a.assign("z") == (2, False)               # full: y (least recently used) gives its alias to z
+    assert a.assign("y") == (1, False)               # and x's goes to y
+    a.forget("y")                                    # y's PUBLISH was not sent: the client does not know it
+    assert a.assign("w") == (1, False)
+    assert a.assign("z") == (2, True)
+
+
+def test_outbound_topic_aliases_when_the_client_accepts_them():
+    c = Client(5)
+    c.connect(properties=Properties(topic_alias_maximum=2, maximum_packet_size=200))
+    for topic in ("a/1", "a/1", "a/2", "a/3", "a/1"):
+        c.call("deliver", msg(topic, qos=0), 0, False, ())
+    c.call("deliver", msg("a/3", b"x" * 300, qos=1), 1, False, ())    # too large: not sent, a/3 keeps its alias
+    c.call("deliver", msg("a/4", b"x" * 300, qos=1), 1, False, ())    # too large: its new alias is undone
+    c.call("deliver", msg("a/3", qos=1), 1, False, ())
+    got = [(p.topic, p.properties.topic_alias) for p in c.take()]
+    # [MQTT-3.3.2-11]: never above the client's maximum; the name only when the alias is (re)assigned
+    assert got == [("a/1", 1), ("", 1), ("a/2", 2), ("a/3", 1), ("a/1", 2), ("", 1)]
+
+    c = Client(5)                                    # Topic Alias Maximum absent (0): no aliases
+    c.connect()
+    c.call("deliver", msg("a/1", qos=0), 0, False, ())
+    c.call("deliver", msg("a/1", qos=0), 0, False, ())
+    assert [(p.topic, p.properties.topic_alias) for p in c.take()] == [("a/1", None), ("a/1", None)]
+
+
+# ------------------------------------------------------------------------------------------ reason strings
+def test_reason_strings_unless_request_problem_information_is_0():
+    c = Client(5)
+    c.connect()
+    c.send(Publish(topic="a", payload=b"", qos=1, packet_id=1))
+    (e,) = c.take_effects(ProducePublish)
+    produced(c, e, RuntimeError("down"))
+    (ack,) = c.take()
+    assert ack.reason_code == RC.UNSPECIFIED_ERROR and ack.properties.reason_string
+    c.call("decode_error", MqttProtocolError(RC.MALFORMED_PACKET, "bad remaining length"))
+    (d,) = c.take()
+    assert d.properties.reason_string == "bad remaining length"
+
+    c = Client(5)
+    c.connect(properties=Properties(request_problem_information=False))
+    c.send(Publish(topic="a", payload=b"", qos=1, packet_id=1))
+    (e,) = c.take_effects(ProducePublish)
+    produced(c, e, RuntimeError("down"))
+    assert c.take() == [PubAck(1, RC.UNSPECIFIED_ERROR)]           # [MQTT-3.1.2-29]: not on a PUBACK
+    c.send(Subscribe(packet_id=2, subscriptions=[Subscription("s", qos=1)]))
+    c.call("subscriptions_written", RuntimeError("down"))
+    assert c.take() == [SubAck(2, [RC.UNSPECIFIED_ERROR])]         # nor on a SUBACK
+    c.call("shutdown")
+    (d,) = c.take()
+    assert d.properties.reason_string == "server shutting down"    # DISCONNECT may always carry one
+
+
+def test_reason_string_left_out_when_it_would_exceed_the_clients_maximum_packet_size():
+    c = Client(5)
+    c.connect(properties=Properties(maximum_packet_size=16))
+    c.call("decode_error", MqttProtocolError(RC.MALFORMED_PACKET, "a long explanation " * 5))
+    assert c.take() == [Disconnect(RC.MALFORMED_PACKET)]
+
+
+def test_registry_refusal_carries_a_reason_string():
+    c = Client(5)
+    c.send(Connect(protocol_level=5, client_id="x", clean_start=True, keep_alive=0))
+    c.call("session_answer", answer(success=False, failure=pb.SESSION_FAILURE_QUOTA_EXCEEDED))
+    (ack,) = c.take()
+    assert ack.reason_code == RC.QUOTA_EXCEEDED and "QUOTA_EXCEEDED" in ack.properties.reason_string
+
+
+# ------------------------------------------------------------------------------------------ response information
+@pytest.mark.parametrize("requested,configured,expected", [(True, "resp/", "resp/"), (False, "resp/", None),
+                                                           (True, "", None)])
+def test_response_information_when_requested_and_configured(requested, configured, expected):
+    c = Client(5, response_information=configured)
+    connack = c.connect(properties=Properties(request_response_information=requested))
+    assert connack.properties.response_information == expected     # [MQTT-3.1.2-28]

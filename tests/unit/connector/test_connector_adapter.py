@@ -97,7 +97,9 @@ async def test_takeover_command_closes_with_session_taken_over():
     port = FakePort()
     conn, transport, _ = await connected(port, v5_connect(clean_start=True, sei=None))
     port.by_session[conn.session_id].take_over(pb.DisconnectCommand(session_id=conn.session_id))
-    assert transport.packets(5) == [Disconnect(ReasonCode.SESSION_TAKEN_OVER)]
+    (d,) = transport.packets(5)
+    assert d.reason_code == ReasonCode.SESSION_TAKEN_OVER
+    assert d.properties.reason_string == "session taken over by a newer connection"
     assert conn.state == CLOSED and port.disconnects == [] and port.connections == set()
 
 

@@ -33,9 +33,10 @@ class ConnectPlan:
     clean_start: bool
     receive_maximum: int           # the CLIENT's Receive Maximum (our outbound window), 65535 when absent
     maximum_packet_size: int | None  # the CLIENT's Maximum Packet Size (outbound limit), None = no limit
-    topic_alias_maximum: int       # the CLIENT's (outbound aliases; unused: we do not send aliases)
+    topic_alias_maximum: int       # the CLIENT's: outbound topic aliases (flow.OutboundAliases), 0 = none
     will_delay: int                # v5 Will Delay Interval (0 for 3.x or without a will)
-    request_problem_information: bool = True
+    request_problem_information: bool = True   # v5: 0 -> no Reason String outside CONNACK / DISCONNECT
+    request_response_information: bool = False  # v5: 1 -> CONNACK may carry Response Information
 
 
 class ConnectRefused(Exception):
@@ -104,6 +105,7 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
         will_delay=will_delay,
         request_problem_information=(props.request_problem_information
                                      if v5 and props.request_problem_information is not None else True),
+        request_response_information=bool(v5 and props.request_response_information),
     )
 
 

@@ -294,6 +294,44 @@ class InboundAliases:
         return known
 
 
+class OutboundAliases:
+    """Topic aliases the connector sets on PUBLISHes to a v5 client whose Topic Alias Maximum is > 0: the most
+    recently used topics keep an alias (LRU); a new topic takes a free alias, else the least recently used
+    topic's. Aliases stay within 1..the client's maximum [MQTT-3.3.2-8, MQTT-3.3.2-11] and belong to this
+    connection only [MQTT-3.3.2-7]."""
+
+    __slots__ = ("maximum", "_alias", "_free", "_next")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self._alias: dict[str, int] = {}     # topic -> alias, least recently used first
+        self._free: list[int] = []
+        self._next = 1
+
+    def assign(self, topic: str) -> tuple[int, bool]:
+        """(alias, known): `known` -> the client has the mapping already (send an empty topic name); else the
+        PUBLISH carries both the topic and the alias, which (re)maps it."""
+        alias = self._alias.pop(topic, None)
+        if alias is not None:
+            self._alias[topic] = alias
+            return alias, True
+        if self._free:
+            alias = self._free.pop()
+        elif self._next <= self.maximum:
+            alias = self._next
+            self._next += 1
+        else:
+            alias = self._alias.pop(next(iter(self._alias)))
+        self._alias[topic] = alias
+        return alias, False
+
+    def forget(self, topic: str) -> None:
+        """The PUBLISH that was to set `topic`'s alias was not sent: the client does not have that mapping."""
+        alias = self._alias.pop(topic, None)
+        if alias is not None:
+            self._free.append(alias)
+
+
 class AliasError(Exception):
     def __init__(self, reason_code: int, message: str) -> None:
         super().__init__(message)

@@ -23,6 +23,7 @@ Guarantees kept here (each where the code enforces it):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections import Counter, deque
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq_mqtt import (
+    EMPTY_PROPERTIES,
     MQTT_3_1_1,
     MQTT_5,
     REASON_CODES_BY_PACKET,
@@ -83,7 +85,7 @@ from .effects import (
     StartTimer,
 )
 from .flow import APP, DEVICE, GROUP, LIVE, AliasError, GroupRef, GroupStores, InboundAliases, InboundQos, \
-    OutboundWindow, OutMsg, upstream_ack
+    OutboundAliases, OutboundWindow, OutMsg, upstream_ack
 
 log = logging.getLogger("connector.connection")
 
@@ -102,6 +104,9 @@ _SESSION_FAILURE = {pb.SESSION_FAILURE_QUOTA_EXCEEDED: RC.QUOTA_EXCEEDED,
 _TAKEOVER_REASON = {pb.DISCONNECT_REASON_SESSION_TAKEN_OVER: RC.SESSION_TAKEN_OVER,
                     pb.DISCONNECT_REASON_ADMINISTRATIVE: RC.ADMINISTRATIVE_ACTION,
                     pb.DISCONNECT_REASON_SERVER_SHUTTING_DOWN: RC.SERVER_SHUTTING_DOWN}
+_TAKEOVER_TEXT = {RC.SESSION_TAKEN_OVER: "session taken over by a newer connection",
+                  RC.ADMINISTRATIVE_ACTION: "disconnected by an administrator",
+                  RC.SERVER_SHUTTING_DOWN: "server shutting down"}
 _CONNACK_PROPS_BASE = dict(retain_available=True, wildcard_subscription_available=True,
                            subscription_identifier_available=True, shared_subscription_available=True)
 _DISCONNECT_CODES = REASON_CODES_BY_PACKET[PacketType.DISCONNECT]
@@ -124,6 +129,7 @@ class MachineConfig:
     server_keep_alive_max: int = 600     # largest keep alive granted to a v5 client (0 = as asked)
     connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
+    response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
 
 
 class ConnectionMachine:
@@ -162,6 +168,8 @@ class ConnectionMachine:
         self.aliases = InboundAliases(config.topic_alias_maximum)
         self.out = OutboundWindow(min(config.max_inflight, 65535), config.max_queued)
         self.client_max_packet = None
+        self.out_aliases: OutboundAliases | None = None   # v5 client with Topic Alias Maximum > 0
+        self.problem_info = True         # v5 Request Problem Information (0: Reason Strings only on CONNACK/DISCONNECT)
         self.writing_paused = False
         self._pump_held = False          # delivering a batch: the window is written once after it
         # end of connection
@@ -328,8 +336,9 @@ class ConnectionMachine:
             log.error("client %r: subscriptions not written to Kafka: %r", self.client_id, error)
             if self.state != CLOSED:
                 codes = [RC.UNSPECIFIED_ERROR] * len(codes)
-                self._send(encode(UnsubAck(packet_id, codes if self.v5 else []) if unsubscribe
-                                  else SubAck(packet_id, codes), self.level))
+                ack = UnsubAck(packet_id, codes if self.v5 else []) if unsubscribe else SubAck(packet_id, codes)
+                self._send(self._with_reason(ack, "the subscriptions were not stored")
+                           if self.v5 and self.problem_info else encode(ack, self.level))
             return self.effects
         old_shared = {k for k in self.subs if k[0]}
         self.subs = new_set
@@ -365,8 +374,13 @@ class ConnectionMachine:
             if self.writing_paused:
                 stats["dropped_qos0_slow"] += 1
                 return self.effects
-            data = encode(pkt, self.level)
-            if self.client_max_packet is not None and len(data) > self.client_max_packet:
+            if self.out_aliases is not None:
+                data = self._encode_aliased(pkt)
+            else:
+                data = encode(pkt, self.level)
+                if self.client_max_packet is not None and len(data) > self.client_max_packet:
+                    data = None
+            if data is None:
                 stats["dropped_too_large"] += 1  # [MQTT-3.1.2-25]
                 return self.effects
             self.effects.append(Send(data))
@@ -489,7 +503,7 @@ class ConnectionMachine:
         """The registry gave the session to a newer connection: close without a DISCONNECTION_REQUEST."""
         self.taken_over = cmd
         rc = _TAKEOVER_REASON.get(cmd.reason, RC.SESSION_TAKEN_OVER)
-        self._close(f"session taken over ({rc.name})", rc=rc)
+        self._close(f"session taken over ({rc.name})", rc=rc, reason_string=_TAKEOVER_TEXT[rc])
         return self.effects
 
     def shutdown(self, now: int) -> deque:
@@ -542,6 +556,9 @@ class ConnectionMachine:
         self.session_id = str(uuid.uuid4())
         self.keep_alive = plan.keep_alive
         self.client_max_packet = plan.maximum_packet_size
+        self.problem_info = plan.request_problem_information
+        if self.v5 and plan.topic_alias_maximum:
+            self.out_aliases = OutboundAliases(plan.topic_alias_maximum)
         self.out.window = max(1, min(plan.receive_maximum, cfg.max_inflight))
         self.will = c.will
         self.will_delay = plan.will_delay
@@ -572,6 +589,8 @@ class ConnectionMachine:
                 kw["server_keep_alive"] = plan.server_keep_alive
             if self.session_expiry != plan.requested_session_expiry:
                 kw["session_expiry_interval"] = self.session_expiry
+            if plan.request_response_information and cfg.response_information:
+                kw["response_information"] = cfg.response_information  # only when asked [MQTT-3.1.2-28]
             self._send(encode(ConnAck(present, RC.SUCCESS, Properties(**kw)), MQTT_5))
         else:
             self._send(encode(ConnAck(present, RC.SUCCESS), self.level))
@@ -588,7 +607,10 @@ class ConnectionMachine:
     def _refuse(self, rc: int, reason: str) -> None:
         if self.state == CLOSED:
             return
-        self._send(encode(ConnAck(False, rc), self.level))
+        if self.v5:
+            self._send(self._with_reason(ConnAck(False, rc), reason))
+        else:
+            self._send(encode(ConnAck(False, rc), self.level))
         self._close(reason + f" [CONNACK {_rc_name(rc)}]", log_level=logging.WARNING)
 
     # ====================================================================================== PUBLISH in
@@ -652,8 +674,9 @@ class ConnectionMachine:
                     return
                 log.error("client %r: Kafka did not accept a QoS %d PUBLISH: %r", self.client_id, qos, e.error)
                 self.inbound.awaiting_pubrel.discard(pid)
-                out.append(encode(PubAck(pid, RC.UNSPECIFIED_ERROR) if qos == 1
-                                  else PubRec(pid, RC.UNSPECIFIED_ERROR), MQTT_5))
+                ack = PubAck(pid, RC.UNSPECIFIED_ERROR) if qos == 1 else PubRec(pid, RC.UNSPECIFIED_ERROR)
+                out.append(self._with_reason(ack, "the message was not stored") if self.problem_info
+                           else encode(ack, MQTT_5))
             elif qos == 1:
                 out.append(encode(PubAck(pid), level))
             else:
@@ -719,6 +742,7 @@ class ConnectionMachine:
         """Move what the window allows into flight and send it, in one write."""
         level = self.level
         limit = self.client_max_packet
+        aliases = self.out_aliases
         out = self.out
         while not self.writing_paused and self.state == CONNECTED:
             ready = out.ready()
@@ -732,8 +756,13 @@ class ConnectionMachine:
                     continue
                 pkt = m.publish
                 pkt.packet_id = m.packet_id
-                data = encode(pkt, level)
-                if limit is not None and len(data) > limit:
+                if aliases is not None:
+                    data = self._encode_aliased(pkt)
+                else:
+                    data = encode(pkt, level)
+                    if limit is not None and len(data) > limit:
+                        data = None
+                if data is None:
                     # [MQTT-3.1.2-25]: not sent; treated as delivered for this client
                     self.stats["dropped_too_large"] += 1
                     out.inflight.pop(m.packet_id, None)
@@ -746,6 +775,29 @@ class ConnectionMachine:
                 self.effects.append(Send(b"".join(chunks) if len(chunks) > 1 else chunks[0]))
             if not freed:
                 return
+
+    def _encode_aliased(self, pkt: Publish) -> bytes | None:
+        """A PUBLISH to a client that accepts topic aliases: its topic's alias (LRU), the topic name sent only
+        when the alias is new; None when too large for the client (its alias assignment is then undone)."""
+        topic = pkt.topic
+        alias, known = self.out_aliases.assign(topic)
+        props = pkt.properties
+        props = Properties(topic_alias=alias) if props is EMPTY_PROPERTIES else dataclasses.replace(props, topic_alias=alias)
+        data = encode(Publish(topic="" if known else topic, payload=pkt.payload, qos=pkt.qos, retain=pkt.retain,
+                              dup=pkt.dup, packet_id=pkt.packet_id, properties=props), MQTT_5)
+        if self.client_max_packet is not None and len(data) > self.client_max_packet:
+            if not known:
+                self.out_aliases.forget(topic)
+            return None
+        return data
+
+    def _with_reason(self, packet, reason: str) -> bytes:
+        """`packet` (v5) encoded with `reason` as its Reason String, unless that makes it larger than the
+        client's Maximum Packet Size (then without) [MQTT-3.1.2-24]."""
+        data = encode(dataclasses.replace(packet, properties=Properties(reason_string=reason)), MQTT_5)
+        if self.client_max_packet is not None and len(data) > self.client_max_packet:
+            return encode(packet, MQTT_5)
+        return data
 
     # ------------------------------------------------------------------------------------ persistent DEVICE
     def _deliver_all(self, deliver_one, messages, dup: bool, now: int) -> None:
@@ -948,11 +1000,13 @@ class ConnectionMachine:
                 self._send(data)
             self._close(f"bad CONNECT: {message} [{_rc_name(rc)}]", log_level=logging.WARNING)
             return
-        self._close(f"protocol error: {message} [{_rc_name(rc)}]", rc=rc, log_level=logging.WARNING)
+        self._close(f"protocol error: {message} [{_rc_name(rc)}]", rc=rc, log_level=logging.WARNING,
+                    reason_string=message)
 
     def _close(self, reason: str, *, rc: int | None = None, log_level: int = logging.INFO,
-               abort: bool = False) -> None:
-        """Close this connection (once): a v5 DISCONNECT first when connected and `rc` is given."""
+               abort: bool = False, reason_string: str | None = None) -> None:
+        """Close this connection (once): a v5 DISCONNECT first when connected and `rc` is given, with
+        `reason_string` (default: `reason`) as its Reason String."""
         if self.state == CLOSED:
             return
         self.state_before_close = self.state
@@ -961,7 +1015,7 @@ class ConnectionMachine:
         if rc is not None and self.v5 and self.state_before_close == CONNECTED and not abort:
             if rc not in _DISCONNECT_CODES:
                 rc = RC.UNSPECIFIED_ERROR
-            self._send(encode(Disconnect(rc), MQTT_5))
+            self._send(self._with_reason(Disconnect(rc), reason_string or reason))
         self.effects.append(Close(reason, log_level, abort))
         self._finish()
 

@@ -102,7 +102,8 @@ class ConnectorService(Service):
             topic_alias_maximum=settings.topic_alias_maximum, max_packet_size=settings.max_packet_size,
             max_inflight=settings.max_inflight, max_queued=settings.max_queued,
             server_keep_alive_max=settings.server_keep_alive_max,
-            connect_timeout_ms=int(settings.connect_timeout_s * 1000))
+            connect_timeout_ms=int(settings.connect_timeout_s * 1000),
+            response_information=settings.response_information)
         self._topics = {
             "response": response_topic(self.service_id),
             "disconnect": disconnect_topic(self.service_id),

@@ -32,6 +32,10 @@ class ConnectorSettings(CommonSettings):
     topic_alias_maximum: int = env(
         "MQTT_TOPIC_ALIAS_MAXIMUM", 10, parse=integer(0, 65535),
         doc="inbound topic aliases per v5 connection (0 = none)")
+    response_information: str = env(
+        "MQTT_RESPONSE_INFORMATION", "",
+        doc="v5 CONNACK Response Information sent to a client that asks for it (Request Response "
+            "Information = 1), e.g. a topic prefix for its responses; empty = never sent")
     max_inflight: int = env(
         "MQTT_MAX_INFLIGHT", 1000, parse=integer(1, 65535),
         doc="outbound QoS 1/2 messages in flight per client, capped by the client's Receive Maximum")
