@@ -34,7 +34,8 @@ def run(fn, *args, **kw):
 class Client:
     """A paho-mqtt client (callback API 2) on its own network thread. What its callbacks receive is kept under
     one Condition `cond`: `messages` (every PUBLISH, in arrival order), `connack` (flags, reason code,
-    properties), `suback` (mid, reason codes) and `disconnected` (the reason code of the last disconnect).
+    properties), `suback` (mid, reason codes), `disconnected` (the reason code of the last disconnect) and
+    `disconnect_properties` (its v5 properties).
 
     v5: MQTT 5.0 (clean -> Clean Start, session_expiry -> Session Expiry Interval) or 3.1.1 (clean ->
     clean_session; session_expiry unused). max_inflight: paho's outgoing QoS>0 window (None: paho's 20).
@@ -53,6 +54,7 @@ class Client:
         self.connack = None
         self.suback = None
         self.disconnected = None
+        self.disconnect_properties = None
         self.c.on_message = self._on_message
         self.c.on_connect = self._on_connect
         self.c.on_subscribe = self._on_subscribe
@@ -76,6 +78,7 @@ class Client:
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
         with self.cond:
             self.disconnected = reason_code
+            self.disconnect_properties = properties
             self.cond.notify_all()
 
     def wait(self, pred: Callable[[], bool], timeout: float | None = None) -> bool:

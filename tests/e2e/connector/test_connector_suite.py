@@ -30,7 +30,7 @@ async def mq(kafka, tmp_path_factory):
               log_format="json", id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-connector"),
               redis_url="redis://127.0.0.1:1/0",
               kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
-              service_env={"connector": {"MQTT_CONNECT_TIMEOUT_S": "2"}})
+              service_env={"connector": {"MQTT_CONNECT_TIMEOUT_S": "2", "MQTT_RESPONSE_INFORMATION": "resp/"}})
     await s.start()
     try:
         yield s
@@ -205,6 +205,58 @@ async def test_keep_alive_expiry(mq, unique):
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/gone") == [b"ka"])
     await run(watcher.close)
     await run(prober.close)
+
+
+async def test_v5_outbound_topic_aliases(mq, unique):
+    """A paho 5.0 subscriber with Topic Alias Maximum 2: the connector sends a topic's name once with an alias,
+    then the alias alone (paho hands the aliased PUBLISH over with an empty topic and the TopicAlias property)."""
+    u = unique("ta")
+    pub = Client(u + "p")
+    sub = Client(u + "s")
+    await run(pub.connect, mq.mqtt_ports[0])
+    await run(sub.connect, mq.mqtt_ports[1], TopicAliasMaximum=2)
+    await run(sub.subscribe, f"{u}/#", 1)
+    # routed, with a new topic per probe (each arrives with its name, whatever alias it takes)
+    for i in range(100):
+        await run(pub.publish, f"{u}/probe{i}", b"probe", 1)
+        if await run(sub.wait, lambda: any(m.payload == b"probe" for m in sub.snapshot()), 0.5):
+            break
+    for i in range(3):
+        await run(pub.publish, f"{u}/a", b"m%d" % i, 1)
+    assert await run(sub.wait, lambda: len([m for m in sub.snapshot() if m.payload.startswith(b"m")]) == 3)
+    first, *rest = [m for m in sub.snapshot() if m.payload.startswith(b"m")]
+    alias = first.properties.TopicAlias
+    assert first.topic == f"{u}/a" and 1 <= alias <= 2                  # [MQTT-3.3.2-11]
+    assert [(m.topic, m.properties.TopicAlias, m.payload) for m in rest] == [("", alias, b"m1"), ("", alias, b"m2")]
+    await run(pub.close)
+    await run(sub.close)
+
+
+async def test_v5_reason_string_on_disconnect(mq, unique):
+    """A session taken over by a newer connection (other connector): DISCONNECT 0x8E with a Reason String, sent
+    also to a client that set Request Problem Information 0 (DISCONNECT may always carry one)."""
+    u = unique("rs")
+    old = Client(u)
+    await run(old.connect, mq.mqtt_ports[0], RequestProblemInformation=0)
+    new = Client(u)
+    await run(new.connect, mq.mqtt_ports[1])
+    assert await run(old.wait, lambda: old.disconnected is not None)
+    assert old.disconnected.value == 0x8E
+    assert old.disconnect_properties.ReasonString == "session taken over by a newer connection"
+    await run(new.close)
+    old.c.loop_stop()
+
+
+async def test_v5_response_information_when_requested(mq, unique):
+    u = unique("ri")
+    c = Client(u)
+    _flags, rc, props = await run(c.connect, mq.mqtt_ports[0], RequestResponseInformation=1)
+    assert props.ResponseInformation == "resp/"             # MQTT_RESPONSE_INFORMATION of this suite
+    await run(c.close)
+    c = Client(u + "n")
+    _flags, rc, props = await run(c.connect, mq.mqtt_ports[0])
+    assert not hasattr(props, "ResponseInformation")        # not asked: not sent [MQTT-3.1.2-28]
+    await run(c.close)
 
 
 async def test_unsubscribe(mq, unique):
