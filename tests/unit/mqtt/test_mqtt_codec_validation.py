@@ -193,7 +193,7 @@ def test_subscription_identifier_in_client_publish():  # [MQTT-3.3.4-6]
 # ---------------------------------------------------------------- SUBSCRIBE / UNSUBSCRIBE
 
 @pytest.mark.parametrize("level", [3, 4, 5])
-def test_subscribe_without_filters(level):  # [MQTT-3.8.3-3]
+def test_subscribe_without_filters(level):  # [MQTT-3.8.3-2]; 3.1.1 [MQTT-3.8.3-3]
     rejects(PROTOCOL_ERROR, frame(0x82, b"\x00\x01" + (b"\x00" if level == 5 else b"")), level)
     with pytest.raises(MqttProtocolError):
         encode(Subscribe(1, []), level)
