@@ -236,7 +236,7 @@ def test_will_delay_is_bounded_by_the_session(reason, sei, delay):
         c.call("connection_lost", "gone")
     else:
         c.send(Disconnect(reason))
-    assert [w.delay for w in c.of(ScheduleWill)] == [delay]   # [MQTT-3.1.3-9]
+    assert [w.delay for w in c.of(ScheduleWill)] == [delay]   # [MQTT-3.1.3-9] [MQTT-3.1.2-8]
 
 
 # ------------------------------------------------------------------------------------------ flow control
@@ -324,7 +324,7 @@ def test_protocol_errors_after_connack_disconnect_with_the_reason_code():
 
     c = Client(5)
     c.connect(properties=Properties(session_expiry_interval=0))
-    c.send(Disconnect(0, Properties(session_expiry_interval=60)))    # [MQTT-3.14.2-2]
+    c.send(Disconnect(0, Properties(session_expiry_interval=60)))    # section 3.14.2.2.2
     assert plain(c.take()) == [Disconnect(RC.PROTOCOL_ERROR)]
 
     c = Client(5)

@@ -61,8 +61,8 @@ class RequestSession:
 
 @dataclass(slots=True)
 class SessionStarted:
-    """The registry accepted the session: a Will pending for this client id is cancelled (or, with clean
-    start, sent now) [MQTT-3.1.3-9]."""
+    """The registry accepted the session: a Will pending for this client id is cancelled [MQTT-3.1.3-9] (or,
+    with clean start, sent now: the old session ended [MQTT-3.1.2-8])."""
 
     client_id: str
     clean_start: bool
@@ -161,7 +161,8 @@ class AckApp:
 
 @dataclass(slots=True)
 class ScheduleWill:
-    """Publish the Will after `delay` seconds (0: now) unless the session resumes first [MQTT-3.1.3-9]."""
+    """Publish the Will after `delay` seconds (0: now) unless the session resumes first [MQTT-3.1.3-9]; the
+    delay never outlasts the session [MQTT-3.1.2-8]."""
 
     client_id: str
     session_id: str

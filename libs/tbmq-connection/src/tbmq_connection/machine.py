@@ -17,8 +17,8 @@ Guarantees kept here (each where the code enforces it):
   keep the store's packet ids; upstream acknowledgements (device-persistence, app-delivery) only after the
   client's PUBACK / PUBCOMP.
 * Keep alive [MQTT-3.1.2-22]: closed (v5: DISCONNECT 0x8D) when nothing arrived for 1.5 × the keep alive.
-* Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; delayed by the v5 Will Delay Interval but not past the end
-  of the session [MQTT-3.1.3-9].
+* Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; delayed by the v5 Will Delay Interval [MQTT-3.1.3-9] but
+  not past the end of the session [MQTT-3.1.2-8].
 """
 
 from __future__ import annotations
@@ -974,7 +974,7 @@ class ConnectionMachine:
             new_expiry = p.properties.session_expiry_interval
             if new_expiry is not None:
                 if self.connect_expiry == 0 and new_expiry > 0:
-                    # [MQTT-3.14.2-2]: from 0 in CONNECT to non-zero is a Protocol Error
+                    # from 0 in CONNECT to non-zero is a Protocol Error (section 3.14.2.2.2; no statement id)
                     self._protocol_error(RC.PROTOCOL_ERROR, "DISCONNECT sets a Session Expiry Interval after 0")
                     return
                 # the registry caps it (its one setting); uncapped here it only bounds the Will Delay, and a
