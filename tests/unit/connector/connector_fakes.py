@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 
 from connector.connection import Connection
@@ -13,6 +14,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_mqtt import Connect, MqttDecoder, Properties, Role, encode
 from tbmq_platform.settings import load
+from waits import wait_until
 
 
 class FakeDevice:
@@ -183,13 +185,8 @@ class FakeAppStream:
         self.stopped = True
 
 
-async def until(pred, rounds: int = 500) -> None:
-    """Bounded: lets the event loop run the fakes' tasks until `pred()` holds (no sleeps with a duration)."""
-    for _ in range(rounds):
-        if pred():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
+# the one bounded wait (tests/waits.py), polling at every event-loop turn: the fakes answer without I/O
+until = functools.partial(wait_until, timeout=5, step=0)
 
 
 async def connected(port: FakePort, connect: Connect) -> tuple[Connection, FakeTransport, list]:
