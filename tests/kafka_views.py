@@ -23,11 +23,14 @@ class SessionTable:
     def __init__(self, bootstrap: str):
         self.bootstrap = bootstrap
         self.sessions: dict[str, pb.SessionInfo | None] = {}
+        self.updates: dict[str, int] = {}  # records applied per client id (a change since a count)
         self.view = CompactedTopicView(bootstrap, topics.CLIENT_SESSION, self._apply,
                                        client_id=f"table-{uuid.uuid4().hex[:6]}", read_committed=True)
 
     def _apply(self, key, value):
-        self.sessions[key.decode()] = None if value is None else pb.SessionInfo.FromString(value)
+        cid = key.decode()
+        self.sessions[cid] = None if value is None else pb.SessionInfo.FromString(value)
+        self.updates[cid] = self.updates.get(cid, 0) + 1
 
     def get(self, cid: str) -> pb.SessionInfo | None:
         return self.sessions.get(cid)
