@@ -172,7 +172,9 @@ class FakeRegistry:
 async def connector_health(suite, instance: int = 1) -> dict:
     """GET /readyz of a connector instance as JSON: its counters (`pending_wills`, `wills_sent`, ...)."""
     from tbmq_launcher.services import readyz
-    return await readyz(suite.health_port("connector", instance))
+    h = await readyz(suite.health_port("connector", instance))
+    h.setdefault("wills_sent", 0)  # a counter appears with its first increment
+    return h
 
 
 async def disconnect_reported(tail: "Tail", client_id: str) -> pb.SessionEventRequest:
