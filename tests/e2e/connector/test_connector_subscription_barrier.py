@@ -2,8 +2,8 @@
 "Subscriptions take effect at SUBACK"; docs/router.md, "Routing after SUBACK").
 
 Through the real suite (session-registry, router, TWO connectors), with paho-mqtt 3.1.1 and 5.0 clients,
-many pairs at once. Each pair: A on connector 1, B on connector 2. Every iteration, on a fresh topic:
-1. A subscribes; on SUBACK, B publishes QoS 1: A must receive it (the router routes the publish with
+many pairs at once. Each pair: A on connector 1, B on connector 2. Every iteration, a new A, fresh topics:
+1. A connects and subscribes; on SUBACK, B publishes QoS 1: A must receive it (the router routes the publish with
    the new subscription);
 2. A unsubscribes; on UNSUBACK, B publishes QoS 1 again: A must not receive it;
 3. B publishes a retained QoS 1 message to another fresh topic; on its PUBACK, A subscribes to that
@@ -27,7 +27,7 @@ import pytest
 from mqtt_clients import BOUND, Client, routed
 from tbmq_launcher.launcher import Suite, new_tag
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PAIRS = 20
 ITERATIONS = 50  # per pair: PAIRS * ITERATIONS = 1,000 of each direction
@@ -78,9 +78,12 @@ async def mq(kafka, tmp_path_factory):
         await s.stop()
 
 
-def _pair(w: Recorder, a: Recorder, b: Client, prefix: str, misses: dict) -> None:
-    """ITERATIONS of the three directions (module docstring), blocking (runs in a thread)."""
+def _pair(w: Recorder, port: int, v5: bool, b: Client, prefix: str, misses: dict) -> None:
+    """ITERATIONS of the three directions (module docstring), blocking (runs in a thread). A is a new
+    client every iteration (connect, then subscribe at once: the request/response pattern), so the
+    router must also know its fresh session when it routes B's publish."""
     sync = f"{prefix}/sync"
+    a: Recorder | None = None
 
     def settle(payload: bytes) -> bool:
         """W has `payload` (routed and delivered on connector 1); then whether A has it."""
@@ -89,6 +92,8 @@ def _pair(w: Recorder, a: Recorder, b: Client, prefix: str, misses: dict) -> Non
         return a.has(payload)
 
     for i in range(ITERATIONS):
+        a = Recorder(f"{prefix}-a{i}", v5=v5)
+        a.connect(port)
         topic = f"{prefix}/t{i}"
         a.subscribe(topic, 1)
         after_suback = f"{topic} after SUBACK".encode()
@@ -107,8 +112,8 @@ def _pair(w: Recorder, a: Recorder, b: Client, prefix: str, misses: dict) -> Non
         a.subscribe(sync, 0)
         if not a.has(retained):
             misses["retained"].append(retained_topic)
-        a.unsubscribe(retained_topic)
         b.publish(retained_topic, b"", 1, retain=True)  # clears it [MQTT-3.3.1-6]
+        a.close()
 
 
 async def test_publish_after_suback_reaches_the_subscription_and_none_after_unsuback(mq, unique):
@@ -127,18 +132,16 @@ async def test_publish_after_suback_reaches_the_subscription_and_none_after_unsu
         await routed(probe, w, f"{prefix}/probe", 1)  # the witness's own subscription is in the router
         pairs = []
         for k in range(PAIRS):
-            v5 = k % 2 == 1
-            a = Recorder(f"{prefix}-a{k}", v5=v5)
+            v5 = k % 2 == 1  # 3.1.1 and 5.0 pairs
             b = Client(f"{prefix}-b{k}", v5=v5)
-            await blocking(a.connect, ports[0])
             await blocking(b.connect, ports[1])
-            pairs.append((a, b, f"{prefix}/{k}"))
+            pairs.append((v5, b, f"{prefix}/{k}"))
         misses: dict[str, list[str]] = {"after SUBACK": [], "after UNSUBACK": [], "retained": []}
         try:
-            await asyncio.wait_for(asyncio.gather(*(blocking(_pair, w, a, b, p, misses) for a, b, p in pairs)),
-                                   BOUND * ITERATIONS)
+            await asyncio.wait_for(asyncio.gather(*(blocking(_pair, w, ports[0], v5, b, p, misses)
+                                                    for v5, b, p in pairs)), BOUND * ITERATIONS)
         finally:
-            for c in (w, probe, *(c for a, b, _ in pairs for c in (a, b))):
+            for c in (w, probe, *(b for _, b, _ in pairs)):
                 await blocking(c.close)
     counts = {k: len(v) for k, v in misses.items()}
     print(f"{PAIRS * ITERATIONS} iterations per direction, misses: {counts}")
