@@ -24,8 +24,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from connector_helpers import two_connector_suite
 from mqtt_clients import BOUND, Client, routed
-from tbmq_launcher.launcher import Suite, new_tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -67,15 +67,10 @@ class Recorder(Client):
 
 @pytest.fixture(scope="module")
 async def mq(kafka, tmp_path_factory):
-    s = Suite(services=["session-registry", "router", "connector"], connectors=2, ports="free",
-              log_format="json", id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-barrier"),
-              redis_url="redis://127.0.0.1:1/0",
-              kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers)
-    await s.start()
-    try:
+    async with two_connector_suite(kafka, tmp_path_factory.mktemp("suite-barrier"),
+                                   ["session-registry", "router", "connector"],
+                                   redis_url="redis://127.0.0.1:1/0") as s:
         yield s
-    finally:
-        await s.stop()
 
 
 def _pair(w: Recorder, port: int, v5: bool, b: Client, prefix: str, misses: dict) -> None:
