@@ -1,7 +1,8 @@
 """MQTT topic name / topic filter validation and shared-subscription parsing.
 
 Pure functions, no I/O. Statement ids in comments refer to the MQTT 5.0 specification
-(OASIS, 7 March 2019); the same rules hold for MQTT 3.1.1 except shared subscriptions.
+(OASIS, 7 March 2019); the same rules hold for MQTT 3.1.1 except shared subscriptions (3.1.1 numbers
+the wildcard rules differently: its [MQTT-4.7.1-1], -2, -3 are 5.0's [MQTT-4.7.0-1], [MQTT-4.7.1-1], -2).
 
 Errors form a small hierarchy so callers can map them to reason codes:
 
@@ -119,7 +120,7 @@ def validate_topic_name(topic: str) -> None:
     Empty levels (``a//b``, ``/a``, ``a/``) are valid and distinct; ``$``-topics are valid.
     """
     _check_common(topic, InvalidTopicName)
-    # [MQTT-3.3.2-2] / [MQTT-4.7.1-1] wildcard characters must not be used within a topic name.
+    # [MQTT-3.3.2-2] / [MQTT-4.7.0-1] wildcard characters must not be used within a topic name.
     if "+" in topic or "#" in topic:
         raise InvalidTopicName(topic, "wildcards '+' and '#' are not allowed in a topic name", "MQTT-3.3.2-2")
 
@@ -138,15 +139,15 @@ def validate_topic_filter(topic_filter: str) -> None:
         if level == "+" or level == "":
             continue
         if level == "#":
-            # [MQTT-4.7.1-2] '#' on its own or after '/', and it must be the last character.
+            # [MQTT-4.7.1-1] '#' on its own or after '/', and it must be the last character.
             if i != last:
-                raise InvalidTopicFilter(topic_filter, "'#' must be the last level", "MQTT-4.7.1-2")
+                raise InvalidTopicFilter(topic_filter, "'#' must be the last level", "MQTT-4.7.1-1")
             continue
         if "#" in level:
-            raise InvalidTopicFilter(topic_filter, "'#' must occupy a whole level", "MQTT-4.7.1-2")
+            raise InvalidTopicFilter(topic_filter, "'#' must occupy a whole level", "MQTT-4.7.1-1")
         if "+" in level:
-            # [MQTT-4.7.1-3] '+' must occupy an entire level of the filter.
-            raise InvalidTopicFilter(topic_filter, "'+' must occupy a whole level", "MQTT-4.7.1-3")
+            # [MQTT-4.7.1-2] '+' must occupy an entire level of the filter.
+            raise InvalidTopicFilter(topic_filter, "'+' must occupy a whole level", "MQTT-4.7.1-2")
 
 
 def is_valid_topic_name(topic: str) -> bool:
