@@ -173,7 +173,7 @@ def has_wildcard(topic_filter: str) -> bool:
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
     """Whether a (valid) topic filter matches a topic name (MQTT 5.0 §4.7): '+' one level, '#' this level's
-    parent and everything below it [MQTT-4.7.1-2]; a filter starting with a wildcard does not match a
+    parent and everything below it (§4.7.1.2); a filter starting with a wildcard does not match a
     topic starting with '$' [MQTT-4.7.2-1]. The same rule as ``SubscriptionTrie.match``, for one filter."""
     if topic_filter == topic:
         return True
@@ -185,7 +185,7 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     n = len(levels)
     for i, f in enumerate(topic_filter.split("/")):
         if f == "#":
-            return True  # also matches the parent level: 'a/#' matches 'a' [MQTT-4.7.1-2]
+            return True  # also matches the parent level: 'a/#' matches 'a' (§4.7.1.2)
         if i >= n or (f != "+" and f != levels[i]):
             return False
     return i + 1 == n
