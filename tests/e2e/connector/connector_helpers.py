@@ -7,6 +7,7 @@ Imported by the test modules of this folder (pytest puts the folder on sys.path)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -19,11 +20,24 @@ from mqtt_clients import BOUND
 from session_registry.logic import Rules, is_persistent
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.kafka import make_producer
+from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_platform.topics import SESSION_EVENT_REQUEST, response_topic
 from waits import wait_until
 
 
 RULES = Rules()  # the registry's defaults
+
+
+@contextlib.asynccontextmanager
+async def two_connector_suite(kafka, run_dir, services, **kw):
+    """The launcher's Suite with `services` and TWO connectors on free ports, started, stopped on exit."""
+    s = Suite(services=list(services), connectors=2, ports="free", log_format="json", id_tag=new_tag(),
+              run_dir=run_dir, kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers, **kw)
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
 
 
 async def assign_at_end(consumer: AIOKafkaConsumer, topics) -> None:

@@ -234,6 +234,12 @@ async def test_receive_maximum_limits_in_flight(connectors, registry, kafka, uni
         while not got:
             got.extend(dec.feed(s.recv(4096)))
         assert got[0].reason_code == 0
+        # subscribed: the connector delivers a live downlink only while a subscription matches its topic
+        s.sendall(encode(Subscribe(1, [Subscription("rm/t", qos=1)]), 5))
+        got = []
+        while not got:
+            got.extend(dec.feed(s.recv(4096)))
+        assert got[0].reason_codes == [1]
         return s, dec
     s, dec = await run(connect)
     for i in range(5):

@@ -16,7 +16,7 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 from connector_helpers import Tail, connector_health, disconnect_reported, raw_socket, recv_until_closed
-from mqtt_clients import BOUND, Client, payloads, poll, routed, run, wait_until, watcher_and_prober
+from mqtt_clients import BOUND, Client, payloads, poll, real, routed, run, wait_until, watcher_and_prober
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from tbmq_launcher.launcher import Suite, new_tag
@@ -352,3 +352,45 @@ async def test_bad_input_does_not_affect_others(mq, unique):
         assert proc.running
     await run(pub.close)
     await run(sub.close)
+
+
+async def test_response_topic_must_be_a_topic_name(mq, unique):
+    """MQTT 5.0 [MQTT-3.3.2-14], paho-mqtt 5.0 next to working clients: a PUBLISH whose Response Topic has a
+    wildcard gets DISCONNECT 0x82 (Protocol Error) and is not forwarded; a CONNECT whose Will carries one
+    gets CONNACK 0x82; a valid Response Topic is forwarded unaltered with its Correlation Data
+    [MQTT-3.3.2-15] [MQTT-3.3.2-16]."""
+    from tbmq_mqtt import ReasonCode
+    u = unique("rtopic")
+    watcher, prober = await watcher_and_prober(u, mq.mqtt_ports, 1)
+    req = f"{u}/req"
+    ok = PahoProperties(PacketTypes.PUBLISH)
+    ok.ResponseTopic, ok.CorrelationData = f"{u}/reply/1", b"corr-1"
+    await run(prober.publish, req, b"ok", 1, properties=ok)
+    assert await run(watcher.wait, lambda: payloads(watcher, req) == [b"ok"])
+    got = real(watcher.messages_on(req))[0].properties
+    assert (got.ResponseTopic, got.CorrelationData) == (f"{u}/reply/1", b"corr-1")
+
+    bad = Client(u + "bad")
+    await run(bad.connect, mq.mqtt_ports[0])
+    wild = PahoProperties(PacketTypes.PUBLISH)
+    wild.ResponseTopic = f"{u}/reply/+"
+    await run(bad.publish, req, b"bad", 0, properties=wild)
+    assert await run(bad.wait, lambda: bad.disconnected is not None), "no DISCONNECT"
+    assert bad.disconnected.value == ReasonCode.PROTOCOL_ERROR
+    await run(bad.close)
+    # published after the refusal, on the same connector and topic: it arrives, the refused one never did
+    await run(prober.publish, req, b"after", 1)
+    assert await run(watcher.wait, lambda: b"after" in payloads(watcher, req))
+    assert payloads(watcher, req) == [b"ok", b"after"]
+
+    will_props = PahoProperties(PacketTypes.WILLMESSAGE)
+    will_props.ResponseTopic = f"{u}/reply/#"
+    refused = Client(u + "will")
+    connack = await run(refused.connect, mq.mqtt_ports[1], will=(f"{u}/will", b"w", 1, False, will_props),
+                        expect_ok=False)
+    assert connack is not None and connack[1].value == ReasonCode.PROTOCOL_ERROR, connack
+    await run(refused.close)
+    for proc in mq.instances_of("connector"):
+        assert proc.running
+    await run(watcher.close)
+    await run(prober.close)

@@ -1,7 +1,7 @@
 """Will messages waiting for their v5 Will Delay.
 
 A Will scheduled with a delay is cancelled when the client reconnects to the same session before the delay
-passes, and sent at once when the session ends first [MQTT-3.1.3-9]. Both are seen:
+passes [MQTT-3.1.3-9], and sent at once when the session ends first [MQTT-3.1.2-8]. Both are seen:
 
 * on this connector: `on_connected(client_id, clean_start)` when a new connection of the client is accepted;
 * on another connector: the connector follows tbmq.client.session (`on_session_record`) and looks only at
