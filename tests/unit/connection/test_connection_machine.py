@@ -9,6 +9,7 @@ from connection_harness import Client, answer, plain
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_connection import (
     AckStored,
+    CatchUpRetained,
     Close,
     FetchStored,
     Online,
@@ -18,6 +19,7 @@ from tbmq_connection import (
     ReportDisconnect,
     ScheduleWill,
     SessionStarted,
+    WaitRetained,
 )
 from tbmq_mqtt import (
     Auth,
@@ -379,16 +381,36 @@ def test_subscribe_acks_after_kafka_then_retained(level):
     retained = {"r/#": [msg("r/1", b"kept", qos=1, retain=True)]}
     c = Client(level, retained=lambda f: retained.get(f, ()))
     c.connect()
+    c.take_effects()
     c.send(Subscribe(packet_id=3, subscriptions=[Subscription("r/#", qos=1), Subscription("bad/#/x", qos=1)]))
-    (ps,) = c.take_effects(ProduceSubscriptions)
-    assert [t.topic_filter for t in ps.subscriptions] == ["r/#"] and c.take() == []   # SUBACK waits for Kafka
+    # the retained view's catch-up is asked first, then the set is written, then the catch-up awaited
+    effects = c.take_effects()
+    assert [type(e) for e in effects] == [CatchUpRetained, ProduceSubscriptions, WaitRetained]
+    assert [t.topic_filter for t in effects[1].subscriptions] == ["r/#"]
+    assert c.m.subs == {} and c.take() == []                      # applied once Kafka acknowledged
     c.call("subscriptions_written", None)
+    assert c.take() == [] and c.m.awaiting_retained               # SUBACK waits for the retained view too
+    c.call("retained_ready")
     suback, pub = c.take()
     assert suback == SubAck(3, [1, RC.TOPIC_FILTER_INVALID if level == 5 else RC.UNSPECIFIED_ERROR])
     assert pub.retain and pub.payload == b"kept"              # [MQTT-3.3.1-9]
     # the same subscription again: nothing to write, acknowledged at once
     c.send(Subscribe(packet_id=4, subscriptions=[Subscription("r/#", qos=1)]))
-    assert c.take_effects(ProduceSubscriptions) == [] and isinstance(c.take()[0], SubAck)
+    assert c.take_effects(ProduceSubscriptions) == [] and c.take() == []
+    c.call("retained_ready")
+    assert isinstance(c.take()[0], SubAck)
+    c.take_effects()
+    # Retain Handling 2 (v5) or a filter without retained messages asked: no catch-up, SUBACK after Kafka only
+    c.send(Subscribe(packet_id=6, subscriptions=[Subscription("q/1", qos=0, retain_handling=2 if level == 5 else 0)]))
+    assert (CatchUpRetained in [type(e) for e in c.take_effects()]) is (level != 5)
+    c.call("subscriptions_written", None)
+    if level != 5:
+        c.call("retained_ready")
+    assert isinstance(c.take()[0], SubAck)
+    c.send(Unsubscribe(packet_id=7, filters=["q/1"]))
+    c.call("subscriptions_written", None)
+    c.take()
+    c.take_effects()
     c.send(Unsubscribe(packet_id=5, filters=["r/#", "nope"]))
     (ps,) = c.take_effects(ProduceSubscriptions)
     assert ps.subscriptions == []

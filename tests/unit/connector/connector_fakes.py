@@ -157,6 +157,12 @@ class FakePort:
     async def subscriptions_of(self, client_id) -> dict:
         return dict(self.subs)
 
+    def retained_caught_up(self):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        self.retained_waits = getattr(self, "retained_waits", 0) + 1
+        return fut
+
     def session_started(self, client_id, clean_start) -> None:
         self.started.append((client_id, clean_start))
 

@@ -123,3 +123,21 @@ def test_shared_disabled_for_v3():
 def test_error_message_names_statement():
     with pytest.raises(InvalidTopicFilter, match=r"MQTT-4\.7\.1-1"):
         validate_topic_filter("a/#/b")
+
+
+@pytest.mark.parametrize("topic_filter,topic,expected", [
+    ("a/b", "a/b", True), ("a/b", "a/c", False), ("a/+", "a/b", True), ("a/+", "a/b/c", False),
+    ("a/+", "a", False), ("a/#", "a", True), ("a/#", "a/b/c", True), ("#", "a/b", True),
+    ("+/+", "/x", True), ("+", "", True), ("a/+/c", "a//c", True), ("#", "$SYS/x", False),
+    ("+/x", "$SYS/x", False), ("$SYS/#", "$SYS/x", True), ("a/b/#", "a", False),
+])
+def test_topic_matches(topic_filter, topic, expected):
+    from tbmq_routing import topic_matches
+    assert topic_matches(topic_filter, topic) is expected
+
+
+def test_subscribed_to_uses_every_filter_of_the_set():
+    from tbmq_routing import subscribed_to
+    subs = {("", "a/b"): 1, ("g", "x/+"): 2, ("", "s/#"): 3}
+    assert subscribed_to(subs, "a/b") and subscribed_to(subs, "x/1") and subscribed_to(subs, "s")
+    assert not subscribed_to(subs, "a/c") and not subscribed_to(subs, "x/1/2") and not subscribed_to({}, "a")

@@ -10,6 +10,7 @@ Effects the runner answers with an input call (the machine waits for that answer
 * `LoadSubscriptions` -> `subscriptions_loaded(subs, now)`
 * `ProducePublish` (QoS 1/2) -> `produced(effect, error, now)` once per record (2 when `retain`)
 * `ProduceSubscriptions` -> `subscriptions_written(error, now)`
+* `WaitRetained` -> `retained_ready(now)` (after the catch-up `CatchUpRetained` started)
 * `FetchStored` -> `stored(store_id, messages, now)` (any number of times) then `fetch_finished(store_id, now)`,
   or `fetch_abandoned(store_id, now)`
 * `StartTimer` -> `timer_fired(name, now)` at `at_ms` (unless cancelled or restarted)
@@ -107,6 +108,18 @@ class ProduceSubscriptions:
 
 
 @dataclass(slots=True)
+class CatchUpRetained:
+    """A SUBSCRIBE that gets retained messages arrived: start catching the retained view up with every
+    retained PUBLISH acknowledged before now (asked now, while its subscriptions are written)."""
+
+
+@dataclass(slots=True)
+class WaitRetained:
+    """Wait (bounded) for the catch-up started by the last `CatchUpRetained`, then `retained_ready(now)`:
+    the SUBACK and its retained messages follow."""
+
+
+@dataclass(slots=True)
 class FetchStored:
     """FetchUndelivered(store_id) for this session: its own store (store id = client id) or a shared group
     store (`group`); the first fetch attaches the store, a `resync` only reads."""
@@ -186,7 +199,7 @@ class Finished:
 
 
 __all__ = [
-    "AckApp", "AckStored", "CancelTimer", "Close", "CloseAppStream", "DetachStore", "FetchStored", "Finished",
+    "AckApp", "AckStored", "CancelTimer", "CatchUpRetained", "Close", "CloseAppStream", "DetachStore", "FetchStored", "Finished",
     "LoadSubscriptions", "Online", "OpenAppStream", "ProducePublish", "ProduceSubscriptions", "PubrecStored",
-    "ReportDisconnect", "RequestSession", "ScheduleWill", "Send", "SessionStarted", "StartTimer",
+    "ReportDisconnect", "RequestSession", "ScheduleWill", "Send", "SessionStarted", "StartTimer", "WaitRetained",
 ]

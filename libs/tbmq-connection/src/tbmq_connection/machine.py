@@ -66,6 +66,7 @@ from .effects import (
     AckApp,
     AckStored,
     CancelTimer,
+    CatchUpRetained,
     Close,
     CloseAppStream,
     DetachStore,
@@ -83,6 +84,7 @@ from .effects import (
     Send,
     SessionStarted,
     StartTimer,
+    WaitRetained,
 )
 from .flow import APP, DEVICE, GROUP, LIVE, AliasError, GroupRef, GroupStores, InboundAliases, InboundQos, \
     OutboundAliases, OutboundWindow, OutMsg, upstream_ack
@@ -162,6 +164,8 @@ class ConnectionMachine:
         self._plan = None                # the CONNECT's plan while the registry answers
         self._session_present = False
         self._subscribing = None         # a SUBSCRIBE / UNSUBSCRIBE waiting for Kafka's acknowledgement
+        self._written = True             # ... its subscription set is acknowledged (or unchanged)
+        self._retained_ok = True         # ... the retained view caught up (or no retained messages asked)
         # flow
         self.inbound = InboundQos(config.receive_maximum)
         self.acks: deque[ProducePublish] = deque()
@@ -328,11 +332,13 @@ class ConnectionMachine:
 
     def subscriptions_written(self, error: BaseException | None, now: int) -> deque:
         """Kafka answered the ProduceSubscriptions of the SUBSCRIBE / UNSUBSCRIBE being handled."""
-        pending, self._subscribing = self._subscribing, None
-        if pending is None:
+        pending = self._subscribing
+        if pending is None or self._written:
             return self.effects
         unsubscribe, packet_id, new_set, codes, retained = pending
+        self._written = True
         if error is not None:
+            self._subscribing = None
             log.error("client %r: subscriptions not written to Kafka: %r", self.client_id, error)
             if self.state != CLOSED:
                 codes = [RC.UNSPECIFIED_ERROR] * len(codes)
@@ -345,13 +351,27 @@ class ConnectionMachine:
         if self.app_open and {k for k in new_set if k[0]} != old_shared:
             self._restart_app_stream()
         if unsubscribe:
+            self._subscribing = None
             for key in old_shared - {k for k in new_set if k[0]}:
                 self._detach_group(shared_store_id(*key))  # no longer a member of that group
             if self.state != CLOSED:
                 self._send(encode(UnsubAck(packet_id, codes if self.v5 else []), self.level))
-        elif self.state != CLOSED:
-            self._subscribed(packet_id, codes, retained, now)
+        else:
+            self._suback_when_ready(now)
         return self.effects
+
+    def retained_ready(self, now: int) -> deque:
+        """The retained view caught up (`WaitRetained`): the SUBACK and its retained messages go out (once the
+        subscription set is written too)."""
+        if self._subscribing is not None and not self._retained_ok:
+            self._retained_ok = True
+            self._suback_when_ready(now)
+        return self.effects
+
+    @property
+    def awaiting_retained(self) -> bool:
+        """A SUBSCRIBE waits for the retained view (the runner's `WaitRetained` has something to wait for)."""
+        return self._subscribing is not None and not self._retained_ok
 
     # ------------------------------------------------------------------------------------ deliveries
     def deliver(self, msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids, now: int, *,
@@ -932,11 +952,27 @@ class ConnectionMachine:
             codes.append(qos)
             if not pf.share_name and (rh == 0 or (rh == 1 and not existed)):
                 retained.append((pf.filter, qos, sub_id))
-        if new_set != self.subs:
-            self._subscribing = (False, p.packet_id, new_set, codes, retained)
+        # SUBACK once the set is in Kafka (routers apply it from there) and, when retained messages are due, the
+        # retained view holds every retained PUBLISH acknowledged before this SUBSCRIBE (the catch-up is asked
+        # now, while the set is written) [MQTT-3.3.1-9]
+        self._subscribing = (False, p.packet_id, new_set, codes, retained)
+        self._written = new_set == self.subs
+        self._retained_ok = not retained
+        if retained:
+            self.effects.append(CatchUpRetained())
+        if not self._written:
             self.effects.append(ProduceSubscriptions(self.client_id, list(new_set.values()), self.client_type))
+        if retained:
+            self.effects.append(WaitRetained())
+        self._suback_when_ready(now)
+
+    def _suback_when_ready(self, now: int) -> None:
+        if self._subscribing is None or not self._written or not self._retained_ok:
             return
-        self._subscribed(p.packet_id, codes, retained, now)
+        _unsubscribe, packet_id, _new_set, codes, retained = self._subscribing
+        self._subscribing = None
+        if self.state != CLOSED:
+            self._subscribed(packet_id, codes, retained, now)
 
     def _subscribed(self, packet_id: int, codes: list[int], retained, now: int) -> None:
         self._send(encode(SubAck(packet_id, codes), self.level))
@@ -964,6 +1000,8 @@ class ConnectionMachine:
                 codes.append(RC.SUCCESS)
         if new_set != self.subs:
             self._subscribing = (True, p.packet_id, new_set, codes, None)
+            self._written = False
+            self._retained_ok = True
             self.effects.append(ProduceSubscriptions(self.client_id, list(new_set.values()), self.client_type))
             return
         self._send(encode(UnsubAck(p.packet_id, codes if self.v5 else []), self.level))

@@ -31,6 +31,8 @@ __all__ = [
     "is_valid_topic_filter",
     "parse_subscription_filter",
     "has_wildcard",
+    "topic_matches",
+    "subscribed_to",
 ]
 
 #: [MQTT-4.7.3-3] topic names and filters are UTF-8 strings of at most 65,535 bytes.
@@ -167,6 +169,37 @@ def is_valid_topic_filter(topic_filter: str) -> bool:
 def has_wildcard(topic_filter: str) -> bool:
     """True if a (valid) filter contains a '+' or '#' level."""
     return "+" in topic_filter or "#" in topic_filter
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether a (valid) topic filter matches a topic name (MQTT 5.0 §4.7): '+' one level, '#' this level's
+    parent and everything below it (§4.7.1.2); a filter starting with a wildcard does not match a
+    topic starting with '$' [MQTT-4.7.2-1]. The same rule as ``SubscriptionTrie.match``, for one filter."""
+    if topic_filter == topic:
+        return True
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return False
+    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
+        return False
+    levels = topic.split("/")
+    n = len(levels)
+    for i, f in enumerate(topic_filter.split("/")):
+        if f == "#":
+            return True  # also matches the parent level: 'a/#' matches 'a' (§4.7.1.2)
+        if i >= n or (f != "+" and f != levels[i]):
+            return False
+    return i + 1 == n
+
+
+def subscribed_to(filters, topic: str) -> bool:
+    """Whether any of a client's subscriptions (``(share name, filter)`` keys, as the connector holds
+    them) matches ``topic``. An exact (no wildcard) subscription is found in O(1)."""
+    if ("", topic) in filters:
+        return True
+    for _share, topic_filter in filters:
+        if topic_matches(topic_filter, topic):
+            return True
+    return False
 
 
 def parse_subscription_filter(raw: str, *, no_local: bool = False, allow_shared: bool = True) -> ParsedFilter:

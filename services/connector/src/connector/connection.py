@@ -33,6 +33,7 @@ from tbmq_connection import (
     AckApp,
     AckStored,
     CancelTimer,
+    CatchUpRetained,
     Close,
     CloseAppStream,
     ConnectionMachine,
@@ -51,6 +52,7 @@ from tbmq_connection import (
     Send,
     SessionStarted,
     StartTimer,
+    WaitRetained,
 )
 from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck
 
@@ -92,6 +94,7 @@ class Connection(asyncio.Protocol):
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._stall_timer: asyncio.TimerHandle | None = None
         self._app_stream = None
+        self._retained_ready: asyncio.Future | None = None
         self._finished = False
 
     # the machine's view, for the service and tests
@@ -106,6 +109,11 @@ class Connection(asyncio.Protocol):
     @property
     def session_id(self) -> str:
         return self.m.session_id if self.m is not None else ""
+
+    @property
+    def subs(self) -> dict:
+        """The client's current subscriptions ((share name, filter) -> TopicSubscription)."""
+        return self.m.subs if self.m is not None else {}
 
     # ---------------------------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -261,6 +269,8 @@ class Connection(asyncio.Protocol):
                 await self._load_subscriptions(e)
             elif cls is ProduceSubscriptions:
                 await self._produce_subscriptions(e)
+            elif cls is WaitRetained:
+                await self._wait_retained(e)
             else:
                 _HANDLERS[cls](self, e)
 
@@ -350,6 +360,15 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             error = exc
         self.m.subscriptions_written(error, _now_ms())
+
+    def _catch_up_retained(self, e: CatchUpRetained) -> None:
+        self._retained_ready = self.port.retained_caught_up()  # asked now, awaited before SUBACK
+
+    async def _wait_retained(self, e: WaitRetained) -> None:
+        ready, self._retained_ready = self._retained_ready, None
+        if ready is not None and self.m.awaiting_retained:
+            await ready  # bounded by CONNECTOR_RETAINED_WAIT_MS (the service logs a timeout)
+        self.m.retained_ready(_now_ms())
 
     # ---------------------------------------------------------------------------------- immediate effects
     def _send(self, e: Send) -> None:
@@ -523,6 +542,7 @@ class Connection(asyncio.Protocol):
 
 _HANDLERS = {
     Send: Connection._send,
+    CatchUpRetained: Connection._catch_up_retained,
     AckStored: Connection._ack_stored,
     AckApp: Connection._ack_app,
     PubrecStored: Connection._pubrec_stored,

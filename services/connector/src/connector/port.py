@@ -40,6 +40,9 @@ class ConnectionPort(Protocol):
         """CONNECTION_REQUEST and its answer; raises TimeoutError after SESSION_EVENT_TIMEOUT_S."""
     def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None) -> None: ...
     async def subscriptions_of(self, client_id: str) -> dict: ...
+    def retained_caught_up(self) -> Any:
+        """A future done once the retained view holds every retained PUBLISH acknowledged before this call
+        (bounded), or None when that wait is off."""
 
     # Wills, app-delivery, background jobs
     def session_started(self, client_id: str, clean_start: bool) -> None: ...
