@@ -228,6 +228,7 @@ class Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         inq = self.inq
         m = self.m
+        port = self.port
         try:
             while m.state != CLOSED:
                 if not inq:
@@ -246,8 +247,25 @@ class Connection(asyncio.Protocol):
                 if self._reading_paused and len(inq) < self.s.inbound_queue_max // 2:
                     self._reading_paused = False
                     self.transport.resume_reading()
-                if m.effects:
-                    await self._drain_awaiting()
+                effects = m.effects
+                while effects:  # _drain_awaiting, with the PUBLISH hand-over inline (the hot path)
+                    e = effects.popleft()
+                    cls = e.__class__
+                    if cls is ProducePublish:
+                        if port.spans:
+                            await self._produce(e)
+                            continue
+                        try:
+                            fut, fut2 = await port.produce_publish(e.msg, e.topic, e.retain, fresh_trace_headers())
+                        except Exception as exc:
+                            m.produce_failed(e, exc, _now_ms())
+                            continue
+                        self._produce_handed(e, fut, fut2)
+                    elif cls is Send:
+                        self._send(e)
+                    else:
+                        effects.appendleft(e)
+                        await self._drain_awaiting()
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -316,6 +334,10 @@ class Connection(asyncio.Protocol):
             m.produce_failed(e, exc, _now_ms())
             self._drain()
             return
+        self._produce_handed(e, fut, fut2)
+
+    def _produce_handed(self, e: ProducePublish, fut: asyncio.Future, fut2: asyncio.Future | None) -> None:
+        """The producer took the record(s): their acknowledgements report to the machine (QoS 1/2)."""
         if e.qos == 0:
             fut.add_done_callback(_swallow)
             if fut2 is not None:
