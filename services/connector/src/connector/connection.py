@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from random import getrandbits
+from tbmq_platform.tracing import fresh_trace_headers
 from typing import TYPE_CHECKING
 
 import grpc
@@ -83,13 +83,6 @@ _CONNACK_PROPS_BASE = dict(retain_available=True, wildcard_subscription_availabl
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def fresh_trace_headers() -> list[tuple[str, bytes]]:
-    """Kafka headers starting a new W3C trace for a PUBLISH when no span is created (no exporter): the
-    record still carries a `traceparent` (random trace and parent ids, sampled) that the next hops
-    continue, for a fraction of a span's cost."""
-    return [("traceparent", b"00-%032x-%016x-01" % (getrandbits(128) or 1, getrandbits(64) or 1))]
 
 
 def _swallow(fut: asyncio.Future) -> None:

@@ -91,7 +91,7 @@ class ConnectorService(Service):
         self.mqtt_port = settings.mqtt_port
         # Per-message spans (mqtt.publish, mqtt.deliver*) cost more than the rest of the hot path: they are
         # created only when exported (OTLP endpoint set) or asked for. Without them every produced record
-        # still carries a traceparent (a fresh one per PUBLISH: `fresh_trace_headers`).
+        # still carries a traceparent (a fresh one per PUBLISH: `tbmq_platform.tracing.fresh_trace_headers`).
         self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
         self._topics = {
             "response": response_topic(self.service_id),
