@@ -14,7 +14,8 @@ import pytest
 from connector.connection import CLOSED, CONNECTED, Connection
 from connector.wills import Wills
 from tbmq.v1 import messages_pb2 as pb
-from tbmq_mqtt import ConnAck, Connect, Disconnect, MqttDecoder, Properties, ReasonCode, Role
+from tbmq_mqtt import (ConnAck, Connect, Disconnect, MqttDecoder, Properties, PubComp, Publish, PubRec, PubRel,
+                       ReasonCode, Role)
 from test_connector_group_store import FakeService, FakeTransport, settle
 
 pytestmark = pytest.mark.unit
@@ -27,13 +28,16 @@ class FakeSessions:
         self.answer = answer
         self.requests: list[pb.SessionInfo] = []
         self.disconnects: list[tuple[pb.SessionInfo, int | None]] = []
+        self.awaiting_pubrel: list[list[int]] = []
 
     async def connect(self, session: pb.SessionInfo, timeout: float) -> pb.SessionEventResponse:
         self.requests.append(pb.SessionInfo.FromString(session.SerializeToString()))
         return self.answer
 
-    async def disconnect(self, session: pb.SessionInfo, *, graceful: bool, session_expiry: int | None = None):
+    async def disconnect(self, session: pb.SessionInfo, *, graceful: bool, session_expiry: int | None = None,
+                         awaiting_pubrel=()):
         self.disconnects.append((pb.SessionInfo.FromString(session.SerializeToString()), session_expiry))
+        self.awaiting_pubrel.append(sorted(awaiting_pubrel))
 
 
 class RegistryService(FakeService):
@@ -44,6 +48,15 @@ class RegistryService(FakeService):
 
     async def subscriptions_of(self, client_id: str) -> dict:
         return {}
+
+    spans = False
+
+    async def produce_publish(self, msg, topic, retain, headers=None):
+        """Kafka: every PUBLISH produced is recorded; its acknowledgement is the future in `acks` (by payload)."""
+        fut = asyncio.get_running_loop().create_future()
+        self.produced = getattr(self, "produced", []) + [msg.payload]
+        self.acks = {**getattr(self, "acks", {}), msg.payload: fut}
+        return fut, None
 
 
 def answer(*, present: bool, sei: int, persistent: bool,
@@ -129,3 +142,51 @@ async def test_interval_cap_is_the_registrys():
     assert expiry == 50
     sent = MqttDecoder(5, role=Role.CLIENT).feed(conn.transport.data)
     assert not any(isinstance(p, Disconnect) for p in sent)   # no protocol error
+
+
+# -- inbound QoS 2 state kept with a persistent session -----------------------------------------------------
+
+@pytest.mark.parametrize("level", [4, 5])
+async def test_resumed_qos2_ids_answer_a_resent_publish_with_pubrec_and_no_second_produce(level):
+    """The registry hands back the ids awaiting PUBREL: the client's re-sent PUBLISH (DUP=1) is answered
+    PUBREC without producing it again [MQTT-4.3.3-10]; its PUBREL gets PUBCOMP; a new id is produced."""
+    resp = answer(present=True, sei=600, persistent=True)
+    resp.awaiting_pubrel.extend([7])
+    connect = (v5_connect(clean_start=False, sei=600) if level == 5 else
+               Connect(protocol_level=4, client_id="dev", clean_start=False, keep_alive=30))
+    svc, conn, _ = await connected(resp, connect)
+    await asyncio.sleep(0)
+    svc.device.answer("dev", [])
+    await settle(svc)
+    conn.transport.data = b""
+    await conn._on_publish(Publish(topic="t", payload=b"again", qos=2, packet_id=7, dup=True))
+    conn._on_pubrel(PubRel(7))
+    await conn._on_publish(Publish(topic="t", payload=b"new", qos=2, packet_id=8))
+    assert getattr(svc, "produced", []) == [b"new"]
+    svc.acks[b"new"].set_result(None)
+    await settle(svc)
+    sent = MqttDecoder(level, role=Role.CLIENT).feed(conn.transport.data)
+    assert [(type(p), p.packet_id) for p in sent] == [(PubRec, 7), (PubComp, 7), (PubRec, 8)]
+    conn.close("test")
+    await settle(svc)
+    assert svc.sessions.awaiting_pubrel == [[8]]   # 8 not released yet: reported for the next connection
+
+
+async def test_only_ids_kafka_acknowledged_are_reported_at_the_end():
+    """An id whose PUBLISH Kafka has not acknowledged (PUBREC not sent) or refused is not reported: the client
+    re-sends it and it is produced again (at worst a duplicate, never a loss)."""
+    svc, conn, _ = await connected(answer(present=False, sei=600, persistent=True), v5_connect(clean_start=True,
+                                                                                                sei=600))
+    await asyncio.sleep(0)
+    svc.device.answer("dev", [])
+    await settle(svc)
+    for pid, payload in ((1, b"a"), (2, b"b"), (3, b"c")):
+        await conn._on_publish(Publish(topic="t", payload=payload, qos=2, packet_id=pid))
+    svc.acks[b"a"].set_result(None)
+    svc.acks[b"c"].set_result(None)    # acknowledged, but queued behind b's PUBREC (not written yet)
+    await settle(svc)
+    conn.close("test")
+    await settle(svc)
+    assert svc.sessions.awaiting_pubrel == [[1, 3]]
+    svc.acks[b"b"].set_exception(RuntimeError("not accepted"))
+    await settle(svc)

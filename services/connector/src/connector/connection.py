@@ -63,6 +63,7 @@ from .flow import (
     OutMsg,
     upstream_ack,
 )
+from .sessions import confirmed_awaiting_pubrel
 
 if TYPE_CHECKING:
     from .service import ConnectorService
@@ -341,7 +342,9 @@ class Connection(asyncio.Protocol):
             return  # the registry already moved the session on: nothing to report
         if prior == CONNECTED or prior == CONNECTING:
             svc.spawn_bg(svc.sessions.disconnect(self.session, graceful=self.graceful,
-                                                 session_expiry=self.disconnect_expiry))
+                                                 session_expiry=self.disconnect_expiry,
+                                                 awaiting_pubrel=confirmed_awaiting_pubrel(
+                                                     self.inbound.awaiting_pubrel, self.acks)))
 
     # ---------------------------------------------------------------------------------- packet loop
     async def _run(self) -> None:
@@ -451,6 +454,7 @@ class Connection(asyncio.Protocol):
         self.session.client_type = resp.client_type
         self.session.session_expiry_interval = self.session_expiry
         self.session.persistent = self.persistent
+        self.inbound.awaiting_pubrel.update(resp.awaiting_pubrel)  # a resumed session's QoS 2 state
         svc.wills.on_connected(self.client_id, plan.clean_start)
         if resp.session_present:
             try:
