@@ -28,6 +28,10 @@ def main() -> None:
             "sensors/device-42/temperature", payload, 1, packet_id=1234,
             properties=Properties(message_expiry_interval=60, user_properties=(("k", "v"),)),
         )
+        pubr = Publish(  # a request: where to answer and which request it is
+            "sensors/device-42/temperature", payload, 1, packet_id=1234,
+            properties=Properties(response_topic="replies/device-42", correlation_data=b"req-0001"),
+        )
         ack = PubAck(1234)
         bench(f"v{level} encode PUBLISH qos0 64B", lambda: encode(pub0, level))
         bench(f"v{level} encode PUBLISH qos1 64B", lambda: encode(pub1, level))
@@ -48,6 +52,8 @@ def main() -> None:
             bp = encode(pubp, 5)
             bench("v5 encode PUBLISH qos1 + 2 properties", lambda: encode(pubp, 5))
             bench("v5 decode PUBLISH qos1 + 2 properties", lambda: dec.feed(bp))
+            br = encode(pubr, 5)
+            bench("v5 decode PUBLISH qos1 + Response Topic, Correlation Data", lambda: dec.feed(br))
 
 
 if __name__ == "__main__":

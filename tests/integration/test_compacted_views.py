@@ -11,6 +11,7 @@ from aiokafka import TopicPartition
 from tbmq_platform import topics as catalogue
 from tbmq_platform.compacted import CompactedTopicView, CompactedViews
 from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from waits import poll
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +129,71 @@ async def test_wait_caught_up_is_not_queued_behind_the_parked_long_poll(kafka, u
     finally:
         await p.stop()
         await view.stop()
+
+
+async def test_barrier_waits_for_records_appended_after_an_open_transaction(kafka, unique):
+    """The barrier's mark is the high watermark: a plain record appended (and acknowledged) after an open
+    transaction's first record is above the last stable offset until that transaction ends, so a wait on
+    the LSO (wait_caught_up) returns without it; the barrier does not, and returns once it is applied."""
+    (t,) = await _topics(kafka, unique, 1, partitions=1)
+    applied: list = []
+    views = CompactedViews(kafka.bootstrap_servers, client_id=unique("views"), idle_wait_ms=30_000)
+    views.view(t, lambda k, v: applied.append((k, v)))
+    await views.start()
+    barrier = views.barrier([t])
+    tx = await _producer(kafka, unique, transactional=True)
+    p = await _producer(kafka, unique)
+    try:
+        await tx.begin_transaction()
+        await (await tx.send(t, key=b"tx", value=b"in-tx"))
+        await p.send_and_wait(t, key=b"plain", value=b"after")  # acknowledged: the "subscription record"
+        await views.wait_caught_up(timeout=10)  # the LSO: before the transaction
+        assert applied == []
+        with pytest.raises(TimeoutError):  # bounded negative: it must not pass the open transaction
+            await barrier.wait(timeout=1.0)
+        assert applied == []
+        await tx.commit_transaction()
+        await barrier.wait(timeout=10)
+        assert applied == [(b"tx", b"in-tx"), (b"plain", b"after")]
+    finally:
+        await tx.stop()
+        await p.stop()
+        await views.stop()
+
+
+async def test_barrier_coalesces_and_never_answers_with_an_earlier_request(kafka, unique):
+    (t,) = await _topics(kafka, unique, 1, partitions=2)
+    table: dict = {}
+    views = CompactedViews(kafka.bootstrap_servers, client_id=unique("views"), idle_wait_ms=30_000)
+    views.view(t, lambda k, v: table.__setitem__(k, v))
+    await views.start()
+    barrier = views.barrier([t])
+    p = await _producer(kafka, unique)
+    try:
+        # calls made before the request is sent share it; calls made once it is on its way share the next
+        # one, sent when it returns
+        first = [barrier.ends() for _ in range(20)]
+        assert all(f is first[0] for f in first)
+        assert await poll(lambda: barrier.requests == 1, 10)  # its task ran: the request is on its way
+        second = [barrier.ends() for _ in range(20)]
+        assert all(f is second[0] for f in second) and second[0] is not first[0]
+        await asyncio.gather(first[0], second[0])
+        assert barrier.requests == 2
+        # read-your-writes through the barrier, with waits overlapping: every record acknowledged before a
+        # wait was called is applied when that wait returns
+        async def one(i: int) -> None:
+            await p.send_and_wait(t, key=b"k%d" % i, value=b"v%d" % i)
+            await barrier.wait(timeout=10)
+            assert table[b"k%d" % i] == b"v%d" % i
+
+        before = barrier.requests
+        await asyncio.gather(*(one(i) for i in range(50)))
+        assert barrier.requests - before <= 50
+        # a caller that gives up does not cancel the answer others share
+        shared = barrier.ends()
+        with pytest.raises(TimeoutError):
+            await barrier.wait(shared, timeout=0)
+        await barrier.wait(shared, timeout=10)
+    finally:
+        await p.stop()
+        await views.stop()

@@ -10,7 +10,9 @@ import time
 import uuid
 
 import pytest
-from mqtt_clients import Client, has_real, poll, real, routed, run
+from app_delivery.streams import shared_group
+from kafka_views import SessionTable, stable_with
+from mqtt_clients import Client, has_real, poll, real, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 
 pytestmark = [pytest.mark.e2e]
@@ -42,9 +44,10 @@ def app_id() -> str:
     return "app" + uuid.uuid4().hex[:12]
 
 
-async def subscriber_gone_offline(ports: list[int], root: str, tag: str) -> tuple[str, Client]:
+async def subscriber_gone_offline(suite: Suite, root: str, tag: str) -> tuple[str, Client]:
     """A persistent APPLICATION subscriber to `<root>/#` on connector 1, known to the router (probes from a
     publisher on connector 2, 1000 in flight), then disconnected: its client id and the connected publisher."""
+    ports = suite.mqtt_ports
     cid = app_id()
     sub = Mqtt(cid, clean=False, session_expiry=3600)
     await run(sub.connect, ports[0])
@@ -52,8 +55,12 @@ async def subscriber_gone_offline(ports: list[int], root: str, tag: str) -> tupl
     pub = Mqtt(f"pub{tag}", max_inflight=1000)
     await run(pub.connect, ports[1])
     await app_routed(pub, sub, f"{root}/probe")
-    sub.close()
-    await asyncio.sleep(1.0)  # the registry marks the session offline
+    table = await SessionTable(suite.bootstrap_servers).start()
+    try:
+        sub.close()
+        await wait_until(lambda: table.offline(cid), 30, "the registry to mark the session offline")
+    finally:
+        await table.stop()
     return cid, pub
 
 
@@ -135,7 +142,7 @@ async def test_offline_backlog_of_50000_arrives_in_order(ad_e2e):
     n = int(os.environ.get("APP_DELIVERY_E2E_BACKLOG", "50000"))
     ports = ad_e2e.mqtt_ports
     tag = uuid.uuid4().hex[:8]
-    cid, pub = await subscriber_gone_offline(ports, f"bl/{tag}", tag)
+    cid, pub = await subscriber_gone_offline(ad_e2e, f"bl/{tag}", tag)
 
     def publish_all():
         infos = []
@@ -175,7 +182,7 @@ async def test_app_delivery_sigkill_mid_stream_loses_nothing(ad_e2e):
     n = 6000
     ports = ad_e2e.mqtt_ports
     tag = uuid.uuid4().hex[:8]
-    cid, pub = await subscriber_gone_offline(ports, f"kill/{tag}", tag)
+    cid, pub = await subscriber_gone_offline(ad_e2e, f"kill/{tag}", tag)
 
     def publish_all():
         infos = [pub.publish(f"kill/{tag}/data", str(i).encode(), 1, wait=False) for i in range(n)]
@@ -216,17 +223,19 @@ async def test_shared_application_group_of_3_splits_and_survives_a_member_leavin
         await run(m.subscribe, f"$share/{share}/sh/{tag}/#", 1)
     pub = Mqtt(f"pub{tag}", max_inflight=500)
     await run(pub.connect, ports[1])
+    # the three members' app-delivery consumers joined the share's group and the rebalance is done
+    await wait_until(lambda: stable_with(ad_e2e.bootstrap_servers, shared_group(share), 3), 60,
+                     "the share's consumer group Stable with 3 members", step=0.2)
     # the router knows the group once one member gets a probe
-    deadline = time.monotonic() + 60
-    i = 0
-    while time.monotonic() < deadline:
-        info = pub.publish(f"sh/{tag}/probe", f"probe-{i}".encode(), 1, wait=False)
+    probes = iter(range(10_000))
+
+    async def probe_arrived() -> bool:
+        info = pub.publish(f"sh/{tag}/probe", f"probe-{next(probes)}".encode(), 1, wait=False)
         await run(info.wait_for_publish, 10)
-        if any(any(x.payload.startswith(b"probe-") for x in m.snapshot()) for m in members):
-            break
-        await asyncio.sleep(0.5)
-        i += 1
-    await asyncio.sleep(5)  # the three Kafka group members settle
+        return await poll(lambda: any(any(x.payload.startswith(b"probe-") for x in m.snapshot())
+                                      for m in members), 0.5)
+
+    await wait_until(probe_arrived, 60, "the shared subscription routed", step=0)
 
     def publish(lo: int, hi: int):
         infos = [pub.publish(f"sh/{tag}/{k % 16}", str(k).encode(), 1, wait=False) for k in range(lo, hi)]
@@ -239,15 +248,16 @@ async def test_shared_application_group_of_3_splits_and_survives_a_member_leavin
 
     try:
         await run(publish, 0, 1500)
-        await poll(lambda: received(members) >= set(range(1500)), 60, step=0.5)
+        await wait_until(lambda: received(members) >= set(range(1500)), 60, step=0.5)
         assert received(members) >= set(range(1500)), f"{len(received(members))} of 1500"
         counts = [len(real(m.snapshot())) for m in members]
         assert sum(1 for c in counts if c > 0) >= 2, f"the load is split: {counts}"
         members[0].close()  # one member leaves (its session stays: persistent APPLICATION)
-        await asyncio.sleep(3)
+        await wait_until(lambda: stable_with(ad_e2e.bootstrap_servers, shared_group(share), 2), 60,
+                         "the share's group rebalanced to the 2 members left", step=0.2)
         await run(publish, 1500, 3000)
         rest = members[1:]
-        await poll(lambda: received(rest) >= set(range(1500, 3000)), 90, step=0.5)
+        await wait_until(lambda: received(rest) >= set(range(1500, 3000)), 90, step=0.5)
         assert received(rest) >= set(range(1500, 3000)), f"{len(received(rest) & set(range(1500, 3000)))} of 1500"
     finally:
         for m in members:

@@ -7,6 +7,7 @@ Imported by the test modules of this folder (pytest puts the folder on sys.path)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -14,27 +15,35 @@ import uuid
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from kafka_views import partitions_of
 from mqtt_clients import BOUND
 from session_registry.logic import Rules, is_persistent
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.kafka import make_producer
+from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_platform.topics import SESSION_EVENT_REQUEST, response_topic
+from waits import wait_until
 
 
 RULES = Rules()  # the registry's defaults
 
 
+@contextlib.asynccontextmanager
+async def two_connector_suite(kafka, run_dir, services, **kw):
+    """The launcher's Suite with `services` and TWO connectors on free ports, started, stopped on exit."""
+    s = Suite(services=list(services), connectors=2, ports="free", log_format="json", id_tag=new_tag(),
+              run_dir=run_dir, kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers, **kw)
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
 async def assign_at_end(consumer: AIOKafkaConsumer, topics) -> None:
     tps = []
     for topic in topics:
-        parts = None
-        for _ in range(100):
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                break
-            await consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
-        assert parts, f"topic {topic} does not exist"
+        parts = await partitions_of(consumer, topic)
         tps.extend(TopicPartition(topic, p) for p in sorted(parts))
     consumer.assign(tps)
     await consumer.seek_to_end(*tps)
@@ -60,27 +69,24 @@ class Tail:
         await self.consumer.stop()
 
     async def wait_for(self, pred: Callable, timeout: float = BOUND):
-        deadline = time.monotonic() + timeout
+        """The first record (seen before or read now) for which `pred(record)` holds (`waits.wait_until`:
+        one fetch of up to 200 ms per check)."""
         for r in self.records:
             if pred(r):
                 return r
-        while time.monotonic() < deadline:
+
+        async def read_and_find():
             batches = await self.consumer.getmany(timeout_ms=200)
+            found = None
             for _, recs in batches.items():
                 for r in recs:
                     self.records.append(r)
-                    if pred(r):
-                        return r
-        raise AssertionError(f"no matching record on {self.topics} within {timeout}s "
-                             f"({len(self.records)} seen)")
+                    if found is None and pred(r):
+                        found = r
+            return found
 
-    async def drain(self, seconds: float) -> list:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            batches = await self.consumer.getmany(timeout_ms=100)
-            for _, recs in batches.items():
-                self.records.extend(recs)
-        return self.records
+        return await wait_until(read_and_find, timeout,
+                                lambda: f"a matching record on {self.topics} ({len(self.records)} seen)", step=0)
 
 
 class FakeRegistry:
@@ -174,6 +180,24 @@ class FakeRegistry:
             self.sessions[cid] = stored
         await self.producer.send_and_wait(response_topic(info.service_id), resp.SerializeToString(),
                                           key=cid.encode())
+
+
+# ------------------------------------------------------------------------------------------ connector state
+async def connector_health(suite, instance: int = 1) -> dict:
+    """GET /readyz of a connector instance as JSON: its counters (`pending_wills`, `wills_sent`, ...)."""
+    from tbmq_launcher.services import readyz
+    h = await readyz(suite.health_port("connector", instance))
+    h.setdefault("wills_sent", 0)  # a counter appears with its first increment
+    return h
+
+
+async def disconnect_reported(tail: "Tail", client_id: str) -> pb.SessionEventRequest:
+    """Wait until a connector produced the DISCONNECTION_REQUEST of `client_id` (on `tail`, a Tail of
+    tbmq.client.session.event.request): the connector has finished with the connection's end (its Will
+    decided and, without a delay, counted in `wills_sent`)."""
+    rec = await tail.wait_for(lambda r: (d := pb.SessionEventRequest.FromString(r.value)).session.client_id ==
+                              client_id and d.type == pb.SESSION_EVENT_DISCONNECTION_REQUEST)
+    return pb.SessionEventRequest.FromString(rec.value)
 
 
 # ------------------------------------------------------------------------------------------ raw sockets

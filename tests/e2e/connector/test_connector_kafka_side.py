@@ -5,14 +5,13 @@ registry answers), and bad input. Real MQTT clients (paho-mqtt) talk to two real
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
 
 import paho.mqtt.client as mqtt
 import pytest
 from connector_helpers import FakeAppDelivery, FakeDevicePersistence, FakeRegistry, Tail, raw_socket, recv_until_closed
-from mqtt_clients import BOUND, Client, poll, run
+from mqtt_clients import BOUND, Client, run, wait_until
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from tbmq.v1 import messages_pb2 as pb
@@ -122,17 +121,18 @@ async def test_qos2_exactly_once_and_many_in_flight(connectors, registry, kafka,
         for info in infos:
             await run(info.wait_for_publish, BOUND)
             assert info.is_published()
-        await tail.wait_for(lambda r: r.key == topic.encode() and pb.PublishMsg.FromString(r.value).payload == b"199")
-        await tail.drain(0.5)
+        # a marker after every PUBCOMP: a second record of any of them would come before it (same key)
+        await run(c.publish, topic, b"marker", 1)
+        await tail.wait_for(lambda r: r.key == topic.encode() and pb.PublishMsg.FromString(r.value).payload == b"marker")
         payloads = [pb.PublishMsg.FromString(r.value).payload for r in tail.records if r.key == topic.encode()]
         # one record per PUBLISH; per partition order = publish order
-        assert payloads == [str(i).encode() for i in range(200)]
+        assert payloads == [str(i).encode() for i in range(200)] + [b"marker"]
     await run(c.close)
 
 
 async def test_qos2_duplicate_before_pubrel_is_not_reproduced(connectors, registry, kafka, unique):
     """A raw client re-sends the same QoS 2 PUBLISH (DUP=1) before PUBREL: one record only."""
-    from tbmq_mqtt import Connect, MqttDecoder, PubComp, PubRec, PubRel, Publish, Role, encode
+    from tbmq_mqtt import Connect, MqttDecoder, PubAck, PubComp, PubRec, PubRel, Publish, Role, encode
 
     port = connectors.mqtt_ports[0]
     cid = unique("dup")
@@ -159,11 +159,14 @@ async def test_qos2_duplicate_before_pubrel_is_not_reproduced(connectors, regist
             read_until(lambda p: isinstance(p, PubRec) and p.packet_id == 7)
             s.sendall(encode(PubRel(7), 4))
             read_until(lambda p: isinstance(p, PubComp) and p.packet_id == 7)
+            # a marker on the same connection and topic: produced after a second record would have been
+            s.sendall(encode(Publish(topic=topic, payload=b"marker", qos=1, packet_id=8), 4))
+            read_until(lambda p: isinstance(p, PubAck) and p.packet_id == 8)
             s.close()
         await run(scenario)
-        await tail.wait_for(lambda r: r.key == topic.encode())
-        await tail.drain(1.0)
-        assert len([r for r in tail.records if r.key == topic.encode()]) == 1
+        await tail.wait_for(lambda r: r.key == topic.encode() and pb.PublishMsg.FromString(r.value).payload == b"marker")
+        assert [pb.PublishMsg.FromString(r.value).payload for r in tail.records
+                if r.key == topic.encode()] == [b"once", b"marker"]
 
 
 async def test_subscribe_writes_whole_set_and_downlink_is_delivered(connectors, registry, kafka, unique, producer):
@@ -231,6 +234,12 @@ async def test_receive_maximum_limits_in_flight(connectors, registry, kafka, uni
         while not got:
             got.extend(dec.feed(s.recv(4096)))
         assert got[0].reason_code == 0
+        # subscribed: the connector delivers a live downlink only while a subscription matches its topic
+        s.sendall(encode(Subscribe(1, [Subscription("rm/t", qos=1)]), 5))
+        got = []
+        while not got:
+            got.extend(dec.feed(s.recv(4096)))
+        assert got[0].reason_codes == [1]
         return s, dec
     s, dec = await run(connect)
     for i in range(5):
@@ -269,19 +278,22 @@ async def test_retained_set_delivered_on_subscribe_and_cleared(connectors, regis
         # a subscriber on the OTHER connector sees it (it follows tbmq.msg.retained)
         sub = Client(cid + "s", v5=True)
         await run(sub.connect, connectors.mqtt_ports[1])
-        ok = False
-        deadline = time.monotonic() + BOUND
-        while not ok and time.monotonic() < deadline:  # the other connector's view may lag a little
+
+        async def retained_on_subscribe() -> bool:  # the other connector's view may lag a little: again
             await run(sub.subscribe, f"ret/{cid}/+", 1)
-            ok = await run(sub.wait, lambda: len(sub.messages_on(topic)) > 0, 1.0)
-        assert ok
+            return await run(sub.wait, lambda: len(sub.messages_on(topic)) > 0, 1.0)
+
+        await wait_until(retained_on_subscribe, BOUND, "the retained message on subscribe", step=0)
         m = sub.messages_on(topic)[0]
         assert m.retain and m.payload == b"kept"
         # retain handling 2: not sent
         n = len(sub.messages_on(topic))
         await run(sub.subscribe, f"ret/{cid}/#", options=mqtt.SubscribeOptions(qos=1, retainHandling=2))
-        await asyncio.sleep(0.5)
-        assert len(sub.messages_on(topic)) == n
+        # marker: a further SUBSCRIBE on the same connection (retain handling 0) gets the retained message;
+        # the connector handles a connection's SUBSCRIBEs in order, so one for the first would come before it
+        await run(sub.subscribe, topic, options=mqtt.SubscribeOptions(qos=1, retainHandling=0))
+        assert await run(sub.wait, lambda: len(sub.messages_on(topic)) >= n + 1)
+        assert len(sub.messages_on(topic)) == n + 1
         # clear
         await run(pub.publish, topic, b"", 1, True)
         await tail.wait_for(lambda r: r.key == topic.encode() and r.value is None)
@@ -320,7 +332,13 @@ async def test_takeover_command_disconnects_with_0x8e(connectors, registry, kafk
         await run(new.connect, connectors.mqtt_ports[1])
         assert await run(old.wait, lambda: old.disconnected is not None)
         assert int(old.disconnected.value) == 0x8E
-        await tail.drain(1.0)
+        # marker: a client connected and closed on the old connection's connector after it: its
+        # DISCONNECTION_REQUEST is produced after one of the old connection would have been
+        marker = Client(cid + "m", v5=True)
+        await run(marker.connect, connectors.mqtt_ports[0])
+        await run(marker.close)
+        await tail.wait_for(lambda r: (d := pb.SessionEventRequest.FromString(r.value)).session.client_id == cid + "m"
+                            and d.type == pb.SESSION_EVENT_DISCONNECTION_REQUEST)
         # the taken-over connection reports no DISCONNECTION_REQUEST
         old_sid = [r for r in registry.requests if r.session.client_id == cid][0].session.session_id
         disc = [pb.SessionEventRequest.FromString(r.value) for r in tail.records]
@@ -348,8 +366,16 @@ async def test_will_on_ungraceful_close_not_on_disconnect(connectors, registry, 
         assert (await run(s.recv, 4))[:2] == b"\x20\x02"
         s.sendall(encode(Disconnect(), 4))
         s.close()
-        await tail.drain(1.5)
-        assert not [r for r in tail.records if r.key == f"will2/{cid}".encode()]
+        # marker: a third connection on the same connector, closed without DISCONNECT, with a Will on the same
+        # topic: produced after a Will of the graceful one would have been
+        s = await run(raw_socket, connectors.mqtt_ports[0])
+        will3 = Will(topic=f"will2/{cid}", payload=b"marker", qos=0)
+        s.sendall(encode(Connect(protocol_level=4, client_id=cid + "c", keep_alive=30, will=will3), 4))
+        assert (await run(s.recv, 4))[:2] == b"\x20\x02"
+        s.close()
+        await tail.wait_for(lambda r: r.key == f"will2/{cid}".encode())
+        assert [pb.PublishMsg.FromString(r.value).payload for r in tail.records
+                if r.key == f"will2/{cid}".encode()] == [b"marker"]
 
 
 async def test_keep_alive_expiry_closes_and_sends_will(connectors, registry, kafka, unique):
@@ -413,11 +439,21 @@ async def test_bad_input_affects_only_its_connection(connectors, registry, kafka
         assert proc.running
 
 
-async def test_disconnect_command_for_unknown_session_is_ignored(connectors, producer):
+async def test_disconnect_command_for_unknown_session_is_ignored(connectors, registry, producer, unique):
+    cid = unique("known")
+    known = Client(cid, v5=True)
+    await run(known.connect, connectors.mqtt_ports[0])
+    sid = [r for r in registry.requests if r.session.client_id == cid][-1].session.session_id
+    topic = disconnect_topic(connectors.connector_ids[0])
     cmd = pb.DisconnectCommand(client_id="nobody", session_id="no-such-session")
-    await producer.send_and_wait(disconnect_topic(connectors.connector_ids[0]), cmd.SerializeToString(), key=b"nobody")
-    await asyncio.sleep(0.3)
+    await producer.send_and_wait(topic, cmd.SerializeToString(), key=b"nobody")
+    # marker: a command for a connected client, behind it on the same topic; once it took effect, the
+    # unknown one was handled (ignored) before
+    cmd = pb.DisconnectCommand(client_id=cid, session_id=sid)
+    await producer.send_and_wait(topic, cmd.SerializeToString(), key=cid.encode())
+    assert await run(known.wait, lambda: known.disconnected is not None)
     assert all(p.running for p in connectors.instances_of("connector"))
+    known.c.loop_stop()
 
 
 @pytest.mark.parametrize("level", [4, 5])
@@ -485,7 +521,7 @@ async def test_persistent_device_stored_then_live_messages(connectors, registry,
     s.sendall(encode(PubAck(1), MQTT_5) + encode(PubComp(2), MQTT_5))
     # live: one duplicate (serial 11) and one new (serial 12, QoS 2), in one forward batch
     service_id = connectors.connector_ids[0]
-    await poll(lambda: service_id in device_store.streams, BOUND)
+    await wait_until(lambda: service_id in device_store.streams, BOUND)
     device_store.forward(service_id, [
         pb.DevicePublishMsg(client_id=cid, packet_id=pid, serial=serial, msg=pb.PublishMsg(
             topic="d/live", payload=b"live%d" % serial, qos=2, created_at_ms=now))
@@ -496,12 +532,12 @@ async def test_persistent_device_stored_then_live_messages(connectors, registry,
     await run(read_until, lambda p: isinstance(p, PubRel) and p.packet_id == 3)
     s.sendall(encode(PubComp(3), MQTT_5))
     want = {("ack", cid, 1), ("ack", cid, 2), ("pubrec", cid, 3), ("ack", cid, 3)}
-    await poll(lambda: want <= set(device_store.calls), BOUND)
+    await wait_until(lambda: want <= set(device_store.calls), BOUND)
     assert want <= set(device_store.calls)
     assert [c for c in device_store.calls if c[1] == cid][0][0] == "fetch"
     assert len([p for p in got if isinstance(p, Publish) and p.topic == "d/live"]) == 1
     s.close()
-    await poll(lambda: any(c[0] == "detach" and c[1] == cid for c in device_store.calls), BOUND)
+    await wait_until(lambda: any(c[0] == "detach" and c[1] == cid for c in device_store.calls), BOUND)
     assert any(c[0] == "detach" and c[1] == cid for c in device_store.calls)
 
 
@@ -523,13 +559,13 @@ async def test_persistent_application_stream(connectors, registry, app_delivery,
     assert await run(c.wait, lambda: len(c.messages_on("app/t")) == 3)
     msgs = c.messages_on("app/t")
     assert [m.payload for m in msgs] == [b"a0", b"a1", b"a2"] and [m.dup for m in msgs] == [True, False, False]
-    await poll(lambda: len([a for a in app_delivery.acks if a[0] == cid]) >= 3, BOUND)
+    await wait_until(lambda: len([a for a in app_delivery.acks if a[0] == cid]) >= 3, BOUND)
     assert sorted(a[1] for a in app_delivery.acks if a[0] == cid) == [0, 1, 2]
     opened = [o for o in app_delivery.opens if o.client_id == cid][0]
     assert opened.receive_maximum == 7 and opened.session_id
     # a shared subscription reopens the stream with it
     await run(c.subscribe, "$share/grp/app/#", 1)
-    await poll(lambda: len([o for o in app_delivery.opens if o.client_id == cid]) >= 2, BOUND)
+    await wait_until(lambda: len([o for o in app_delivery.opens if o.client_id == cid]) >= 2, BOUND)
     last = [o for o in app_delivery.opens if o.client_id == cid][-1]
     assert [(s.share_name, s.topic_filter) for s in last.shared] == [("grp", "app/#")]
     await run(c.close)

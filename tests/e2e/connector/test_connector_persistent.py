@@ -7,13 +7,11 @@ services/device-persistence has no runnable entry point.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import time
 
 import pytest
-from connector_helpers import Tail, raw_socket
-from mqtt_clients import Client, payloads, real, routed, run, watcher_and_prober
+from connector_helpers import Tail, connector_health, raw_socket
+from mqtt_clients import BOUND, Client, payloads, real, routed, run, wait_until, watcher_and_prober
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_platform.topics import CLIENT_SESSION
 
@@ -185,38 +183,56 @@ async def test_session_resume_delivers_queued_qos1_and_qos2_then_ends(pq, unique
         await run(c.close)
 
 
+def will_held_or_sent(suite, before: dict):
+    """A predicate for `wait_until`: connector 1 took a new Will (pending or sent since `before`, its health
+    counters): its health then."""
+    async def taken():
+        h = await connector_health(suite, 1)
+        return (h["pending_wills"] > before["pending_wills"] or h["wills_sent"] > before["wills_sent"]) and h
+    return taken
+
+
 async def test_will_delay_and_cancel_by_reconnect_on_other_connector(pq, unique):
     from tbmq_mqtt import Connect, Properties, Will, encode
 
     u = unique("wd")
     watcher, prober = await watcher_and_prober(u, pq.mqtt_ports, 1)
 
-    # Will Delay 2 s with a session that outlives it: published after the delay
+    # Will Delay 4 s with a session that outlives it: held (pending on its connector, not sent), then
+    # published once the delay passed (the exact timing: tests/unit/connector/test_connector_wills.py)
+    before = await connector_health(pq, 1)
     s = await run(raw_socket, pq.mqtt_ports[0])
     s.sendall(encode(Connect(protocol_level=5, client_id=u + "b", keep_alive=30,
                              properties=Properties(session_expiry_interval=60),
                              will=Will(topic=f"{u}/b", payload=b"late", qos=1,
-                                       properties=Properties(will_delay_interval=2))), 5))
+                                       properties=Properties(will_delay_interval=4))), 5))
     await run(s.recv, 64)
-    t0 = time.monotonic()
     s.close()
+    held = await wait_until(will_held_or_sent(pq, before), BOUND, "the connector to take the Will")
+    assert held["wills_sent"] == before["wills_sent"], "a delayed Will is not sent at once"
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/b") == [b"late"])
-    assert time.monotonic() - t0 >= 1.5
 
-    # Will Delay 3 s, reconnect on the OTHER connector within it: no Will
+    # Will Delay 60 s, reconnect on the OTHER connector within it: the Will is cancelled, never sent
+    before = await connector_health(pq, 1)
     s = await run(raw_socket, pq.mqtt_ports[0])
     s.sendall(encode(Connect(protocol_level=5, client_id=u + "c", keep_alive=30,
-                             properties=Properties(session_expiry_interval=60),
+                             properties=Properties(session_expiry_interval=120),
                              will=Will(topic=f"{u}/c", payload=b"never", qos=1,
-                                       properties=Properties(will_delay_interval=3))), 5))
+                                       properties=Properties(will_delay_interval=60))), 5))
     await run(s.recv, 64)
     s.close()
+    await wait_until(will_held_or_sent(pq, before), BOUND, "the connector to hold the Will")
     back = Client(u + "c", clean=False, session_expiry=60)
     await run(back.connect, pq.mqtt_ports[1])
-    await asyncio.sleep(3.5)  # past the delay
+
+    async def cancelled():  # no longer pending on connector 1, and not because it was sent
+        h = await connector_health(pq, 1)
+        return h["pending_wills"] == before["pending_wills"] and h
+
+    after = await wait_until(cancelled, BOUND, "the pending Will cancelled by the reconnect")
+    assert after["wills_sent"] == before["wills_sent"]
     await run(prober.publish, f"{u}/marker", b"m", 1)
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/marker") == [b"m"])
-    await asyncio.sleep(0.5)
     assert payloads(watcher, f"{u}/c") == []
     await run(back.close)
     await run(watcher.close)

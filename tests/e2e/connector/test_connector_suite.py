@@ -15,11 +15,12 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
-from connector_helpers import raw_socket, recv_until_closed
-from mqtt_clients import BOUND, Client, payloads, routed, run, watcher_and_prober
+from connector_helpers import Tail, connector_health, disconnect_reported, raw_socket, recv_until_closed
+from mqtt_clients import BOUND, Client, payloads, poll, real, routed, run, wait_until, watcher_and_prober
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_platform.topics import SESSION_EVENT_REQUEST
 
 pytestmark = [pytest.mark.e2e]
 
@@ -88,7 +89,9 @@ async def test_overlapping_subscriptions_311_one_copy_at_max_qos(mq, unique):
     await routed(pub, sub, f"{u}/x", 2)
     await run(pub.publish, f"{u}/x", b"one", 2)
     assert await run(sub.wait, lambda: payloads(sub, f"{u}/x") == [b"one"])
-    await asyncio.sleep(0.3)  # a second copy would have arrived right behind
+    # marker: a second message on the same topic arrives after any second copy of the first
+    await run(pub.publish, f"{u}/x", b"two", 2)
+    assert await run(sub.wait, lambda: b"two" in payloads(sub, f"{u}/x"))
     msgs = [m for m in sub.messages_on(f"{u}/x") if m.payload == b"one"]
     assert len(msgs) == 1 and msgs[0].qos == 2
     await run(pub.close)
@@ -123,10 +126,14 @@ async def test_no_local(mq, unique):
     await run(c.subscribe, f"{u}/t", options=mqtt.SubscribeOptions(qos=1, noLocal=True))
     await run(other.subscribe, f"{u}/t", 1)
     await routed(c, other, f"{u}/t", 1)
+    await routed(other, c, f"{u}/t", 1)
+    n = len(c.messages_on(f"{u}/t"))  # other's probes
     await run(c.publish, f"{u}/t", b"mine", 1)
     assert await run(other.wait, lambda: b"mine" in payloads(other, f"{u}/t"))
-    await asyncio.sleep(0.3)
-    assert c.messages_on(f"{u}/t") == []
+    # marker: other's message on the same topic, after c's: c gets it, and would have got its own before
+    await run(other.publish, f"{u}/t", b"theirs", 1)
+    assert await run(c.wait, lambda: b"theirs" in payloads(c, f"{u}/t"))
+    assert b"mine" not in payloads(c, f"{u}/t") and len(c.messages_on(f"{u}/t")) == n + 1
     await run(c.close)
     await run(other.close)
 
@@ -137,27 +144,32 @@ async def test_retained_set_and_clear(mq, unique):
     await run(pub.connect, mq.mqtt_ports[0])
     await run(pub.publish, f"{u}/state", b"on", 1, True)
     # a new subscriber (other connector) gets it with retain=1; retry: its retained view may lag a little
-    deadline = time.monotonic() + BOUND
-    got = None
-    while got is None and time.monotonic() < deadline:
+    async def retained_to_new_subscriber():
         sub = Client(unique("rs"), v5=False)
         await run(sub.connect, mq.mqtt_ports[1])
         await run(sub.subscribe, f"{u}/+", 1)
-        if await run(sub.wait, lambda: len(sub.messages_on(f"{u}/state")) > 0, 1.0):
-            got = sub.messages_on(f"{u}/state")[0]
+        got = await run(sub.wait, lambda: len(sub.messages_on(f"{u}/state")) > 0, 1.0)
         await run(sub.close)
-    assert got is not None and got.retain and got.payload == b"on"
+        return got and sub.messages_on(f"{u}/state")[0]
+
+    got = await wait_until(retained_to_new_subscriber, BOUND, "the retained message on subscribe", step=0)
+    assert got.retain and got.payload == b"on"
     # live subscribers get retained publishes with retain=0 (Retain As Published not set) [MQTT-3.3.1-12]
     await run(pub.publish, f"{u}/state", b"", 1, True)  # clear
-    deadline = time.monotonic() + BOUND
-    cleared = False
-    while not cleared and time.monotonic() < deadline:
+    await run(pub.publish, f"{u}/later", b"m", 1, True)  # marker: retained after the clear (one partition)
+
+    async def fresh_subscriber():
+        """A new subscriber on the other connector: what it got on subscribe, once its view has the marker."""
         sub = Client(unique("rc"))
         await run(sub.connect, mq.mqtt_ports[1])
         await run(sub.subscribe, f"{u}/+", 1)
-        cleared = not await run(sub.wait, lambda: len(sub.messages_on(f"{u}/state")) > 0, 0.7)
+        got = await run(sub.wait, lambda: len(sub.messages_on(f"{u}/later")) > 0, 1.0)
         await run(sub.close)
-    assert cleared
+        return got and sub.snapshot()
+
+    seen = await wait_until(fresh_subscriber, BOUND, "the marker retained on the other connector", step=0)
+    assert [m.topic for m in seen if m.topic == f"{u}/state"] == []  # cleared
+    await run(pub.publish, f"{u}/later", b"", 1, True)
     await run(pub.close)
 
 
@@ -181,12 +193,15 @@ async def test_will_on_ungraceful_close(mq, unique):
     c.c.loop_stop()
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/d") == [b"asked"])
     # normal DISCONNECT: none
-    c = Client(u + "e")
-    await run(c.connect, mq.mqtt_ports[0], will=(f"{u}/e", b"no", 1, False))
-    await run(c.close)
+    sent = (await connector_health(mq, 1))["wills_sent"]
+    async with Tail(mq.bootstrap_servers, SESSION_EVENT_REQUEST) as tail:
+        c = Client(u + "e")
+        await run(c.connect, mq.mqtt_ports[0], will=(f"{u}/e", b"no", 1, False))
+        await run(c.close)
+        await disconnect_reported(tail, u + "e")  # the connector is done with the connection's end
+    assert (await connector_health(mq, 1))["wills_sent"] == sent
     await run(prober.publish, f"{u}/marker2", b"m", 1)
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/marker2") == [b"m"])
-    await asyncio.sleep(0.5)
     assert payloads(watcher, f"{u}/e") == []
     await run(watcher.close)
     await run(prober.close)
@@ -215,27 +230,32 @@ async def test_unsubscribe(mq, unique):
     for c, port in ((pub, 0), (sub, 1), (ctl, 1)):
         await run(c.connect, mq.mqtt_ports[port])
     await run(sub.subscribe, f"{u}/t", 1)
+    await run(sub.subscribe, f"{u}/m", 1)
     await run(ctl.subscribe, f"{u}/t", 1)
     await routed(pub, sub, f"{u}/t", 1)
+    await routed(pub, sub, f"{u}/m", 1)
     await routed(pub, ctl, f"{u}/t", 1)
     await run(sub.c.unsubscribe, f"{u}/t")
-    # until the router has the change, `sub` may still get copies: wait for one probe that reaches
-    # ctl but not sub, then nothing more may reach sub
-    deadline = time.monotonic() + BOUND
-    effective = False
-    i = 0
-    while not effective and time.monotonic() < deadline:
-        p = f"after-{i}".encode()
+    # until the router has the change, `sub` may still get copies. Each probe on u/t is followed by a
+    # marker on u/m, which sub keeps: in order (one partition), so once sub has the marker it has the
+    # probe too unless unsubscribed. Wait for a probe that reaches ctl but not sub; then nothing more may.
+    marks = iter(range(10_000))
+
+    async def probe_missed_by_sub() -> bool:
+        i = next(marks)
+        p, m = f"after-{i}".encode(), f"mark-{i}".encode()
         await run(pub.publish, f"{u}/t", p, 1)
-        assert await run(ctl.wait, lambda: any(m.payload == p for m in ctl.messages_on(f"{u}/t")))
-        await asyncio.sleep(0.2)
-        effective = not any(m.payload == p for m in sub.messages_on(f"{u}/t"))
-        i += 1
-    assert effective
+        await run(pub.publish, f"{u}/m", m, 1)
+        assert await run(ctl.wait, lambda: any(x.payload == p for x in ctl.messages_on(f"{u}/t")))
+        assert await run(sub.wait, lambda: any(x.payload == m for x in sub.messages_on(f"{u}/m")))
+        return not any(x.payload == p for x in sub.messages_on(f"{u}/t"))
+
+    await wait_until(probe_missed_by_sub, BOUND, "the unsubscribe effective", step=0)
     n = len(sub.messages_on(f"{u}/t"))
     await run(pub.publish, f"{u}/t", b"final", 1)
+    await run(pub.publish, f"{u}/m", b"final-mark", 1)
     assert await run(ctl.wait, lambda: any(m.payload == b"final" for m in ctl.messages_on(f"{u}/t")))
-    await asyncio.sleep(0.3)
+    assert await run(sub.wait, lambda: any(m.payload == b"final-mark" for m in sub.messages_on(f"{u}/m")))
     assert len(sub.messages_on(f"{u}/t")) == n
     for c in (pub, sub, ctl):
         await run(c.close)
@@ -251,15 +271,15 @@ async def test_amqtt_client_round_trip(mq, unique):
     await pub.connect(f"mqtt://127.0.0.1:{mq.mqtt_ports[0]}/")
     try:
         await sub.subscribe([(f"{u}/t", 1)])
-        deadline = time.monotonic() + BOUND
-        got = None
-        while got is None and time.monotonic() < deadline:
+        async def delivered():  # publish until the router knows the subscription
             await pub.publish(f"{u}/t", b"hello-amqtt", qos=1)
             try:
-                got = await sub.deliver_message(timeout_duration=0.7)
+                return await sub.deliver_message(timeout_duration=0.7)
             except asyncio.TimeoutError:
-                got = None
-        assert got is not None and got.data == b"hello-amqtt" and got.topic == f"{u}/t"
+                return None
+
+        got = await wait_until(delivered, BOUND, "the amqtt subscription routed", step=0)
+        assert got.data == b"hello-amqtt" and got.topic == f"{u}/t"
         # QoS 2 from amqtt
         await pub.publish(f"{u}/t", b"q2", qos=2)
         msg = await sub.deliver_message(timeout_duration=BOUND)
@@ -281,14 +301,15 @@ async def test_mosquitto_clients(mq, unique, version):
                             "-F", "%t|%p|%q"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + BOUND
-        n = 0
-        while sub.poll() is None and time.monotonic() < deadline:
-            n += 1
+        attempts = iter(range(1, 10_000))
+
+        async def received() -> bool:  # publish until mosquitto_sub got one (-C 1) and exited
             await run(subprocess.run, ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(mq.mqtt_ports[0]),
                                        "-V", version, "-t", topic, "-m", "from-mosquitto", "-q", "2",
-                                       "-i", f"{u}p{n}"], check=True, timeout=BOUND)
-            await asyncio.sleep(0.3)
+                                       "-i", f"{u}p{next(attempts)}"], check=True, timeout=BOUND)
+            return bool(await poll(lambda: sub.poll() is not None, 0.3))
+
+        await wait_until(received, BOUND, "mosquitto_sub to receive", step=0)
         out, err = await run(sub.communicate, timeout=BOUND)
         assert sub.returncode == 0, err
         assert out.strip() == f"{topic}|from-mosquitto|2"
@@ -331,3 +352,45 @@ async def test_bad_input_does_not_affect_others(mq, unique):
         assert proc.running
     await run(pub.close)
     await run(sub.close)
+
+
+async def test_response_topic_must_be_a_topic_name(mq, unique):
+    """MQTT 5.0 [MQTT-3.3.2-14], paho-mqtt 5.0 next to working clients: a PUBLISH whose Response Topic has a
+    wildcard gets DISCONNECT 0x82 (Protocol Error) and is not forwarded; a CONNECT whose Will carries one
+    gets CONNACK 0x82; a valid Response Topic is forwarded unaltered with its Correlation Data
+    [MQTT-3.3.2-15] [MQTT-3.3.2-16]."""
+    from tbmq_mqtt import ReasonCode
+    u = unique("rtopic")
+    watcher, prober = await watcher_and_prober(u, mq.mqtt_ports, 1)
+    req = f"{u}/req"
+    ok = PahoProperties(PacketTypes.PUBLISH)
+    ok.ResponseTopic, ok.CorrelationData = f"{u}/reply/1", b"corr-1"
+    await run(prober.publish, req, b"ok", 1, properties=ok)
+    assert await run(watcher.wait, lambda: payloads(watcher, req) == [b"ok"])
+    got = real(watcher.messages_on(req))[0].properties
+    assert (got.ResponseTopic, got.CorrelationData) == (f"{u}/reply/1", b"corr-1")
+
+    bad = Client(u + "bad")
+    await run(bad.connect, mq.mqtt_ports[0])
+    wild = PahoProperties(PacketTypes.PUBLISH)
+    wild.ResponseTopic = f"{u}/reply/+"
+    await run(bad.publish, req, b"bad", 0, properties=wild)
+    assert await run(bad.wait, lambda: bad.disconnected is not None), "no DISCONNECT"
+    assert bad.disconnected.value == ReasonCode.PROTOCOL_ERROR
+    await run(bad.close)
+    # published after the refusal, on the same connector and topic: it arrives, the refused one never did
+    await run(prober.publish, req, b"after", 1)
+    assert await run(watcher.wait, lambda: b"after" in payloads(watcher, req))
+    assert payloads(watcher, req) == [b"ok", b"after"]
+
+    will_props = PahoProperties(PacketTypes.WILLMESSAGE)
+    will_props.ResponseTopic = f"{u}/reply/#"
+    refused = Client(u + "will")
+    connack = await run(refused.connect, mq.mqtt_ports[1], will=(f"{u}/will", b"w", 1, False, will_props),
+                        expect_ok=False)
+    assert connack is not None and connack[1].value == ReasonCode.PROTOCOL_ERROR, connack
+    await run(refused.close)
+    for proc in mq.instances_of("connector"):
+        assert proc.running
+    await run(watcher.close)
+    await run(prober.close)

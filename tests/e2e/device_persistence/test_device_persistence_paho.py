@@ -17,7 +17,8 @@ import time
 import uuid
 
 import pytest
-from mqtt_clients import Client, run
+from kafka_views import SessionTable
+from mqtt_clients import Client, run, wait_until
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
 
@@ -47,7 +48,8 @@ def sub_client(client_id: str, v5: bool) -> Client:
     return Client(client_id, v5=v5, clean=False, session_expiry=3600, timeout=30.0)
 
 
-async def subscribed_then_offline(client_id: str, v5: bool, topic: str, port: int, probe_port: int) -> None:
+async def subscribed_then_offline(client_id: str, v5: bool, topic: str, port: int, probe_port: int,
+                                  bootstrap: str) -> None:
     """The persistent subscriber subscribes (QoS 1) on `port`, sees a live probe ("-1") published on
     `probe_port` (the subscription reached the router), and disconnects."""
     sub = sub_client(client_id, v5)
@@ -56,8 +58,12 @@ async def subscribed_then_offline(client_id: str, v5: bool, topic: str, port: in
     assert [rc.value for rc in codes] == [1], codes
     await run(publish_all, probe_port, topic, [-1], client_id + "-probe")
     assert await run(sub.wait, lambda: any(m.payload == b"-1" for m in sub.messages), 30), "probe not routed"
-    await run(sub.close)
-    await asyncio.sleep(1.0)  # the registry records the disconnect
+    table = await SessionTable(bootstrap).start()
+    try:
+        await run(sub.close)
+        await wait_until(lambda: table.offline(client_id), 30, "the registry to record the disconnect")
+    finally:
+        await table.stop()
 
 
 def seq_numbers(messages) -> list[int]:
@@ -88,6 +94,14 @@ async def stored_count(stack: Suite, client_id: str) -> int:
         await store.close()
 
 
+async def stored_at_least(stack: Suite, client_id: str, n: int) -> bool:
+    return await stored_count(stack, client_id) >= n
+
+
+async def stored_at_most(stack: Suite, client_id: str, n: int) -> bool:
+    return await stored_count(stack, client_id) <= n
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("v5", [False, True], ids=["mqtt311", "mqtt5"])
 async def test_offline_10000_then_reconnect_all_in_order(stack, v5):
@@ -95,15 +109,12 @@ async def test_offline_10000_then_reconnect_all_in_order(stack, v5):
     topic = f"{u}/data"
     port_a, port_b = stack.mqtt_ports
 
-    await subscribed_then_offline(u, v5, topic, port_a, port_b)
+    await subscribed_then_offline(u, v5, topic, port_a, port_b, stack.bootstrap_servers)
 
     await run(publish_all, port_a, topic, range(TOTAL), u + "-pub")
 
     # all stored (the router's copies went through tbmq.msg.persisted into Redis)
-    deadline = time.monotonic() + 120
-    while (n := await stored_count(stack, u)) < TOTAL:
-        assert time.monotonic() < deadline, f"only {n} of {TOTAL} stored"
-        await asyncio.sleep(0.5)
+    await wait_until(lambda: stored_at_least(stack, u, TOTAL), 120, f"{TOTAL} stored", step=0.5)
 
     back = sub_client(u, v5)
     flags, _, _ = await run(back.connect, port_b)
@@ -114,10 +125,8 @@ async def test_offline_10000_then_reconnect_all_in_order(stack, v5):
     assert got == list(range(TOTAL)), (
         f"first difference at {next((i for i, s in enumerate(got) if s != i), None)}")
 
-    deadline = time.monotonic() + 60  # PUBACKs reached the store
-    while (n := await stored_count(stack, u)) > 0:
-        assert time.monotonic() < deadline, f"{n} still stored after every PUBACK"
-        await asyncio.sleep(0.5)
+    # PUBACKs reached the store
+    await wait_until(lambda: stored_at_most(stack, u, 0), 60, "the store emptied by the PUBACKs", step=0.5)
     await run(back.close)
 
 
@@ -128,11 +137,12 @@ async def test_messages_published_while_reconnecting_arrive_in_order(stack):
     u = f"dp-e2e-race-{uuid.uuid4().hex[:6]}"
     topic = f"{u}/data"
     port_a, port_b = stack.mqtt_ports
-    await subscribed_then_offline(u, True, topic, port_a, port_b)
+    await subscribed_then_offline(u, True, topic, port_a, port_b, stack.bootstrap_servers)
     await run(publish_all, port_a, topic, range(2000), u + "-pub1")
 
     live = asyncio.create_task(run(publish_all, port_a, topic, range(2000, 5000), u + "-pub2"))
-    await asyncio.sleep(0.2)
+    # the live publisher is under way (its first messages stored) when the client reconnects
+    await wait_until(lambda: stored_at_least(stack, u, 2001), 60, "the live messages flowing", step=0.05)
     back = sub_client(u, True)
     await run(back.connect, port_b)
     await live

@@ -4,13 +4,12 @@ fake gRPC server in the test (every call answered, nothing stored)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 import grpc
 import pytest
-from mqtt_clients import Client, run
+from kafka_views import SessionTable
+from mqtt_clients import BOUND, Client, run, wait_until
 from tbmq.v1 import services_pb2, services_pb2_grpc
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
@@ -67,44 +66,65 @@ def connected(port: int, client_id: str, *, clean_start: bool, sei: int | None) 
     return c, flags.session_present
 
 
-def session(port: int, client_id: str, *, clean_start: bool, sei: int | None, disconnect_sei: int | None = None,
-            hold: float = 0.0) -> bool:
+def session(port: int, client_id: str, *, clean_start: bool, sei: int | None, disconnect_sei: int | None = None
+            ) -> bool:
     c, present = connected(port, client_id, clean_start=clean_start, sei=sei)
-    time.sleep(hold)
     c.close(disconnect_sei, wait=True)
     return present
 
 
-async def test_session_present_follows_the_spec(stack):
+@pytest.fixture(scope="module")
+async def table(kafka):
+    """tbmq.client.session as the registry writes it: tests wait for its records, not for time."""
+    t = await SessionTable(kafka.bootstrap_servers).start()
+    try:
+        yield t
+    finally:
+        await t.stop()
+
+
+async def offline(table: SessionTable, cid: str, since: int) -> None:
+    """Wait until the registry recorded the disconnect of `cid` (its record changed since `since`, the
+    number of records seen before, and says offline or removed)."""
+    await wait_until(lambda: table.updates.get(cid, 0) > since and table.offline(cid), BOUND,
+                     f"the registry to record the disconnect of {cid}")
+
+
+async def test_session_present_follows_the_spec(stack, table):
     suite, _ = stack
     port = suite.mqtt_ports[0]
     cid = f"p{uuid.uuid4().hex[:10]}"
+    n = table.updates.get(cid, 0)
     assert await run(session, port, cid, clean_start=True, sei=60) is False
-    await asyncio.sleep(0.3)
+    await offline(table, cid, n + 1)  # connected, then disconnected
+    n = table.updates[cid]
     assert await run(session, port, cid, clean_start=False, sei=60) is True      # [MQTT-3.2.2-3]
-    await asyncio.sleep(0.3)
+    await offline(table, cid, n + 1)
     assert await run(session, port, cid, clean_start=True, sei=60) is False      # [MQTT-3.2.2-2]
 
 
-async def test_sei_zero_ends_session_at_disconnect(stack):
+async def test_sei_zero_ends_session_at_disconnect(stack, table):
     suite, _ = stack
     port = suite.mqtt_ports[0]
     cid = f"z{uuid.uuid4().hex[:10]}"
     assert await run(session, port, cid, clean_start=False, sei=0) is False
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: table.removed(cid), BOUND, "the session removed at the disconnect")
     assert await run(session, port, cid, clean_start=False, sei=0) is False      # no session kept
 
 
-async def test_session_expires(stack):
+async def test_session_expires(stack, table):
     suite, _ = stack
     port = suite.mqtt_ports[0]
     cid = f"e{uuid.uuid4().hex[:10]}"
     await run(session, port, cid, clean_start=True, sei=1)
-    await asyncio.sleep(3)
+    # the registry's expiry scan (every 300 ms here) removes it once the 1 s passed
+    await wait_until(lambda: table.removed(cid), BOUND, "the session expired")
     assert await run(session, port, cid, clean_start=False, sei=1) is False      # expired after 1 s
     # the DISCONNECT may shorten the interval
+    n = table.updates[cid]
     await run(session, port, cid, clean_start=True, sei=600, disconnect_sei=1)
-    await asyncio.sleep(3)
+    await wait_until(lambda: table.updates[cid] > n + 1 and table.removed(cid), BOUND,
+                     "the session expired after the DISCONNECT's interval")
     assert await run(session, port, cid, clean_start=False, sei=600) is False
 
 

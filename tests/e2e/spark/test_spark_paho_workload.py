@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from mqtt_clients import Client, run
+from mqtt_clients import Client, run, wait_until
 from spark_workload import end_offsets, partitions, produce, publish
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics as T
@@ -92,14 +92,13 @@ async def read_range(bootstrap: str, start: dict[str, dict[str, int]], topics: l
 
 
 async def wait_records(bootstrap: str, start, topics, pred, what: str, timeout: float = 30.0) -> dict[str, list]:
-    """read_range() until pred(records) holds (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """read_range() until pred(records) holds (`waits.wait_until`)."""
+    async def read_and_check():
         recs = await read_range(bootstrap, start, topics)
-        if pred(recs):
-            return recs
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        await asyncio.sleep(0.3)
+        return (recs,) if pred(recs) else None  # truthy even when recs is empty
+
+    (recs,) = await wait_until(read_and_check, timeout, what, step=0.3)
+    return recs
 
 
 def project_entities(records: list, expected: Expected) -> dict[str, Counter]:

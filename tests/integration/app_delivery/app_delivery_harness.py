@@ -15,6 +15,8 @@ from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_platform import topics
 from tbmq_platform.kafka import ensure_topics, make_producer
+from kafka_views import committed
+from waits import quiet_for
 
 NO_REDIS = "redis://127.0.0.1:1/0"  # app-delivery does not use Redis; keeps the Suite from starting one
 
@@ -133,13 +135,10 @@ class FakeStream:
             out.append(await asyncio.wait_for(self.records.get(), left))
         return out
 
-    async def nothing_for(self, seconds: float) -> bool:
-        try:
-            rec = await asyncio.wait_for(self.records.get(), seconds)
-        except asyncio.TimeoutError:
-            return True
-        self.records.put_nowait(rec)
-        return False
+    async def nothing_for(self, seconds: float, what: str = "a record arrived") -> None:
+        """The negative check no marker can close (a full window: app-delivery sends nothing more until an
+        ack): `waits.quiet_for`, failing with `what` when a record arrives within `seconds`."""
+        await quiet_for(seconds, lambda: not self.records.empty(), what)
 
     async def half_close(self) -> None:
         """End the upstream (the connector closing the stream politely) and wait for the server's end."""
@@ -182,14 +181,15 @@ def payload_ints(records) -> list[int]:
     return [int(r.msg.payload) for r in records]
 
 
-async def wait_for(cond, timeout: float = 20.0, step: float = 0.1, what="condition") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        res = cond()
-        if asyncio.iscoroutine(res):
-            res = await res
-        if res:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what() if callable(what) else what} not met within {timeout}s")
-        await asyncio.sleep(step)
+def app_group(client_id: str) -> str:
+    """The consumer group app-delivery commits a client's offsets in (app_delivery.streams.client_group)."""
+    from app_delivery.streams import client_group
+    return client_group(client_id)
+
+
+def committed_up_to(suite: Suite, client_id: str, offset: int):
+    """A predicate for `waits.wait_until`: app-delivery committed the client's offsets up to `offset` (the
+    system's own acknowledgement that the acks before it arrived; tbmq.msg.app.<client> has one partition)."""
+    async def done() -> bool:
+        return sum((await committed(suite.bootstrap_servers, app_group(client_id))).values()) >= offset
+    return done

@@ -7,10 +7,15 @@ import os
 import time
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from app_delivery_harness import payload_ints, publish_msg, wait_for
+from app_delivery_harness import committed_up_to, payload_ints, publish_msg
+from kafka_views import committed
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
+from waits import wait_until
+
+REMOVED_GROUP = "app-delivery"  # APP_DELIVERY_REMOVED_GROUP, its default
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +47,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_flags_dup(ad_suite, connecto
     try:
         st2 = c2.open(client, receive_maximum=200, auto_ack=True)
         # everything not acknowledged comes again; at least every unacked one
-        await wait_for(lambda: set(payload_ints(st2.all)) | acked >= set(range(n)), timeout=60,
+        await wait_until(lambda: set(payload_ints(st2.all)) | acked >= set(range(n)), timeout=60,
                        what="all records delivered after the restart")
         after = st2.all
         offsets = [r.ref.offset for r in after]
@@ -67,7 +72,7 @@ async def test_backlog_of_50000_drains_in_order(ad_suite, connector, producer, u
     cpu0 = proc.cpu_times()
     t0 = time.monotonic()
     st = connector.open(client, receive_maximum=1000, auto_ack=True)
-    await wait_for(lambda: len(st.all) >= n, timeout=240, step=0.05, what=lambda: f"{n} records (got {len(st.all)})")
+    await wait_until(lambda: len(st.all) >= n, timeout=240, step=0.05, what=lambda: f"{n} records (got {len(st.all)})")
     dt = time.monotonic() - t0
     assert payload_ints(st.all) == list(range(n))
     rate = n / dt
@@ -75,11 +80,23 @@ async def test_backlog_of_50000_drains_in_order(ad_suite, connector, producer, u
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     print(f"\nAPP-DELIVERY DRAIN: {n} records in {dt:.2f}s = {rate:,.0f} msg/s (receive_maximum 1000); "
           f"app-delivery CPU {cpu:.2f}s = {cpu / n * 1e6:.0f} us/record")
-    await asyncio.sleep(0.5)
     await st.half_close()
+    # everything acknowledged was committed: the new stream's first record is the next one produced (a
+    # redelivered record would come before it)
     st2 = connector.open(client, receive_maximum=1000)
-    assert await st2.nothing_for(1.5), "everything acknowledged was committed"
+    await producer.to_client(client, [publish_msg(n)])
+    nxt = await st2.take(1)
+    assert payload_ints(nxt) == [n] and not nxt[0].redelivery
     await st2.cancel()
+
+
+def removal_handled(suite, md):
+    """A predicate for `waits.wait_until`: app-delivery committed its tbmq.sys.app.removed group past the
+    record `md` (RecordMetadata): it handled the event (it commits after handling each poll's records)."""
+    async def done() -> bool:
+        tp = TopicPartition(md.topic, md.partition)
+        return (await committed(suite.bootstrap_servers, REMOVED_GROUP)).get(tp, -1) > md.offset
+    return done
 
 
 async def _groups(bootstrap: str) -> set[str]:
@@ -106,12 +123,12 @@ async def test_app_removed_deletes_topic_and_group(ad_suite, connector, producer
     await producer.to_client(client, [publish_msg(i) for i in range(3)])
     st = connector.open(client, receive_maximum=10, auto_ack=True)
     await st.take(3)
-    await asyncio.sleep(0.5)
+    await wait_until(committed_up_to(ad_suite, client, 3), 20, "the three acks committed")
     # while the stream is open, a removal is skipped
     ev = pb.ApplicationRemovedEvent(client_id=client, topic=topics.app_topic_name(client),
                                     removed_at_ms=int(time.time() * 1000))
-    await producer.p.send_and_wait(topics.SYS_APP_REMOVED, ev.SerializeToString(), key=client.encode())
-    await asyncio.sleep(2.0)
+    md = await producer.p.send_and_wait(topics.SYS_APP_REMOVED, ev.SerializeToString(), key=client.encode())
+    await wait_until(removal_handled(ad_suite, md), 30, "the removal event handled")
     assert topics.app_topic_name(client) in await _topics(bootstrap)
     await st.half_close()
     assert f"app-delivery.{client}" in await _groups(bootstrap)
@@ -121,8 +138,8 @@ async def test_app_removed_deletes_topic_and_group(ad_suite, connector, producer
         return topics.app_topic_name(client) not in await _topics(bootstrap) and \
             f"app-delivery.{client}" not in await _groups(bootstrap)
 
-    await wait_for(gone, timeout=30, step=0.5, what="topic and group deleted")
+    await wait_until(gone, timeout=30, step=0.5, what="topic and group deleted")
     # idempotent: the same event again does no harm
-    await producer.p.send_and_wait(topics.SYS_APP_REMOVED, ev.SerializeToString(), key=client.encode())
-    await asyncio.sleep(1.0)
+    md = await producer.p.send_and_wait(topics.SYS_APP_REMOVED, ev.SerializeToString(), key=client.encode())
+    await wait_until(removal_handled(ad_suite, md), 30, "the repeated removal event handled")
     assert ad_suite.instance("app-delivery").running

@@ -8,8 +8,9 @@ import asyncio
 import time
 
 import pytest
-from app_delivery_harness import payload_ints, publish_msg
+from app_delivery_harness import committed_up_to, payload_ints, publish_msg
 from tbmq_routing.expiry import forwarded_interval
+from waits import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,7 @@ def cid(unique) -> str:
     return unique("c").replace("-", "")[:60]  # [A-Za-z0-9]+: plain topic name
 
 
-async def test_in_order_partial_ack_reopen_redelivers_with_dup(connector, producer, unique):
+async def test_in_order_partial_ack_reopen_redelivers_with_dup(ad_suite, connector, producer, unique):
     client = cid(unique)
     await producer.to_client(client, [publish_msg(i) for i in range(20)])
     st = connector.open(client, receive_maximum=100)
@@ -46,11 +47,13 @@ async def test_in_order_partial_ack_reopen_redelivers_with_dup(connector, produc
     assert payload_ints(fresh) == list(range(20, 25))
     assert not any(r.redelivery for r in fresh)
     st2.ack_many(fresh)
-    await asyncio.sleep(0.5)  # acks in flight when the stream drops are lost: let them arrive
-    await st2.cancel()  # an abrupt end commits the acknowledged prefix too
+    # acks in flight when the stream drops are lost: wait until app-delivery has them (committed past 24)
+    await wait_until(committed_up_to(ad_suite, client, 25), 20, "offset 25 committed (every ack arrived)")
+    await st2.cancel()  # an abrupt end keeps the acknowledged prefix
 
     st3 = connector.open(client, receive_maximum=100)
-    assert await st3.nothing_for(1.5), "everything was acknowledged"
+    # everything was acknowledged: the first record of the new stream is the next one produced (a
+    # redelivered record would come before it)
     await producer.to_client(client, [publish_msg(25)])
     last = await st3.take(1)
     assert payload_ints(last) == [25] and not last[0].redelivery
@@ -62,12 +65,12 @@ async def test_receive_maximum_limits_outstanding(connector, producer, unique):
     st = connector.open(client, receive_maximum=5)
     first = await st.take(5)
     assert payload_ints(first) == [0, 1, 2, 3, 4]
-    assert await st.nothing_for(1.0), "no more than receive_maximum outstanding"
+    await st.nothing_for(1.0, "no more than receive_maximum outstanding")
     st.ack(first[3])  # any ack frees one slot
     st.ack(first[0])
     more = await st.take(2)
     assert payload_ints(more) == [5, 6]
-    assert await st.nothing_for(0.5)
+    await st.nothing_for(0.5, "no more than the window outstanding")
     st.ack_many(first + more)
     rest = await st.take(5)
     assert payload_ints(rest) == [7, 8, 9, 10, 11]
@@ -81,7 +84,7 @@ async def test_window_of_one_streams_one_record_at_a_time(connector, producer, u
     for i in range(4):
         got = await st.take(1)
         assert payload_ints(got) == [i]
-        assert await st.nothing_for(0.3), "a window of 1: nothing more before the ack"
+        await st.nothing_for(0.3, "a window of 1: nothing more before the ack")
         st.ack_many(got)
     assert st.sizes == [1, 1, 1, 1]
     assert st.kinds == ({"batch"} if connector.batches else {"record"})
@@ -94,11 +97,11 @@ async def test_window_smaller_than_a_poll_is_never_exceeded(connector, producer,
     st = connector.open(client, receive_maximum=64)
     first = await st.take(64)
     assert payload_ints(first) == list(range(64))
-    assert await st.nothing_for(1.0), "no more than the window outstanding"
+    await st.nothing_for(1.0, "no more than the window outstanding")
     st.ack_many(first[:10])
     more = await st.take(10)
     assert payload_ints(more) == list(range(64, 74))
-    assert await st.nothing_for(0.5)
+    await st.nothing_for(0.5, "no more than the window outstanding")
     st.auto_ack = True
     st.ack_many(first[10:] + more)
     rest = await st.take(300 - 74)
@@ -111,14 +114,14 @@ async def test_window_smaller_than_a_poll_is_never_exceeded(connector, producer,
     await st.cancel()
 
 
-async def test_takeover_closes_the_first_stream_after_committing(connector, producer, unique):
+async def test_takeover_closes_the_first_stream_after_committing(ad_suite, connector, producer, unique):
     client = cid(unique)
     await producer.to_client(client, [publish_msg(i) for i in range(10)])
     st = connector.open(client, receive_maximum=100, session_id="one")
     got = await st.take(10)
     for r in got[:4]:
         st.ack(r)
-    await asyncio.sleep(0.3)  # let the acks reach app-delivery before the takeover
+    await wait_until(committed_up_to(ad_suite, client, 4), 20, "the acks committed before the takeover")
     st2 = connector.open(client, receive_maximum=100, session_id="two")
     await asyncio.wait_for(st.ended.wait(), 10)
     again = await st2.take(6)
@@ -147,7 +150,11 @@ async def test_expired_messages_are_dropped_and_the_interval_is_left_to_the_conn
         st.ack(r)
     await st.half_close()
     st2 = connector.open(client, receive_maximum=10)
-    assert await st2.nothing_for(1.0), "the expired record counts as done: the commit passed it"
+    # the expired record counts as done (the commit passed it): the new stream's first record is the next
+    # one produced, nothing before it
+    await producer.to_client(client, [publish_msg(3)])
+    nxt = await st2.take(1)
+    assert payload_ints(nxt) == [3] and not nxt[0].redelivery
     await st2.cancel()
 
 

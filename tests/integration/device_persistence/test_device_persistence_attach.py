@@ -104,9 +104,9 @@ async def test_no_message_stranded_while_reattaching(store_factory, client_id):
             a = Attachment(f"connector-{i % 2}", f"s{i}")
             got = await store.fetch_undelivered(client_id, attach=a)
             fetched_by[i] = seqs(got)
-            await asyncio.sleep(random.random() * 0.002)
+            await asyncio.sleep(random.random() * 0.002)  # jitter: vary the interleaving with the saves
             await store.detach(client_id, a.session_id)
-            await asyncio.sleep(random.random() * 0.002)
+            await asyncio.sleep(random.random() * 0.002)  # jitter
 
     await asyncio.gather(producer(), reconnector())
     assert len(fetched_by) > 3

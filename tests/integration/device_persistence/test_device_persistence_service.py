@@ -289,7 +289,7 @@ async def test_reconnecting_client_gets_everything_once_in_order(dp):
             n = min(random.randint(1, 30), total - seq)
             await dp.publish(cid, range(seq, seq + n), flush=False)
             seq += n
-            await asyncio.sleep(random.random() * 0.01)
+            await asyncio.sleep(random.random() * 0.01)  # pacing: batches of random size and spacing
         await dp.producer.flush()
         produced.set()
 
@@ -365,7 +365,7 @@ async def test_restart_mid_stream_loses_nothing(dp, how):
     async def producer():
         for start in range(0, total, 100):
             await dp.publish(cid, range(start, start + 100))
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # pacing: the stream is still flowing at the restart
 
     prod = asyncio.create_task(producer())
     await dp.wait_stored(cid, lambda got: len(got) >= 500)
@@ -431,7 +431,7 @@ async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka
             stored[:] = [int(d.msg.payload.split(b":")[0]) for d in await h.store.fetch_undelivered(cid)]
             return len(stored) >= total
 
-        await poll(all_stored, BOUND, step=0.1)
+        await wait_until(all_stored, BOUND, step=0.1)
         assert stored == list(range(total))
         details = await h.details()
         assert details["forward_overflows"] >= 1

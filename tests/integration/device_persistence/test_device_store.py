@@ -3,7 +3,6 @@ Redis Cluster (`redis_backend` is parametrized in conftest.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 
@@ -13,6 +12,7 @@ from redis.exceptions import ResponseError
 from tbmq.v1 import messages_pb2 as pb
 
 from device_persistence.store import Attachment, DeviceMsgStore, StoreConfig, client_keys
+from waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -27,18 +27,6 @@ def msg(seq: int, **kw) -> pb.PublishMsg:
 def seqs(items) -> list[int]:
     """The sequence numbers carried in the payloads of DevicePublishMsg or PublishMsg items."""
     return [int((d.msg if isinstance(d, pb.DevicePublishMsg) else d).payload) for d in items]
-
-
-async def poll(predicate, timeout: float = 5.0, interval: float = 0.05):
-    """Await an async predicate until truthy; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
 
 
 async def test_save_fetch_roundtrip(store_factory, client_id):
@@ -136,7 +124,7 @@ async def test_default_ttl_expiry(store_factory, client_id):
     async def gone():
         return await store.fetch_undelivered(client_id) == []
 
-    await poll(gone)
+    await wait_until(gone, 5, "the client keys gone")
 
 
 async def test_expired_reference_reused_after_wrap(store_factory, client_id):
@@ -149,7 +137,7 @@ async def test_expired_reference_reused_after_wrap(store_factory, client_id):
     async def payloads_gone():
         return await r.exists(k.message(1), k.message(2)) == 0
 
-    await poll(payloads_gone)
+    await wait_until(payloads_gone, 5, "the payloads gone")
     assert await r.zcard(k.messages) == 3  # stale references not cleaned yet
     await r.set(k.last_packet_id, 65535, keepttl=True)
     saved = await store.save_batch(client_id, [msg(3)])
@@ -194,7 +182,7 @@ async def test_message_expiry(store_factory, client_id):
     async def expired():
         return seqs(await store.fetch_undelivered(client_id)) == [0, 3]
 
-    await poll(expired)
+    await wait_until(expired, 5, "the expired messages gone")
 
 
 async def test_pubrec_keeps_ttl_and_order(store_factory, client_id):
@@ -254,7 +242,7 @@ async def test_clear(store_factory, client_id):
     async def short_one_gone():
         return await store.redis.exists(k.message(5)) == 0
 
-    await poll(short_one_gone)
+    await wait_until(short_one_gone, 5, "the short-lived message gone")
     assert await store.clear(client_id) == 4  # the expired one is not counted
     assert await store.redis.exists(k.messages, k.last_packet_id, k.serial, *map(k.message, range(1, 6))) == 0
     assert await store.fetch_undelivered(client_id) == []

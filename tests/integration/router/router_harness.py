@@ -3,7 +3,6 @@ start router instances through the launcher Suite, read output topics with bound
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_launcher.services import readyz
 from tbmq_platform import topics
 from tbmq_platform.kafka import make_producer
+from waits import wait_until
 
 
 def hexid() -> str:
@@ -87,19 +87,17 @@ class TopicReader:
         return True
 
     async def poll_until(self, done: Callable[[list], bool], timeout: float = 30.0) -> list:
-        deadline = time.monotonic() + timeout
-        while True:
+        """Read on (`waits.wait_until`: one fetch of up to 200 ms per check) until `done(records)`."""
+        async def read_and_check() -> bool:
             if await self._attach():
                 batches = await self.consumer.getmany(timeout_ms=200)
                 for recs in batches.values():
                     self.records.extend(recs)
-            else:
-                await asyncio.sleep(0.2)
-            if done(self.records):
-                return self.records
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.topic}: condition not met within {timeout}s; "
-                                     f"{len(self.records)} records read")
+            return done(self.records)
+
+        await wait_until(read_and_check, timeout,
+                         lambda: f"{self.topic}: condition; {len(self.records)} records read", step=0.01)
+        return self.records
 
     async def stop(self):
         if self.consumer is not None:

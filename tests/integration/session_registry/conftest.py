@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from session_registry_harness import (SERVICE_ENV_BASE, FakeConnector, FakeDevicePersistence, SessionTable,
-                                      TopicWatch, eventually)
+from kafka_views import SessionTable
+from session_registry_harness import SERVICE_ENV_BASE, FakeConnector, FakeDevicePersistence, TopicWatch, eventually
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
 

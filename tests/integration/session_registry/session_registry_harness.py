@@ -16,8 +16,9 @@ from aiokafka import TopicPartition
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2, services_pb2_grpc
 from tbmq_platform import topics
-from tbmq_platform.compacted import CompactedTopicView
-from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import KeyPartitioner, ensure_topics, make_consumer, make_producer
+from kafka_views import partitions_of
+from waits import wait_until
 
 SERVICE_ENV_BASE = {
     "TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS": "300",
@@ -29,17 +30,8 @@ SERVICE_ENV_BASE = {
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = ""):
-    """Poll `check` (sync or async) until it returns a truthy value; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(interval)
+    """`waits.wait_until` with this harness's default bound (15 s): the truthy value `check` returned."""
+    return await wait_until(check, timeout, what or "condition", step=interval)
 
 
 class TopicWatch:
@@ -56,13 +48,7 @@ class TopicWatch:
         self._consumer = make_consumer(self.bootstrap, group_id=None, client_id=f"watch-{uuid.uuid4().hex[:6]}",
                                        read_committed=True)
         await self._consumer.start()
-        parts = None
-        for _ in range(100):
-            parts = self._consumer.partitions_for_topic(self.topic)
-            if parts:
-                break
-            await self._consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
+        parts = await partitions_of(self._consumer, self.topic)
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         if self.from_beginning:
@@ -93,28 +79,7 @@ class TopicWatch:
             await self._consumer.stop()
 
 
-class SessionTable:
-    """tbmq.client.session as a dict (read_committed), to check what the registry saved."""
-
-    def __init__(self, bootstrap: str):
-        self.bootstrap = bootstrap
-        self.sessions: dict[str, pb.SessionInfo | None] = {}
-        self.view = CompactedTopicView(bootstrap, topics.CLIENT_SESSION, self._apply,
-                                       client_id=f"table-{uuid.uuid4().hex[:6]}", read_committed=True)
-
-    def _apply(self, key, value):
-        self.sessions[key.decode()] = None if value is None else pb.SessionInfo.FromString(value)
-
-    def get(self, cid: str) -> pb.SessionInfo | None:
-        return self.sessions.get(cid)
-
-    async def start(self):
-        await ensure_topics(self.bootstrap, topics.static_topics())
-        await self.view.start()
-        return self
-
-    async def stop(self):
-        await self.view.stop()
+_PARTITIONER = KeyPartitioner()
 
 
 class FakeConnector:
@@ -153,6 +118,12 @@ class FakeConnector:
             if r.request_id == request_id:
                 return r
         return None
+
+    async def request_partition(self, client_id: str) -> tuple[int, int]:
+        """(the partition of tbmq.client.session.event.request a client's requests go to, the partition
+        count): the registry answers the requests of one partition in order."""
+        n = len(await self.producer.partitions_for(topics.SESSION_EVENT_REQUEST))
+        return _PARTITIONER.hash(client_id.encode()) % n, n
 
     async def send(self, req: pb.SessionEventRequest) -> None:
         await self.producer.send_and_wait(topics.SESSION_EVENT_REQUEST, req.SerializeToString(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import uuid
 
 import pytest
 from session_registry_harness import eventually
@@ -17,6 +18,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 async def health(port: int) -> dict:
     return await readyz(port)
+
+
+async def answered_after_everything(connectors) -> None:
+    """A marker CONNECTION_REQUEST from each fake connector on every partition of the request topic, and
+    their answers: everything the registry answers for requests sent before is in the responses now."""
+    _, n_parts = await connectors[0].request_partition("")
+    keys: dict[int, str] = {}
+    while len(keys) < n_parts:
+        key = f"marker{uuid.uuid4().hex[:10]}"
+        keys.setdefault((await connectors[0].request_partition(key))[0], key)
+    for conn in connectors:
+        await asyncio.gather(*(conn.connect(key, sei=0, clean_start=True) for key in keys.values()))
 
 
 def answered_once(connectors, request_ids: set[str]) -> tuple[int, list[str]]:
@@ -43,7 +56,7 @@ async def test_sigkill_during_burst_answers_each_request_once(start_registry, co
             futs = [await conn.producer.send("tbmq.client.session.event.request", r.SerializeToString(),
                                              key=r.session.client_id.encode()) for conn, r in reqs[i:i + 20]]
             await asyncio.gather(*futs)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # pacing: the burst is still running when the registry dies
 
     sender = asyncio.create_task(burst())
     await eventually(lambda: len(a.all_responses()) + len(b.all_responses()) >= 80, timeout=30,
@@ -56,7 +69,9 @@ async def test_sigkill_during_burst_answers_each_request_once(start_registry, co
 
     await eventually(lambda: answered_once([a, b], request_ids)[0] == 0, timeout=90, interval=0.2,
                      what="every request answered")
-    await asyncio.sleep(2)  # room for duplicates to show up, if there were any
+    # a duplicate answer would be a re-processed request: a marker request on every request partition, from
+    # each connector, is processed after it and answered behind it on that connector's response topic
+    await answered_after_everything([a, b])
     missing, dupes = answered_once([a, b], request_ids)
     assert missing == 0 and dupes == []
     assert all(r.success for c in (a, b) for r in c.all_responses())

@@ -3,7 +3,6 @@ start, takeover, stale disconnect, expiry, client types, APPLICATION backlog, qu
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 from aiokafka import TopicPartition
@@ -141,10 +140,14 @@ async def test_stale_disconnect_after_takeover(registry, connectors, sessions, c
     _, sid_a = await a.connect(client, sei=0)
     _, sid_b = await b.connect(client, sei=0)
     await a.disconnect(client, sid_a)               # stale: non-persistent, yet must not remove the session
-    # a later request of the same client is processed after it (same partition): use it as a barrier
+    # a later request on the same partition is processed after it: use one as a barrier
+    part, _ = await a.request_partition(client)
     probe = cid()
+    while (await a.request_partition(probe))[0] != part:
+        probe = cid()
     await a.connect(probe)
-    await asyncio.sleep(0.3)
+    # ... and its session record is written after any the stale disconnect caused (one partition)
+    await eventually(lambda: sessions.get(probe) is not None, what="the probe's session saved")
     s = sessions.get(client)
     assert s is not None and s.connected and s.session_id == sid_b and s.service_id == b.service_id
 
@@ -171,10 +174,16 @@ async def test_reconnect_before_expiry_keeps_session(registry, connectors, sessi
     client = cid()
     _, sid = await c.connect(client, sei=2)
     await c.disconnect(client, sid)
-    await asyncio.sleep(0.5)
+    await eventually(lambda: (x := sessions.get(client)) is not None and not x.connected, what="disconnected")
     resp, sid2 = await c.connect(client, sei=2)
     assert resp.session_present
-    await asyncio.sleep(3)                           # well past the old expiry: connected, so never expires
+    # a marker session with the same interval, disconnected later: once the expiry scan removed it, the
+    # old session's expiry time has passed too; connected, so it never expires
+    marker = cid()
+    _, msid = await c.connect(marker, sei=2)
+    await c.disconnect(marker, msid)
+    await eventually(lambda: marker in sessions.sessions and sessions.get(marker) is None, timeout=15,
+                     what="the marker session expired")
     s = sessions.get(client)
     assert s is not None and s.connected and s.session_id == sid2
 

@@ -130,7 +130,7 @@ async def test_stored_messages_follow_the_answer_not_the_interval(client_type, p
 async def test_interval_cap_is_the_registrys():
     """The CONNECT's interval goes to the registry as sent; CONNACK echoes the registry's capped value; a
     DISCONNECT may set an interval when the CONNECT's was non-zero even if the registry capped it to 0
-    [MQTT-3.14.2-2 is about the CONNECT packet], and the registry caps that one too."""
+    [section 3.14.2.2.2 (no id) is about the CONNECT packet's], and the registry caps that one too."""
     resp = answer(present=False, sei=0, persistent=False)     # e.g. MQTT_CLIENT_SESSION_EXPIRY_MAX_..._INTERVAL=0
     svc, conn, connack = await connected(resp, v5_connect(clean_start=True, sei=0xFFFFFFFF))
     assert svc.sessions.requests[0].session_expiry_interval == 0xFFFFFFFF

@@ -140,6 +140,8 @@ def properties(ctx: int, server_publish: bool = False) -> st.SearchStrategy[Prop
             spec = PROPERTY_BY_NAME[name]
             if name == "user_properties":
                 kw[name] = tuple(draw(st.lists(st.tuples(mqtt_text, mqtt_text), min_size=1, max_size=3)))
+            elif name == "response_topic":  # a Topic Name [MQTT-3.3.2-14] [MQTT-4.7.3-1]
+                kw[name] = draw(topic_names)
             elif name == "subscription_identifiers":
                 kw[name] = tuple(draw(st.lists(st.integers(1, 268435455), min_size=1,
                                                max_size=3 if ctx == PacketType.PUBLISH else 1)))

@@ -193,7 +193,7 @@ def test_subscription_identifier_in_client_publish():  # [MQTT-3.3.4-6]
 # ---------------------------------------------------------------- SUBSCRIBE / UNSUBSCRIBE
 
 @pytest.mark.parametrize("level", [3, 4, 5])
-def test_subscribe_without_filters(level):  # [MQTT-3.8.3-3]
+def test_subscribe_without_filters(level):  # [MQTT-3.8.3-2]; 3.1.1 [MQTT-3.8.3-3]
     rejects(PROTOCOL_ERROR, frame(0x82, b"\x00\x01" + (b"\x00" if level == 5 else b"")), level)
     with pytest.raises(MqttProtocolError):
         encode(Subscribe(1, []), level)
@@ -340,6 +340,45 @@ def test_authentication_data_without_method():
     rejects(PROTOCOL_ERROR, frame(0xF0, b"\x18\x04\x16\x00\x01x"), 5)
 
 
+def _response_topic(topic: str) -> bytes:
+    """A property block holding one Response Topic."""
+    prop = b"\x08" + s(topic)
+    return bytes((len(prop),)) + prop
+
+
+@pytest.mark.parametrize("topic", ["r/+", "r/#", "#", "+", "a+b", "r/#/x", ""])
+def test_response_topic_must_be_a_topic_name(topic):  # [MQTT-3.3.2-14] [MQTT-4.7.3-1]
+    from tbmq_mqtt import check_response_topic
+
+    with pytest.raises(MqttProtocolError) as ei:
+        check_response_topic(topic)
+    assert ei.value.reason_code == PROTOCOL_ERROR
+    # in a PUBLISH, from a client (server role) and from a server (client role)
+    conn = encode(Connect(5, "c"), 5)
+    pub = frame(0x32, s("a") + b"\x00\x07" + _response_topic(topic) + b"x")
+    with pytest.raises(MqttProtocolError) as ei:
+        MqttDecoder().feed(conn + pub)
+    assert ei.value.reason_code == PROTOCOL_ERROR and ei.value.packet_type == 3
+    rejects(PROTOCOL_ERROR, pub, 5, Role.CLIENT)
+    # in the Will properties of a CONNECT: the CONNECT is refused, at its level
+    will = _response_topic(topic) + s("w") + s("m")
+    err = server_rejects(PROTOCOL_ERROR, connect_bytes(5, flags=0x06, rest=s("a") + will))
+    assert err.protocol_level == 5
+
+
+@pytest.mark.parametrize("topic", ["reply/here", "r", "$r/x", "a//b", "/", "r/ü"])
+def test_response_topic_valid(topic):
+    from tbmq_mqtt import check_response_topic
+
+    check_response_topic(topic)
+    pub = frame(0x30, s("a") + _response_topic(topic) + b"x")
+    assert MqttDecoder(5, role=Role.SERVER).feed(encode(Connect(5, "c"), 5) + pub)[1].properties == Properties(
+        response_topic=topic)
+    will = _response_topic(topic) + s("w") + s("m")
+    assert MqttDecoder().feed(connect_bytes(5, flags=0x06, rest=s("a") + will))[0].will == Will(
+        "w", b"m", properties=Properties(response_topic=topic))
+
+
 def test_property_length_beyond_packet():
     rejects(MALFORMED, frame(0x30, s("a") + b"\x09\x01\x01"), 5)
     rejects(MALFORMED, frame(0x30, s("a") + b"\x02\x02\x00"), 5)  # four-byte int cut by prop length
@@ -484,5 +523,9 @@ def test_server_error_response():
     conn = encode(Connect(5, "c"), 5)
     assert server_error_response(_err(conn + frame(0x30, s("a") + b"\x03\x23\x00\x00"))) == b"\xe0\x01\x94"
     assert server_error_response(_err(conn + b"\x36\x00")) == b"\xe0\x01\x81"
+    # a Response Topic with a wildcard: DISCONNECT 0x82 after a PUBLISH, CONNACK 0x82 for a Will [MQTT-3.3.2-14]
+    assert server_error_response(_err(conn + frame(0x30, s("a") + _response_topic("r/+")))) == b"\xe0\x01\x82"
+    will = _response_topic("r/#") + s("w") + s("m")
+    assert server_error_response(_err(connect_bytes(5, flags=0x06, rest=s("a") + will))) == b"\x20\x03\x00\x82\x00"
     # 3.1.1 after CONNECT -> close
     assert server_error_response(_err(encode(Connect(4, "c"), 4) + b"\x36\x00")) is None

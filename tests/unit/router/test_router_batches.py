@@ -248,3 +248,37 @@ def test_a_poll_of_several_partitions_is_routed_in_arrival_order():
         offs = [o for p, o in got if p == part]
         assert offs == sorted(offs)
     assert list(in_arrival_order({"a": p0})) == p0
+
+
+async def test_a_batch_is_routed_only_once_the_views_reached_its_barrier(router):
+    """handle_batch waits for the barrier asked when the batch arrived (RouterRuntime.deliver), so a
+    subscription applied meanwhile (written before the batch's records) is used for it."""
+    app, runtime, kafka, failures = router
+
+    class FakeBarrier:  # the views "apply" client c's subscription when the end offsets are reached
+        requests = 0
+
+        def __init__(self):
+            self.answer = asyncio.get_running_loop().create_future()
+
+        def ends(self):
+            self.requests += 1
+            return self.answer
+
+        async def wait(self, ends, timeout=None):
+            await ends
+            runtime.routing.apply_subscriptions(b"c", pb.ClientSubscriptions(client_id="c", subscriptions=[
+                pb.TopicSubscription(topic_filter="x/1", qos=1)]).SerializeToString())
+            runtime.routing.apply_session(b"c", pb.SessionInfo(client_id="c", service_id="conn-3",
+                                                                connected=True).SerializeToString())
+
+    runtime.barrier = FakeBarrier()
+    batch = RecordBatch({TP(topics.MSG_ALL, 0): [_record(0, 1, _publish("x/1"))]}, app.consumer_generation_id)
+    batch.barrier = runtime.barrier.ends()  # what deliver() does first
+    task = asyncio.create_task(runtime.handle_batch(batch))
+    await asyncio.sleep(0)
+    assert not task.done() and kafka.sent == []  # not routed before the views caught up
+    runtime.barrier.answer.set_result({})
+    await task
+    assert {s[0] for s in kafka.sent} == {topics.downlink_basic_topic(c) for c in ("conn-1", "conn-2", "conn-3")}
+    assert runtime.health_details()["barrier_requests"] == 1 and not failures

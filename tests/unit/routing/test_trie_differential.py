@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tbmq_routing import trie as trie_mod
-from tbmq_routing.topics import is_valid_topic_filter, is_valid_topic_name
+from tbmq_routing.topics import is_valid_topic_filter, is_valid_topic_name, topic_matches
 from tbmq_routing.trie import RetainedStore, Subscription, SubscriptionTrie
 
 pytestmark = pytest.mark.unit
@@ -16,19 +16,9 @@ FILTER_LEVELS = ["", "+", "#", "$sys", "a", "b"]
 TOPIC_LEVELS = ["", "$sys", "a", "b"]
 
 
-def naive_match(topic_filter: str, topic: str) -> bool:
-    fl = topic_filter.split("/")
-    tl = topic.split("/")
-    if topic.startswith("$") and fl[0] in ("+", "#"):
-        return False  # [MQTT-4.7.2-1]
-    for i, x in enumerate(fl):
-        if x == "#":
-            return True  # rest of the levels, including none
-        if i >= len(tl):
-            return False
-        if x != "+" and x != tl[i]:
-            return False
-    return len(fl) == len(tl)
+# the naive split-and-compare matcher: tbmq_routing.topics.topic_matches (one filter at a time; its own
+# examples are in test_routing_topics.py)
+naive_match = topic_matches
 
 
 # valid filters built constructively ('#' only as the last level), '' alone excluded

@@ -134,7 +134,7 @@ def test_resumed_session_with_interval_zero_ends_with_its_connection():
     assert end.kind == "removed" and end.write_session and end.session is None
     assert end.clear_subscriptions is not None and end.device_clear == "c1"
     assert end.fallback.session is not None and logic.needs_cleanup(end.fallback.session, NOW + 5)
-    # the DISCONNECT cannot give it an interval: the CONNECT's was 0 [MQTT-3.14.2-2]
+    # the DISCONNECT cannot give it an interval: the CONNECT's was 0 (section 3.14.2.2.2, no id)
     assert logic.decide(s, disc_req(sid="s1", sei=60), RULES, NOW + 5).session is None
     # taken over while connected: not resumed (it ends with its connection; Mosquitto does the same), and the
     # next persistent DEVICE session starts from a cleared store (blocking)
@@ -346,7 +346,7 @@ def test_disconnect_changes_expiry():
     assert to_zero.session is None and to_zero.write_session
     longer = logic.decide(prior, disc_req(sid="s1", sei=10**7), RULES, NOW)
     assert longer.session.session_expiry_interval == 604800
-    # a session that was 0 at CONNECT cannot be extended at DISCONNECT [MQTT-3.14.2-2]
+    # a session that was 0 at CONNECT cannot be extended at DISCONNECT (section 3.14.2.2.2, no id)
     zero = stored(sid="s1", sei=0, persistent=False)
     assert logic.decide(zero, disc_req(sid="s1", sei=50), RULES, NOW).session is None
     # 3.x has no DISCONNECT properties

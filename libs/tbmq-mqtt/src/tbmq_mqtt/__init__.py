@@ -38,7 +38,14 @@ from .packets import (
     Unsubscribe,
     Will,
 )
-from .properties import PROPERTY_BY_ID, PROPERTY_SPECS, PropertyId, PropertyType, allowed_properties
+from .properties import (
+    PROPERTY_BY_ID,
+    PROPERTY_SPECS,
+    PropertyId,
+    PropertyType,
+    allowed_properties,
+    check_response_topic,
+)
 from .reason_codes import (
     REASON_CODES_BY_PACKET,
     ConnackReturnCode,
@@ -53,6 +60,7 @@ __all__ = [
     "PacketType", "PingReq", "PingResp", "Properties", "PropertyId", "PropertyType", "PubAck",
     "PubComp", "PubRec", "PubRel", "Publish", "REASON_CODES_BY_PACKET", "ReasonCode", "Role",
     "SUPPORTED_PROTOCOL_LEVELS", "SubAck", "Subscribe", "Subscription", "UnsubAck",
-    "Unsubscribe", "Will", "allowed_properties", "decode", "encode", "server_error_response",
+    "Unsubscribe", "Will", "allowed_properties", "check_response_topic", "decode", "encode",
+    "server_error_response",
     "to_v3_connack_return_code",
 ]

@@ -271,7 +271,7 @@ def _ack_decoder(cls, ptype):
             raise w.malformed(f"truncated {_NAMES[ptype]}")
         pid = (data[pos] << 8) | data[pos + 1]
         if not pid:
-            raise MqttProtocolError(PROTOCOL_ERROR, f"{_NAMES[ptype]} packet identifier 0")  # [MQTT-2.2.1-3]
+            raise MqttProtocolError(PROTOCOL_ERROR, f"{_NAMES[ptype]} packet identifier 0")  # [MQTT-2.2.1-5]
         pos += 2
         if pos == end:
             return cls(pid)
@@ -322,7 +322,8 @@ def _decode_subscribe(flags, data, pos, end, level, server) -> Subscribe:
                 raise w.malformed(f"invalid requested QoS byte 0x{opts:02X}")
             subs.append(Subscription(topic_filter, qos))
     if not subs:
-        # [MQTT-3.8.3-3]: the payload MUST contain at least one Topic Filter / options pair
+        # the payload MUST contain at least one Topic Filter / options pair: [MQTT-3.8.3-2];
+        # 3.1.1 [MQTT-3.8.3-3] (3.1.1 numbering; in 5.0 that id is No Local)
         raise MqttProtocolError(PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
     return Subscribe(pid, subs, props)
 
@@ -722,7 +723,8 @@ def _ack_encoder(b0: int, ptype: int):
 
 def _enc_subscribe(p: Subscribe, level: int) -> bytes:
     if not p.subscriptions:
-        raise MqttProtocolError(PROTOCOL_ERROR, "SUBSCRIBE without topic filters")  # [MQTT-3.8.3-3]
+        # [MQTT-3.8.3-2]; 3.1.1 [MQTT-3.8.3-3]
+        raise MqttProtocolError(PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
     parts = [pack_u16(_check_pid(p.packet_id))]
     v5 = level == MQTT_5
     if v5:
@@ -834,7 +836,7 @@ def server_error_response(err: MqttProtocolError) -> bytes | None:
 
     * error in a CONNECT of a v5 client: CONNACK with the reason code (0x80 when the code is not
       a CONNACK code) [MQTT-3.2.2-8]; 3.x client or unsupported level: a 3.1.1-format CONNACK only
-      for 0x84 (return code 1, [MQTT-3.1.2-2]) and 0x85 (return code 2, [MQTT-3.1.3-9]), else
+      for 0x84 (return code 1, [MQTT-3.1.2-2]) and 0x85 (return code 2, 3.1.1 [MQTT-3.1.3-9]), else
       nothing;
     * error after CONNECT on a v5 connection: DISCONNECT with the reason code (4.13.1);
     * 3.x connection, or an error before any CONNECT: nothing.

@@ -2,6 +2,12 @@
 
 The table is written once: identifier, ``Properties`` attribute, wire type and the packets (plus
 the pseudo-packet ``WILL`` for will properties in CONNECT) that may carry the property.
+
+Guarantee: ``decode_properties`` returns only properties the packet type may carry, each at most
+once (User Property and a PUBLISH's Subscription Identifiers excepted), with values the spec allows:
+0/1 bytes, non-zero Receive Maximum / Maximum Packet Size / Subscription Identifier / Topic Alias,
+Authentication Data only with a Method, and a Response Topic that is a valid Topic Name
+(``check_response_topic``); anything else raises ``MqttProtocolError``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ __all__ = [
     "PROPERTY_BY_NAME",
     "WILL",
     "allowed_properties",
+    "check_response_topic",
     "decode_properties",
     "encode_properties",
 ]
@@ -146,6 +153,24 @@ def _err(code: int, msg: str) -> MqttProtocolError:
     return MqttProtocolError(code, msg)
 
 
+_RESPONSE_TOPIC = int(PropertyId.RESPONSE_TOPIC)
+
+
+def check_response_topic(topic: str) -> None:
+    """Raise ``MqttProtocolError`` (0x82 Protocol Error) unless ``topic`` may be a Response Topic.
+
+    A Response Topic is the Topic Name of the response message (3.3.2.3.5): it MUST NOT contain
+    wildcard characters [MQTT-3.3.2-14] and, as every Topic Name, is at least one character long
+    [MQTT-4.7.3-1]; its UTF-8 rules (no U+0000, no surrogates) [MQTT-3.3.2-13] are checked when the
+    string is read. Applies to a PUBLISH and to the Will properties of a CONNECT: a server answers
+    the first with DISCONNECT 0x82, the second with CONNACK 0x82 (``server_error_response``).
+    """
+    if not topic:
+        raise _err(w.PROTOCOL_ERROR, "empty Response Topic")  # [MQTT-4.7.3-1]
+    if "+" in topic or "#" in topic:
+        raise _err(w.PROTOCOL_ERROR, f"wildcard in Response Topic {topic!r}")  # [MQTT-3.3.2-14]
+
+
 def decode_properties(data: bytes, pos: int, end: int, ctx: int) -> tuple[Properties, int]:
     """Decode a property length + properties starting at ``pos`` for packet type ``ctx``."""
     if pos >= end:
@@ -228,6 +253,8 @@ def decode_properties(data: bytes, pos: int, end: int, ctx: int) -> tuple[Proper
                 raise _err(w.PROTOCOL_ERROR, f"{name} must not be 0")
         elif pid == 0x23 and value == 0:
             raise _err(0x94, "Topic Alias 0")  # [MQTT-3.3.2-8]
+        elif pid == _RESPONSE_TOPIC:
+            check_response_topic(value)
         values[name] = value
     if pos != stop:
         raise w.malformed("property overruns property length")

@@ -102,7 +102,7 @@ SUBACK_V3_CODES = frozenset([0x00, 0x01, 0x02, 0x80])
 _V5_TO_V3_CONNACK = {
     0x00: 0,
     0x84: 1,  # Unsupported Protocol Version -> unacceptable protocol version [MQTT-3.1.2-2]
-    0x85: 2,  # Client Identifier not valid -> identifier rejected [MQTT-3.1.3-9]
+    0x85: 2,  # Client Identifier not valid -> identifier rejected (3.1.1 [MQTT-3.1.3-9]; 5.0 [MQTT-3.1.3-8])
     0x88: 3,
     0x89: 3,
     0x9C: 3,

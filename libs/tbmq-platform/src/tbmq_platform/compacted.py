@@ -9,6 +9,15 @@ Guarantees:
   serves, and how a service that just wrote a record (or read a response written in the same Kafka
   transaction as one) waits until its own view contains it.
 - A read_committed view (the default) never applies a record of an aborted transaction.
+- `barrier(topics).wait()` (the subscription barrier, docs/router.md) returns once every record APPENDED to
+  `topics` before the call (up to the high watermark, whatever its transaction state: a record appended
+  after an open transaction's first record is below the last stable offset only once that transaction
+  ends) has been applied, or passed when its transaction aborted. Any record whose producer was
+  acknowledged before the call is below that mark (acks=all: the leader acknowledges only what is below
+  the high watermark). Callers ask it AFTER they hold something that was itself acknowledged later (a
+  fetched tbmq.msg.all record), so the view then reflects every write that happened before that.
+  Coalesced: at most one ListOffsets per barrier in flight; a call made while one is in flight is answered
+  by the next one (sent when the current one returns), never by one sent before the call.
 
 Cost (docs/performance.md, "Idle: one consumer for the views, long-polls"): `CompactedViews` follows every
 compacted topic of a process on ONE consumer (one fetch per broker for all of them, instead of one per
@@ -23,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -55,6 +64,7 @@ class CompactedViews:
         self.views: dict[str, CompactedTopicView] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._offsets: AIOKafkaConsumer | None = None
+        self._watermarks: AIOKafkaConsumer | None = None  # read_uncommitted: ListOffsets = high watermark
         self._partitions: dict[str, list[TopicPartition]] = {}
         self._progress = asyncio.Condition()
         self._task: asyncio.Task | None = None
@@ -78,13 +88,21 @@ class CompactedViews:
         # the same isolation: a read_committed view's end is the last stable offset
         self._offsets = make_consumer(self._bootstrap, group_id=None, client_id=f"{self._client_id}-offsets",
                                       read_committed=self._read_committed)
+        # barriers need the high watermark (read_uncommitted ListOffsets); the same consumer when the views
+        # are read_uncommitted anyway
+        self._watermarks = self._offsets if not self._read_committed else make_consumer(
+            self._bootstrap, group_id=None, client_id=f"{self._client_id}-hw", read_committed=False)
         await self._consumer.start()
         await self._offsets.start()
+        if self._watermarks is not self._offsets:
+            await self._watermarks.start()
         tps: list[TopicPartition] = []
         for topic in self.views:
             self._partitions[topic] = await topic_partitions(self._consumer, topic)
             tps.extend(self._partitions[topic])
             await topic_partitions(self._offsets, topic)  # its metadata knows the topic's leaders
+            if self._watermarks is not self._offsets:
+                await topic_partitions(self._watermarks, topic)
         self._consumer.assign(tps)
         await self._consumer.seek_to_beginning(*tps)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow {','.join(self.views)}")
@@ -96,15 +114,33 @@ class CompactedViews:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for c in (self._consumer, self._offsets):
+        for c in {id(c): c for c in (self._consumer, self._offsets, self._watermarks)}.values():
             if c is not None:
                 await c.stop()
 
+    def partitions(self, topics: Iterable[str] | None = None) -> list[TopicPartition]:
+        return [tp for t in (self.views if topics is None else topics) for tp in self._partitions[t]]
+
+    async def end_offsets(self, topics: Iterable[str] | None = None, *,
+                          high_watermark: bool = False) -> dict[TopicPartition, int]:
+        """The end offsets of `topics` (default: every view), asked now on the offsets connection: the last
+        stable offsets for a read_committed view (what it can apply today), or with `high_watermark` the
+        offset after the last appended record whatever its transaction state."""
+        return await (self._watermarks if high_watermark else self._offsets).end_offsets(self.partitions(topics))
+
     async def wait_caught_up(self, topics: Iterable[str] | None = None, timeout: float = 60.0) -> None:
         """Wait until everything written to `topics` (default: every view) before this call is applied."""
-        tps = [tp for t in (self.views if topics is None else topics) for tp in self._partitions[t]]
         async with asyncio.timeout(timeout):
-            ends = await self._offsets.end_offsets(tps)
+            await self.wait_applied(await self.end_offsets(topics))
+
+    def barrier(self, topics: Iterable[str] | None = None) -> "Barrier":
+        """A coalescing high-watermark barrier on `topics` (module docstring)."""
+        return Barrier(self, self.partitions(topics))
+
+    async def wait_applied(self, ends: Mapping[TopicPartition, int], timeout: float | None = None) -> None:
+        """Wait until the view's position on every partition of `ends` is at least its offset: every record
+        below it applied (or skipped: a transaction marker, an aborted record)."""
+        async with asyncio.timeout(timeout):
             consumer = self._consumer
 
             async def done() -> bool:
@@ -115,6 +151,8 @@ class CompactedViews:
                         return False
                 return True
 
+            if await done():  # the usual case: nothing new on these topics
+                return
             async with self._progress:  # checked under the lock: a notify between check and wait is not lost
                 while not await done():
                     try:
@@ -141,6 +179,69 @@ class CompactedViews:
                     view.records += 1
             async with self._progress:
                 self._progress.notify_all()
+
+
+class Barrier:
+    """`CompactedViews.barrier(topics)`: "everything appended to these topics before now is applied", with
+    the end offsets read by at most one ListOffsets in flight at a time (module docstring).
+
+    ``ends()`` is synchronous, so a caller fixes the moment it stands for without yielding: the answer is
+    that of a request sent after the call (the one in flight was sent before it, so a call made meanwhile
+    joins the NEXT request, sent as soon as the current one returns, shared by every call made while it
+    waited). ``wait(ends)`` then waits for the view to apply up to them. One failed request fails the calls
+    it answers; the next call sends a new one."""
+
+    def __init__(self, views: CompactedViews, partitions: list[TopicPartition]) -> None:
+        self._views = views
+        self._partitions = partitions
+        self._inflight: asyncio.Future | None = None
+        self._next: asyncio.Future | None = None
+        self._sent = False  # the in-flight request's task has started (its ListOffsets is on its way)
+        self.requests = 0  # ListOffsets sent (for /readyz and the tests)
+
+    def ends(self) -> asyncio.Future:
+        """A future of the high watermarks read by a request sent after this call."""
+        if self._inflight is None:
+            fut = self._inflight = asyncio.get_running_loop().create_future()
+            self._send(fut)
+            return fut
+        if not self._sent:  # the request's task has not run yet: it is sent after this call too
+            return self._inflight
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        return self._next
+
+    def _send(self, fut: asyncio.Future) -> None:
+        self._sent = False
+        task = asyncio.get_running_loop().create_task(self._request())
+        task.add_done_callback(lambda t: self._answered(fut, t))
+
+    async def _request(self) -> dict[TopicPartition, int]:
+        self._sent = True
+        self.requests += 1
+        return await self._views._watermarks.end_offsets(self._partitions)
+
+    def _answered(self, fut: asyncio.Future, task: asyncio.Task) -> None:
+        if not fut.done():
+            if task.cancelled():
+                fut.cancel()
+            elif task.exception() is not None:
+                fut.set_exception(task.exception())
+            else:
+                fut.set_result(task.result())
+            if not fut.cancelled():
+                fut.exception()  # marked retrieved: a caller that dropped its future logs nothing
+        self._inflight, nxt, self._next = None, self._next, None
+        if nxt is not None:
+            self._inflight = nxt
+            self._send(nxt)
+
+    async def wait(self, ends: asyncio.Future | None = None, timeout: float | None = None) -> None:
+        """Wait until the view applied everything appended before `ends` was asked (default: now)."""
+        async with asyncio.timeout(timeout):
+            # shielded: a caller that gives up must not cancel the answer other callers share
+            offsets = await asyncio.shield(self.ends() if ends is None else ends)
+            await self._views.wait_applied(offsets)
 
 
 class CompactedTopicView:
@@ -181,4 +282,4 @@ class CompactedTopicView:
         await self._views.wait_caught_up([self.topic], timeout)
 
 
-__all__ = ["CompactedTopicView", "CompactedViews"]
+__all__ = ["Barrier", "CompactedTopicView", "CompactedViews"]

@@ -33,6 +33,8 @@ from .topics import (
     ParsedFilter,
     TopicError,
     parse_subscription_filter,
+    subscribed_to,
+    topic_matches,
     validate_topic_filter,
     validate_topic_name,
 )
@@ -42,7 +44,7 @@ __all__ = [
     "APPLICATION", "DEVICE", "AppDelivery", "Delivery", "PublishInfo", "RoundRobin", "RoutingPlan",
     "SessionView", "SharedAppCopy", "SharedDeviceChoice", "plan_routing",
     "InvalidSharedSubscription", "InvalidTopicFilter", "InvalidTopicName", "ParsedFilter", "TopicError",
-    "parse_subscription_filter", "validate_topic_filter", "validate_topic_name",
+    "parse_subscription_filter", "subscribed_to", "topic_matches", "validate_topic_filter", "validate_topic_name",
     "RetainedStore", "Subscription", "SubscriptionTrie",
     "app_topic_name", "shared_app_topic_name", "shared_store_id", "app_client_group", "app_shared_group",
     "expiry",

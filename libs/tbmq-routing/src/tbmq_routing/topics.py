@@ -1,7 +1,8 @@
 """MQTT topic name / topic filter validation and shared-subscription parsing.
 
 Pure functions, no I/O. Statement ids in comments refer to the MQTT 5.0 specification
-(OASIS, 7 March 2019); the same rules hold for MQTT 3.1.1 except shared subscriptions.
+(OASIS, 7 March 2019); the same rules hold for MQTT 3.1.1 except shared subscriptions (3.1.1 numbers
+the wildcard rules differently: its [MQTT-4.7.1-1], -2, -3 are 5.0's [MQTT-4.7.0-1], [MQTT-4.7.1-1], -2).
 
 Errors form a small hierarchy so callers can map them to reason codes:
 
@@ -30,6 +31,8 @@ __all__ = [
     "is_valid_topic_filter",
     "parse_subscription_filter",
     "has_wildcard",
+    "topic_matches",
+    "subscribed_to",
 ]
 
 #: [MQTT-4.7.3-3] topic names and filters are UTF-8 strings of at most 65,535 bytes.
@@ -117,7 +120,7 @@ def validate_topic_name(topic: str) -> None:
     Empty levels (``a//b``, ``/a``, ``a/``) are valid and distinct; ``$``-topics are valid.
     """
     _check_common(topic, InvalidTopicName)
-    # [MQTT-3.3.2-2] / [MQTT-4.7.1-1] wildcard characters must not be used within a topic name.
+    # [MQTT-3.3.2-2] / [MQTT-4.7.0-1] wildcard characters must not be used within a topic name.
     if "+" in topic or "#" in topic:
         raise InvalidTopicName(topic, "wildcards '+' and '#' are not allowed in a topic name", "MQTT-3.3.2-2")
 
@@ -136,15 +139,15 @@ def validate_topic_filter(topic_filter: str) -> None:
         if level == "+" or level == "":
             continue
         if level == "#":
-            # [MQTT-4.7.1-2] '#' on its own or after '/', and it must be the last character.
+            # [MQTT-4.7.1-1] '#' on its own or after '/', and it must be the last character.
             if i != last:
-                raise InvalidTopicFilter(topic_filter, "'#' must be the last level", "MQTT-4.7.1-2")
+                raise InvalidTopicFilter(topic_filter, "'#' must be the last level", "MQTT-4.7.1-1")
             continue
         if "#" in level:
-            raise InvalidTopicFilter(topic_filter, "'#' must occupy a whole level", "MQTT-4.7.1-2")
+            raise InvalidTopicFilter(topic_filter, "'#' must occupy a whole level", "MQTT-4.7.1-1")
         if "+" in level:
-            # [MQTT-4.7.1-3] '+' must occupy an entire level of the filter.
-            raise InvalidTopicFilter(topic_filter, "'+' must occupy a whole level", "MQTT-4.7.1-3")
+            # [MQTT-4.7.1-2] '+' must occupy an entire level of the filter.
+            raise InvalidTopicFilter(topic_filter, "'+' must occupy a whole level", "MQTT-4.7.1-2")
 
 
 def is_valid_topic_name(topic: str) -> bool:
@@ -166,6 +169,37 @@ def is_valid_topic_filter(topic_filter: str) -> bool:
 def has_wildcard(topic_filter: str) -> bool:
     """True if a (valid) filter contains a '+' or '#' level."""
     return "+" in topic_filter or "#" in topic_filter
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether a (valid) topic filter matches a topic name (MQTT 5.0 §4.7): '+' one level, '#' this level's
+    parent and everything below it (§4.7.1.2); a filter starting with a wildcard does not match a
+    topic starting with '$' [MQTT-4.7.2-1]. The same rule as ``SubscriptionTrie.match``, for one filter."""
+    if topic_filter == topic:
+        return True
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return False
+    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
+        return False
+    levels = topic.split("/")
+    n = len(levels)
+    for i, f in enumerate(topic_filter.split("/")):
+        if f == "#":
+            return True  # also matches the parent level: 'a/#' matches 'a' (§4.7.1.2)
+        if i >= n or (f != "+" and f != levels[i]):
+            return False
+    return i + 1 == n
+
+
+def subscribed_to(filters, topic: str) -> bool:
+    """Whether any of a client's subscriptions (``(share name, filter)`` keys, as the connector holds
+    them) matches ``topic``. An exact (no wildcard) subscription is found in O(1)."""
+    if ("", topic) in filters:
+        return True
+    for _share, topic_filter in filters:
+        if topic_matches(topic_filter, topic):
+            return True
+    return False
 
 
 def parse_subscription_filter(raw: str, *, no_local: bool = False, allow_shared: bool = True) -> ParsedFilter:

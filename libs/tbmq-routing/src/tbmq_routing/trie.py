@@ -7,7 +7,7 @@ Matching rules (MQTT 5.0 §4.7):
 
 * levels are separated by ``/``; empty levels are real levels (``a//b`` has 3 levels, ``/a`` 2);
 * ``+`` matches exactly one level (including an empty one);
-* ``#`` matches any number of levels including zero, so ``a/#`` matches ``a`` [MQTT-4.7.1-2 note];
+* ``#`` matches any number of levels including zero, so ``a/#`` matches ``a`` (section 4.7.1.2);
 * a filter whose first level is a wildcard does not match a topic starting with ``$``
   [MQTT-4.7.2-1] (``$SYS/#`` still matches ``$SYS/x``);
 * no normalisation of names or filters [MQTT-4.7.3-4]: comparison is exact string equality.

@@ -57,9 +57,9 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
 
     Client identifier rules: any UTF-8 string the codec accepted (1..65535 bytes; MQTT 3.1.1 says a
     server MAY accept more than the 23 [0-9a-zA-Z] characters it MUST accept, and we do). An empty id:
-    v5 -> we assign one (Assigned Client Identifier) [MQTT-3.1.3-6]; 3.1.1 -> generated only with clean
-    session, else identifier rejected [MQTT-3.1.3-7] [MQTT-3.1.3-8]; 3.1 -> identifier rejected (3.1
-    requires 1..23 characters).
+    v5 -> we assign one (Assigned Client Identifier) [MQTT-3.1.3-6] [MQTT-3.1.3-7]; 3.1.1 -> generated
+    only with clean session, else identifier rejected (3.1.1 [MQTT-3.1.3-7] [MQTT-3.1.3-8]); 3.1 ->
+    identifier rejected (3.1 requires 1..23 characters).
     """
     v5 = c.protocol_level == MQTT_5
     client_id = c.client_id
@@ -109,7 +109,7 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
 
 def will_delay_seconds(protocol_level: int, will_delay: int, session_expiry: int) -> int:
     """When the Will goes out after an ungraceful close: v5 Will Delay, but no later than the end of the
-    session [MQTT-3.1.3-9], i.e. `session_expiry` (the registry's interval, or the DISCONNECT's) after the
+    session [MQTT-3.1.2-8], i.e. `session_expiry` (the registry's interval, or the DISCONNECT's) after the
     close; a session that ends at disconnect (0, a resumed one included) sends it at once."""
     if protocol_level != MQTT_5:
         return 0

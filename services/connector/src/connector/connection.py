@@ -1000,6 +1000,7 @@ class Connection(asyncio.Protocol):
             rh = s.retain_handling if self.v5 else 0
             if not pf.share_name and (rh == 0 or (rh == 1 and not existed)):
                 retained.append((pf.filter, qos, sub_id, existed))
+        retained_ready = self.svc.retained_caught_up() if retained else None  # asked now, awaited before SUBACK
         if new_set != self.subs:
             try:
                 await self.svc.produce_subscriptions(self.client_id, new_set.values(), self.client_type)
@@ -1012,6 +1013,8 @@ class Connection(asyncio.Protocol):
             self.subs = new_set
             if self.app_stream is not None and {k for k in new_set if k[0]} != old_shared:
                 self._restart_app_stream()
+        if retained_ready is not None:
+            await retained_ready  # bounded; SUBACK and the retained messages then go out together, as before
         if self.state == CLOSED:
             return
         self.write(SubAck(p.packet_id, codes))

@@ -6,6 +6,13 @@ instance, grpc_clients.ForwardLink) and the app-delivery streams (persistent APP
 forward stream opens (registered on that instance) or ends, every persistent DEVICE connection re-syncs
 (Connection.resync: fetch again, deliver what it has not delivered yet), so a forward lost with a stream
 is never stranded for the rest of the connection.
+
+After UNSUBACK (docs/connector.md, "Subscriptions take effect at SUBACK"): a live downlink is delivered to a
+connection only while one of its current subscriptions matches the message's topic, so a copy the router
+routed before the unsubscribe and still in flight on tbmq.msg.downlink.basic.<svc> is dropped once UNSUBACK
+is sent ([MQTT-3.10.4-2]: no new messages for the removed filters).
+Retained at SUBSCRIBE: `retained_caught_up` (the retained view's barrier) before the retained messages are
+sent, so a retained PUBLISH acknowledged (on any connector) before the SUBSCRIBE arrived is among them.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
-from tbmq_platform.compacted import CompactedViews
+from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (
@@ -35,7 +42,7 @@ from tbmq_platform.topics import (
     static_topics,
 )
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
-from tbmq_routing import RetainedStore
+from tbmq_routing import RetainedStore, subscribed_to
 
 from .connection import Connection
 from .convert import publish_msg
@@ -76,6 +83,7 @@ class ConnectorService(Service):
         self.sessions: SessionEvents | None = None
         self.views: CompactedViews | None = None
         self.retained_view = self.subs_view = self.session_view = None
+        self.retained_barrier: Barrier | None = None
         self.control = self.data = None
         self.device: DevicePersistenceClient | None = None
         self.apps: AppDeliveryChannels | None = None
@@ -125,6 +133,7 @@ class ConnectorService(Service):
         await self.data.start()
         await assign_at_end(self.data, [self._topics["basic"]])
         await self.views.start()
+        self.retained_barrier = self.views.barrier([MSG_RETAINED])
         self.device = DevicePersistenceClient(s.device_persistence_grpc_targets, s.grpc_timeout_s,
                                               ack_delay_s=s.ack_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
                                               ack_max_calls=s.ack_max_calls)
@@ -258,6 +267,24 @@ class ConnectorService(Service):
         else:
             self._subs_raw.pop(client_id, None)
 
+    def retained_caught_up(self) -> asyncio.Future | None:
+        """Called when a SUBSCRIBE that receives retained messages arrives: a future done once the retained
+        view holds every retained PUBLISH acknowledged before now (its ListOffsets is sent after this call,
+        so after the SUBSCRIBE arrived), at most CONNECTOR_RETAINED_WAIT_MS later: on timeout it is logged
+        and done, and the retained messages come from what the view holds. None when the wait is off."""
+        wait_s = self.settings.retained_wait_ms / 1000
+        if wait_s <= 0 or self.retained_barrier is None:
+            return None
+        return asyncio.ensure_future(self._retained_wait(self.retained_barrier.ends(), wait_s))
+
+    async def _retained_wait(self, ends: asyncio.Future, wait_s: float) -> None:
+        try:
+            await self.retained_barrier.wait(ends, timeout=wait_s)
+        except Exception as exc:
+            self.stats["retained_wait_timeouts"] += 1
+            log.warning("retained view not caught up within %.1fs (%r): retained messages sent from what it "
+                        "holds", wait_s, exc)
+
     async def subscriptions_of(self, client_id: str) -> dict[tuple[str, str], pb.TopicSubscription]:
         """The client's stored set, after catching up with everything written so far (by any connector)."""
         await self.subs_view.wait_caught_up(timeout=10)
@@ -323,10 +350,12 @@ class ConnectorService(Service):
         msg = dl.msg
         for r in dl.recipients:
             conn = by_client.get(r.client_id)
-            if conn is not None:
-                conn.deliver(msg, r.qos, r.retain, r.subscription_ids)
-            else:
+            if conn is None:
                 self.stats["dropped_not_connected"] += 1
+            elif subscribed_to(conn.subs, msg.topic):
+                conn.deliver(msg, r.qos, r.retain, r.subscription_ids)
+            else:  # routed before an UNSUBSCRIBE whose UNSUBACK is sent [MQTT-3.10.4-2]
+                self.stats["dropped_unsubscribed"] += 1
 
     # ------------------------------------------------------------------------------------ forward streams
     def _on_forward_link(self, link) -> None:

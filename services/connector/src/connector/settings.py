@@ -81,6 +81,10 @@ class ConnectorSettings(CommonSettings):
         "CONNECTOR_DELIVERY_SLICE", 256, parse=integer(1),
         doc="downlink records delivered before the event loop serves the connections again (a large "
             "poll does not hold PUBACKs back)")
+    retained_wait_ms: float = env(
+        "CONNECTOR_RETAINED_WAIT_MS", 5000.0, parse=number(0),
+        doc="at SUBSCRIBE, how long the retained view may take to reach tbmq.msg.retained's end before the "
+            "retained messages are sent (then logged, and sent from what it holds); 0 = do not wait")
     trace_spans: bool = env(
         "CONNECTOR_TRACE_SPANS", False, parse=boolean,
         doc="create the per-message spans (mqtt.publish, mqtt.deliver*) even without an OTLP endpoint")

@@ -1,12 +1,15 @@
 """Will messages waiting for their v5 Will Delay.
 
 A Will scheduled with a delay is cancelled when the client reconnects to the same session before the delay
-passes, and sent at once when the session ends first [MQTT-3.1.3-9]. Both are seen:
+passes [MQTT-3.1.3-9], and sent at once when the session ends first [MQTT-3.1.2-8]. Both are seen:
 
 * on this connector: `on_connected(client_id, clean_start)` when a new connection of the client is accepted;
 * on another connector: the connector follows tbmq.client.session (`on_session_record`) and looks only at
   the client ids that have a pending Will: a newer connected session cancels it (or, with clean start,
   sends it: the old session ended), a removed session (null record) sends it.
+
+The delay runs on `call_later(delay, fn, *args)` (default: the running asyncio loop's), so unit tests drive
+it with a fake timer instead of waiting [MQTT-3.1.3-9].
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tbmq.v1 import messages_pb2 as pb
 
@@ -26,12 +30,24 @@ class PendingWill:
     session_id: str
     will: object          # tbmq_mqtt.Will
     level: int
-    handle: asyncio.TimerHandle | None
+    handle: "Cancellable | None"
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+CallLater = Callable[..., Cancellable]  # (delay_s, fn, *args) -> a handle with cancel(), as loop.call_later
+
+
+def _loop_call_later(delay: float, fn: Callable[..., Any], *args: Any) -> Cancellable:
+    return asyncio.get_running_loop().call_later(delay, fn, *args)
 
 
 class Wills:
-    def __init__(self, publish: Callable[[str, object, int], None]) -> None:
+    def __init__(self, publish: Callable[[str, object, int], None], call_later: CallLater = _loop_call_later) -> None:
         self._publish = publish   # (client_id, will, level) -> None: produces it like a PUBLISH
+        self._call_later = call_later
         self.pending: dict[str, PendingWill] = {}
         self.sent = 0
 
@@ -42,7 +58,7 @@ class Wills:
         if delay <= 0:
             self._fire(client_id, will, level)
             return
-        handle = asyncio.get_running_loop().call_later(delay, self._timer, client_id, session_id)
+        handle = self._call_later(delay, self._timer, client_id, session_id)
         self.pending[client_id] = PendingWill(session_id, will, level, handle)
 
     def _timer(self, client_id: str, session_id: str) -> None:

@@ -42,7 +42,7 @@ from opentelemetry.trace import SpanKind
 
 from tbmq_platform import topics
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
-from tbmq_platform.compacted import CompactedViews
+from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.health import HealthServer
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
@@ -55,6 +55,7 @@ log = logging.getLogger("router")
 tracer = trace.get_tracer("router")
 
 EXIT_SEND_FAILED = 70
+BARRIER_WARN_S = 10.0  # a batch waiting this long for the state views is logged (and waits on)
 
 
 # ------------------------------------------------------------------------------ Faust internals
@@ -133,13 +134,14 @@ class RecordBatch:
     While the agent works on it, it stands in Faust's set of unacknowledged messages (``acked``,
     ``refcount``, weak-referenceable), so a rebalance or shutdown waits for it like for an event."""
 
-    __slots__ = ("records", "generation_id", "acked", "refcount", "__weakref__")
+    __slots__ = ("records", "generation_id", "acked", "refcount", "barrier", "__weakref__")
 
     def __init__(self, records: dict, generation_id: int):
         self.records = records
         self.generation_id = generation_id
         self.acked = False
         self.refcount = 1
+        self.barrier = None  # the state views' end offsets read after this batch arrived (RouterRuntime.deliver)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.records.values())
@@ -502,6 +504,8 @@ class RouterRuntime(Service):
         self.health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
                                    self.health_details)
         self.views: CompactedViews | None = None
+        self.barrier: Barrier | None = None
+        self.barrier_stalls = 0
         self.pipeline: Pipeline | None = None
         self.exit_code = 0
         # spans cost ~5x the routing itself: only create them when they are exported
@@ -518,6 +522,8 @@ class RouterRuntime(Service):
             d.update(inflight=self.pipeline.inflight, acked_events=self.pipeline.acked_events,
                      produced=self.pipeline.produced)
         d.update(batches=self.batches, stale_batches=self.stale_batches)
+        if self.barrier is not None:
+            d.update(barrier_requests=self.barrier.requests, barrier_stalls=self.barrier_stalls)
         adaptive = getattr(getattr(self.app, "_consumer", None), "adaptive_fetch", None)
         if adaptive is not None:
             d.update(adaptive.health())
@@ -537,6 +543,7 @@ class RouterRuntime(Service):
         self.views.view(topics.CLIENT_SUBSCRIPTIONS, self.routing.apply_subscriptions)
         self.views.view(topics.CLIENT_SESSION, self.routing.apply_session)
         await asyncio.wait_for(self.views.start(), s.rebuild_timeout_s)
+        self.barrier = self.views.barrier()  # both views: see handle_batch
         self.rebuilt_in = time.monotonic() - t0
         gc.collect()
         gc.freeze()  # the rebuilt trie is long-lived: keep it out of the GC's generations
@@ -557,7 +564,13 @@ class RouterRuntime(Service):
 
     async def deliver(self, batch: RecordBatch) -> None:
         """BatchConsumer -> the agent's stream (waits while Faust's flow control is suspended, i.e.
-        during a rebalance, and while the stream's queue is full)."""
+        during a rebalance, and while the stream's queue is full).
+
+        First, before anything yields: the barrier request this batch waits for in `handle_batch` (sent
+        after now, i.e. after the batch's records were received; shared with the batches that arrive before
+        it is sent). Fetching goes on meanwhile: only routing waits for it."""
+        if self.barrier is not None:
+            batch.barrier = self.barrier.ends()
         await self.app.flow_control.acquire()
         if self._inbox is None:
             if self._inbox_set is None:
@@ -594,7 +607,15 @@ class RouterRuntime(Service):
 
     async def handle_batch(self, batch: RecordBatch) -> None:
         """Route a batch of tbmq.msg.all records (called by the agent, in partition order) and ack
-        all of them once every record produced for them is acknowledged."""
+        all of them once every record produced for them is acknowledged.
+
+        The subscription barrier (issue 13; docs/router.md, "Routing after SUBACK"): the batch is routed
+        only once the state views applied every record appended to tbmq.client.subscriptions and
+        tbmq.client.session before the batch arrived. A connector sends SUBACK (UNSUBACK) after Kafka
+        acknowledged the client's new subscription set, and a PUBLISH sent after it is acknowledged, so
+        appended, after that: its batch is routed with the new set, on every router instance."""
+        if batch.barrier is not None:
+            await self._barrier(batch)
         app = self.app
         if batch.generation_id != app.consumer_generation_id or not app.flow_control.is_active():
             # fetched before a rebalance: not routed, not acked; Faust reads from the committed offsets
@@ -632,6 +653,19 @@ class RouterRuntime(Service):
                 for r in records:
                     append((r, h))
         await pipeline.submit_pairs(partial(consumer.ack_batch, batch), n, out)
+
+    async def _barrier(self, batch: RecordBatch) -> None:
+        ends = batch.barrier
+        batch.barrier = None
+        while True:
+            try:
+                await self.barrier.wait(ends, timeout=BARRIER_WARN_S)
+                return
+            except Exception as exc:  # Kafka unreachable, or a view that does not follow: never route without it
+                self.barrier_stalls += 1
+                log.warning("batch of %d records: state views not caught up after %.0fs (%r); waiting on",
+                            len(batch), BARRIER_WARN_S, exc)
+                ends = self.barrier.ends()  # a later request also stands for "after the batch arrived"
 
     def _route_with_span(self, rec, route, now_ms: int, append) -> None:
         with span_from_kafka(tracer, "router route", _header_pairs(rec.headers), kind=SpanKind.CONSUMER) as span:

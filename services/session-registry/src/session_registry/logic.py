@@ -281,7 +281,7 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
         return Outcome("stale")
     sei = stored.session_expiry_interval
     if stored.mqtt_version >= 5 and req.HasField("disconnect_session_expiry_interval"):
-        # [MQTT-3.14.2-2]: a session that was 0 at CONNECT cannot be given an interval at DISCONNECT
+        # section 3.14.2.2.2 (no id): a session that was 0 at CONNECT cannot be given an interval at DISCONNECT
         if sei > 0:
             sei = rules.cap(req.disconnect_session_expiry_interval)
     # the interval governs what happens after the connection: 0 ends the session now, also one that was

@@ -1,0 +1,96 @@
+"""The Will Delay timer of connector.wills on a fake clock: sent exactly when the delay has passed, never
+before, and cancelled by a reconnect in time [MQTT-3.1.3-9] — no sleeps, no event loop."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from tbmq.v1 import messages_pb2 as pb
+
+from connector.wills import Wills
+
+
+class FakeTimers:
+    """`call_later` on a clock the test advances (`advance(seconds)` runs what falls due, in order)."""
+
+    class Handle:
+        def __init__(self) -> None:
+            self.cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._due: list = []
+        self._seq = itertools.count()
+
+    def call_later(self, delay: float, fn, *args) -> "FakeTimers.Handle":
+        h = FakeTimers.Handle()
+        heapq.heappush(self._due, (self.now + delay, next(self._seq), h, fn, args))
+        return h
+
+    def advance(self, seconds: float) -> None:
+        until = self.now + seconds
+        while self._due and self._due[0][0] <= until:
+            at, _, h, fn, args = heapq.heappop(self._due)
+            self.now = at
+            if not h.cancelled:
+                fn(*args)
+        self.now = until
+
+
+def wills_on_fake_clock():
+    sent: list[str] = []
+    timers = FakeTimers()
+    return Wills(lambda cid, will, level: sent.append(cid), call_later=timers.call_later), timers, sent
+
+
+def test_delayed_will_is_sent_when_the_delay_has_passed_and_not_before():
+    wills, timers, sent = wills_on_fake_clock()
+    wills.schedule("a", "s1", object(), 5, 2.0)
+    timers.advance(1.999)
+    assert sent == [] and "a" in wills.pending
+    timers.advance(0.001)
+    assert sent == ["a"] and "a" not in wills.pending
+
+
+def test_reconnect_within_the_delay_cancels_it_for_good():
+    wills, timers, sent = wills_on_fake_clock()
+    wills.schedule("b", "s1", object(), 5, 3.0)
+    timers.advance(2.5)
+    wills.on_connected("b", clean_start=False)
+    timers.advance(3600)
+    assert sent == [] and not wills.pending
+
+
+def test_reconnect_on_another_connector_within_the_delay_cancels_it():
+    wills, timers, sent = wills_on_fake_clock()
+    wills.schedule("c", "s1", object(), 5, 3.0)
+    timers.advance(1.0)
+    info = pb.SessionInfo(client_id="c", session_id="s2", connected=True, clean_start=False)
+    wills.on_session_record(b"c", info.SerializeToString())
+    timers.advance(3600)
+    assert sent == [] and not wills.pending
+
+
+def test_a_new_schedule_replaces_the_old_timer():
+    wills, timers, sent = wills_on_fake_clock()
+    wills.schedule("d", "s1", object(), 5, 1.0)
+    wills.schedule("d", "s2", object(), 5, 5.0)
+    timers.advance(1.0)
+    assert sent == []
+    timers.advance(4.0)
+    assert sent == ["d"]
+
+
+def test_clean_start_elsewhere_or_session_removal_sends_at_once():
+    wills, timers, sent = wills_on_fake_clock()
+    wills.schedule("e", "s1", object(), 5, 10.0)
+    wills.on_connected("e", clean_start=True)
+    wills.schedule("f", "s1", object(), 5, 10.0)
+    wills.on_session_record(b"f", None)
+    assert sent == ["e", "f"]
+    timers.advance(3600)
+    assert sent == ["e", "f"]
