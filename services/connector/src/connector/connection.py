@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections import deque
-from tbmq_platform.tracing import fresh_trace_headers
 from typing import TYPE_CHECKING
 
 import grpc
@@ -45,6 +44,7 @@ from tbmq_mqtt import (
     Unsubscribe,
     encode,
 )
+from tbmq_platform.tracing import fresh_trace_headers
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
 
 from .connect import ConnectRefused, plan_connect, will_delay_seconds
