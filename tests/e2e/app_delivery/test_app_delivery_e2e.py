@@ -10,7 +10,7 @@ import time
 import uuid
 
 import pytest
-from app_delivery.streams import shared_group
+from tbmq_routing.naming import app_shared_group as shared_group
 from kafka_views import SessionTable, stable_with
 from mqtt_clients import Client, has_real, poll, real, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag

@@ -237,3 +237,77 @@ async def test_will_delay_and_cancel_by_reconnect_on_other_connector(pq, unique)
     await run(back.close)
     await run(watcher.close)
     await run(prober.close)
+
+
+class RawClient:
+    """A raw-socket MQTT client (blocking; call through `run`): it can stop a QoS 2 exchange half-way."""
+
+    def __init__(self, port: int, level: int) -> None:
+        from tbmq_mqtt import MqttDecoder, Role
+
+        self.level = level
+        self.s = raw_socket(port)
+        self.dec = MqttDecoder(level, role=Role.CLIENT)
+        self.got: list = []
+
+    def send(self, packet) -> None:
+        from tbmq_mqtt import encode
+
+        self.s.sendall(encode(packet, self.level))
+
+    def expect(self, cls, packet_id: int | None = None):
+        """The next packet of class `cls` (and id), reading until it comes (bounded by the socket timeout)."""
+        while True:
+            for i, p in enumerate(self.got):
+                if isinstance(p, cls) and (packet_id is None or p.packet_id == packet_id):
+                    del self.got[: i + 1]
+                    return p
+            data = self.s.recv(4096)
+            assert data, f"closed while waiting for {cls.__name__} {packet_id}"
+            self.got.extend(self.dec.feed(data))
+
+
+@pytest.mark.parametrize("v5", [True, False], ids=["mqtt5", "mqtt311"])
+async def test_qos2_publish_resent_after_reconnect_before_pubrel_is_delivered_once(pq, unique, v5):
+    """Issue 13 item 3 (MQTT-4.3.3-10, MQTT-4.4.0-1): a client sends a QoS 2 PUBLISH, gets PUBREC and drops the
+    connection before PUBREL; it reconnects (persistent session, the OTHER connector) and re-sends the PUBLISH
+    with DUP=1: PUBREC again, no second delivery; PUBREL gets PUBCOMP."""
+    from tbmq.v1 import messages_pb2 as pb
+    from tbmq_mqtt import ConnAck, Connect, Properties, PubAck, PubComp, Publish, PubRec, PubRel
+
+    u = unique("q2")
+    topic = f"{u}/t"
+    level = 5 if v5 else 4
+    sub = Client(u + "s", v5=v5)
+    await run(sub.connect, pq.mqtt_ports[1])
+    await run(sub.subscribe, topic, 2)
+    props = Properties(session_expiry_interval=600) if v5 else Properties()
+    publish = Publish(topic=topic, payload=b"once", qos=2, packet_id=7)
+
+    async with Tail(pq.bootstrap_servers, CLIENT_SESSION) as sessions:
+        first = await run(RawClient, pq.mqtt_ports[0], level)
+        first.send(Connect(protocol_level=level, client_id=u, clean_start=v5, keep_alive=30, properties=props))
+        assert (await run(first.expect, ConnAck)).reason_code == 0
+        first.send(publish)
+        await run(first.expect, PubRec, 7)
+        first.s.close()  # before PUBREL
+        # the registry recorded the end of that connection (the reconnect must not overtake it)
+        await sessions.wait_for(lambda r: r.key == u.encode() and r.value is not None
+                                and not pb.SessionInfo.FromString(r.value).connected)
+
+    back = await run(RawClient, pq.mqtt_ports[1], level)
+    back.send(Connect(protocol_level=level, client_id=u, clean_start=False, keep_alive=30, properties=props))
+    connack = await run(back.expect, ConnAck)
+    assert connack.session_present and connack.reason_code == 0
+    publish.dup = True
+    back.send(publish)
+    await run(back.expect, PubRec, 7)
+    back.send(PubRel(7))
+    await run(back.expect, PubComp, 7)
+    # a marker behind it on the same topic (one partition, in order): once it arrived, a duplicate would have too
+    back.send(Publish(topic=topic, payload=b"marker", qos=1, packet_id=8))
+    await run(back.expect, PubAck, 8)
+    assert await run(sub.wait, lambda: b"marker" in payloads(sub, topic)), payloads(sub, topic)
+    assert payloads(sub, topic) == [b"once", b"marker"]
+    back.s.close()
+    await run(sub.close)

@@ -183,8 +183,8 @@ def payload_ints(records) -> list[int]:
 
 def app_group(client_id: str) -> str:
     """The consumer group app-delivery commits a client's offsets in (app_delivery.streams.client_group)."""
-    from app_delivery.streams import client_group
-    return client_group(client_id)
+    from tbmq_routing.naming import app_client_group
+    return app_client_group(client_id)
 
 
 def committed_up_to(suite: Suite, client_id: str, offset: int):

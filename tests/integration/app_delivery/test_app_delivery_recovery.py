@@ -13,6 +13,7 @@ from app_delivery_harness import committed_up_to, payload_ints, publish_msg
 from kafka_views import committed
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
+from tbmq_routing.naming import app_client_group
 from waits import wait_until
 
 REMOVED_GROUP = "app-delivery"  # APP_DELIVERY_REMOVED_GROUP, its default
@@ -131,12 +132,12 @@ async def test_app_removed_deletes_topic_and_group(ad_suite, connector, producer
     await wait_until(removal_handled(ad_suite, md), 30, "the removal event handled")
     assert topics.app_topic_name(client) in await _topics(bootstrap)
     await st.half_close()
-    assert f"app-delivery.{client}" in await _groups(bootstrap)
+    assert app_client_group(client) in await _groups(bootstrap)
     await producer.p.send_and_wait(topics.SYS_APP_REMOVED, ev.SerializeToString(), key=client.encode())
 
     async def gone():
         return topics.app_topic_name(client) not in await _topics(bootstrap) and \
-            f"app-delivery.{client}" not in await _groups(bootstrap)
+            app_client_group(client) not in await _groups(bootstrap)
 
     await wait_until(gone, timeout=30, step=0.5, what="topic and group deleted")
     # idempotent: the same event again does no harm

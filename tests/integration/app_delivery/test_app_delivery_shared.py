@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from app_delivery.streams import shared_group
+from tbmq_routing.naming import app_shared_group as shared_group
 from app_delivery_harness import payload_ints, publish_msg
 from kafka_views import stable_with
 from waits import wait_until

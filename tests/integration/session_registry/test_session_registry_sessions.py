@@ -10,6 +10,7 @@ from session_registry_harness import eventually
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.kafka import make_consumer, make_producer
+from tbmq_routing.naming import app_client_group
 
 pytestmark = pytest.mark.integration
 
@@ -246,7 +247,7 @@ async def test_application_clean_start_skips_backlog(registry, connectors, kafka
     await c.disconnect(client, sid)
     resp, _ = await c.connect(client, sei=600, clean_start=False)
     assert resp.session_present
-    group = f"app-delivery.{client}"
+    group = app_client_group(client)
     tp = TopicPartition(name, 0)
     probe = make_consumer(kafka.bootstrap_servers, group_id=group, client_id="probe")
     await probe.start()

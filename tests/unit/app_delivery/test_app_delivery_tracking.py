@@ -1,4 +1,4 @@
-"""Pure logic of app-delivery: acknowledged prefix, DUP marks, batch bounds, expiry, shared filters,
+"""Pure logic of app-delivery: acknowledged prefix, DUP marks, batch bounds, shared filters,
 settings."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from app_delivery.settings import AppDeliverySettings, load_settings
 from app_delivery.tracking import (NO_MARK, AckTracker, BatchLimit, SharedFilters, decode_mark, encode_mark,
-                                   is_redelivery, needs_reservation, record_size, remaining_expiry)
+                                   is_redelivery, needs_reservation, record_size)
 from tbmq_platform.settings import SettingsError
 
 pytestmark = pytest.mark.unit
@@ -104,14 +104,6 @@ def test_redelivery_decision():
     assert not is_redelivery(0, NO_MARK)
     assert needs_reservation(10, 9)
     assert not needs_reservation(10, 10)
-
-
-def test_remaining_expiry():
-    assert remaining_expiry(1000, 10, 1000) == 10
-    assert remaining_expiry(1000, 10, 2500) == 9      # 8.5 s left -> 9 (rounded up)
-    assert remaining_expiry(1000, 10, 10_999) == 1
-    assert remaining_expiry(1000, 10, 11_000) is None
-    assert remaining_expiry(1000, 0, 1000) is None
 
 
 def test_shared_filters_match_and_cap():

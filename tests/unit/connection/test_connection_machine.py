@@ -535,3 +535,17 @@ def test_response_information_when_requested_and_configured(requested, configure
     c = Client(5, response_information=configured)
     connack = c.connect(properties=Properties(request_response_information=requested))
     assert connack.properties.response_information == expected     # [MQTT-3.1.2-28]
+
+
+def test_inbound_qos2_ids_reported_only_when_kafka_acknowledged():
+    """An id whose PUBLISH Kafka did not (yet) acknowledge is not reported: re-sent, it is produced again."""
+    c = Client(5)
+    c.connect(answer(present=False, sei=600, persistent=True), properties=Properties(session_expiry_interval=600))
+    for pid in (1, 2, 3):
+        c.send(Publish(topic="t", payload=b"x", qos=2, packet_id=pid))
+    e1, e2, e3 = c.take_effects(ProducePublish)
+    c.call("produced", e1, None)
+    c.call("produced", e3, RuntimeError("refused"))
+    c.call("connection_lost", "gone")
+    (report,) = c.of(ReportDisconnect)
+    assert report.awaiting_pubrel == (1,)

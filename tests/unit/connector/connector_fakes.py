@@ -151,8 +151,9 @@ class FakePort:
         self.requests.append(pb.SessionInfo.FromString(session.SerializeToString()))
         return self.answer
 
-    def report_disconnect(self, session, graceful, session_expiry) -> None:
+    def report_disconnect(self, session, graceful, session_expiry, awaiting_pubrel=()) -> None:
         self.disconnects.append((pb.SessionInfo.FromString(session.SerializeToString()), graceful, session_expiry))
+        self.awaiting_pubrel = getattr(self, "awaiting_pubrel", []) + [list(awaiting_pubrel)]
 
     async def subscriptions_of(self, client_id) -> dict:
         return dict(self.subs)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from tbmq_connection.connect import ConnectRefused, plan_connect, will_delay_seconds
-from tbmq_connection.convert import outbound_publish, publish_msg, remaining_expiry
+from tbmq_connection.convert import outbound_publish, publish_msg
 from tbmq_connection.flow import (
     AWAIT_PUBCOMP,
     AWAIT_PUBREC,
@@ -188,20 +188,20 @@ def test_publish_round_trip_with_expiry():
         response_topic="r", correlation_data=b"cd", payload_format_indicator=1))
     msg = publish_msg(p, "a/b", publisher_id="pub", service_id="connector-1", mqtt_version=5, now_ms=1_000_000)
     assert msg.retain and msg.qos == 1 and msg.message_expiry_interval == 10
-    assert remaining_expiry(msg, 1_004_000) == 6
     out = outbound_publish(msg, 0, False, [7], 1_004_000, v5=True)
     assert out.qos == 0 and not out.retain and out.properties.message_expiry_interval == 6
     assert out.properties.subscription_identifiers == (7,)
     assert out.properties.user_properties == (("k", "v"), ("k", "w"))
     assert out.properties.correlation_data == b"cd" and out.properties.payload_format_indicator == 1
-    assert outbound_publish(msg, 1, False, [], 1_010_000, v5=True) is None  # expired
+    assert outbound_publish(msg, 1, False, [], 1_004_001, v5=True).properties.message_expiry_interval == 6
+    assert outbound_publish(msg, 1, False, [], 1_009_999, v5=True).properties.message_expiry_interval == 1
+    assert outbound_publish(msg, 1, False, [], 1_010_000, v5=True) is None  # expired [MQTT-3.3.2-5]
     v3 = outbound_publish(msg, 1, True, [7], 1_004_000, v5=False)
     assert v3.properties == Properties()
 
 
 def test_no_expiry_means_none():
     msg = pb.PublishMsg(topic="t", created_at_ms=1)
-    assert remaining_expiry(msg, 10**12) is None
     assert outbound_publish(msg, 0, False, [], 10**12, v5=True).properties == Properties()
 
 

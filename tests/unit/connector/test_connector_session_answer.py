@@ -8,7 +8,7 @@ import pytest
 from connector_fakes import FakePort, connected, until, v5_connect
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_connection import CLOSED, CONNECTED
-from tbmq_mqtt import Disconnect, Properties, ReasonCode, encode
+from tbmq_mqtt import Connect, Disconnect, Properties, PubComp, Publish, PubRec, PubRel, ReasonCode, encode
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +80,29 @@ async def test_interval_cap_is_the_registrys():
     (info, graceful, expiry), = port.disconnects
     assert expiry == 50 and graceful
     assert not any(isinstance(p, Disconnect) for p in sent)   # no protocol error
+
+
+# -- inbound QoS 2 state kept with a persistent session -----------------------------------------------------
+
+@pytest.mark.parametrize("level", [4, 5])
+async def test_resumed_qos2_ids_answer_a_resent_publish_with_pubrec_and_no_second_produce(level):
+    """The registry hands back the ids awaiting PUBREL: the client's re-sent PUBLISH (DUP=1) is answered
+    PUBREC without producing it again [MQTT-4.3.3-10]; its PUBREL gets PUBCOMP; a new id is produced; the id
+    not released when the connection ends is reported for the next connection."""
+    resp = answer(present=True, sei=600, persistent=True)
+    resp.awaiting_pubrel.extend([7])
+    connect = (v5_connect(clean_start=False, sei=600) if level == 5 else
+               Connect(protocol_level=4, client_id="dev", clean_start=False, keep_alive=30))
+    port = FakePort(resp)
+    conn, transport, _ = await connected(port, connect)
+    await until(lambda: bool(port.device.of("fetch")))
+    port.device.answer("dev", [])
+    conn.data_received(encode(Publish(topic="t", payload=b"again", qos=2, packet_id=7, dup=True), level)
+                       + encode(PubRel(7), level)
+                       + encode(Publish(topic="t", payload=b"new", qos=2, packet_id=8), level))
+    await until(lambda: len(transport.data) >= 12)
+    assert [m.payload for m, _t, _r in port.produced] == [b"new"]
+    assert [(type(p), p.packet_id) for p in transport.packets(level)] == [(PubRec, 7), (PubComp, 7), (PubRec, 8)]
+    conn.close("test")
+    assert port.awaiting_pubrel == [[8]]   # 8 not released yet: reported for the next connection
+

@@ -89,3 +89,10 @@ def test_the_profile_is_a_common_setting_and_a_bad_one_is_named():
     assert load(CommonSettings, {"TBMQ_TOPIC_PROFILE": "single-node"}).topic_profile == topics.SINGLE_NODE
     with pytest.raises(SettingsError, match="TBMQ_TOPIC_PROFILE='tiny'"):
         load(CommonSettings, {"TBMQ_TOPIC_PROFILE": "tiny"})
+
+
+def test_app_consumer_groups_are_named_in_one_place():
+    from tbmq_routing.naming import app_client_group, app_shared_group
+
+    assert app_client_group("sensor42") == "app-delivery.sensor42"
+    assert app_shared_group("g1") == "app-delivery.shared.g1"

@@ -57,8 +57,8 @@ def test_session_from_record():
 
 def test_expiry():
     m = pb.PublishMsg(created_at_ms=10_000, message_expiry_interval=5)
-    assert not is_expired(m, 15_000)
-    assert is_expired(m, 15_001)
+    assert not is_expired(m, 14_999)
+    assert is_expired(m, 15_000)  # the whole interval has passed (tbmq_routing.expiry)
     assert not is_expired(pb.PublishMsg(created_at_ms=10_000), 10**12)  # no interval: never
 
 

@@ -469,3 +469,42 @@ def test_deferrable_only_for_connects():
     assert removal.fallback.kind == "removal-deferred"
     first_non_persistent = logic.decide(None, conn_req(sei=0), RULES, NOW)
     assert first_non_persistent.device_clear == "" and not first_non_persistent.device_clear_deferrable
+
+
+# -- inbound QoS 2 state (packet ids awaiting PUBREL) -------------------------------------------------------
+
+def _disc_with_pubrel(ids, **kw):
+    r = disc_req(**kw)
+    r.awaiting_pubrel.extend(ids)
+    return r
+
+
+def test_awaiting_pubrel_kept_with_a_persistent_session_and_returned_once_on_resume():
+    prior = stored(sid="s1", sei=100)
+    gone = logic.decide(prior, _disc_with_pubrel([9, 3, 9, 0, 70000]), RULES, NOW)
+    assert gone.kind == "disconnected" and list(gone.session.awaiting_pubrel) == [3, 9]  # valid ids, once, sorted
+    back = logic.decide(gone.session, conn_req(sid="s2", clean=False, sei=100, rid="r2"), RULES, NOW + 1000)
+    assert back.response.session_present and list(back.response.awaiting_pubrel) == [3, 9]
+    # the connected record holds none: the connection owns them now, and reports them at its end
+    assert list(back.session.awaiting_pubrel) == []
+    # a connector crash (no DISCONNECTION_REQUEST) then a takeover: nothing handed back (at worst a duplicate)
+    again = logic.decide(back.session, conn_req(sid="s3", clean=False, sei=100, rid="r3"), RULES, NOW + 2000)
+    assert again.response.session_present and list(again.response.awaiting_pubrel) == []
+
+
+@pytest.mark.parametrize("case", ["clean start", "expired", "interval 0"])
+def test_awaiting_pubrel_not_handed_to_a_new_session(case):
+    prior = stored(sid="s1", sei=0 if case == "interval 0" else 100)
+    gone = logic.decide(prior, _disc_with_pubrel([5]), RULES, NOW)
+    if case == "interval 0":
+        assert gone.session is None and list(gone.fallback.session.awaiting_pubrel) == []
+        return
+    later = NOW + (200_000 if case == "expired" else 1000)
+    back = logic.decide(gone.session, conn_req(sid="s2", clean=case == "clean start", sei=100, rid="r2"),
+                        RULES, later)
+    assert not back.response.session_present and list(back.response.awaiting_pubrel) == []
+
+
+def test_stale_disconnect_does_not_write_awaiting_pubrel():
+    prior = stored(sid="s2", sei=100)   # the session moved on to another connection
+    assert logic.decide(prior, _disc_with_pubrel([5], sid="s1"), RULES, NOW).kind == "stale"

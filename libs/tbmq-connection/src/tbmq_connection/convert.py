@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_mqtt import EMPTY_PROPERTIES, Properties, Publish, Will
+from tbmq_routing.expiry import forwarded_interval
 
 _RH = (pb.RETAIN_HANDLING_SEND, pb.RETAIN_HANDLING_SEND_IF_NOT_EXISTS, pb.RETAIN_HANDLING_DONT_SEND)
 
@@ -31,20 +32,15 @@ def publish_msg(pkt: Publish | Will, topic: str, *, publisher_id: str, service_i
     return msg
 
 
-def remaining_expiry(msg: pb.PublishMsg, now_ms: int) -> int | None:
-    """Remaining Message Expiry Interval in seconds; None when the message has none; <= 0 = expired."""
-    if not msg.HasField("message_expiry_interval"):
-        return None
-    elapsed_s = (now_ms - msg.created_at_ms) // 1000 if msg.created_at_ms else 0
-    return msg.message_expiry_interval - max(0, elapsed_s)
-
-
 def outbound_publish(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids, now_ms: int,
                      *, v5: bool, dup: bool = False) -> Publish | None:
-    """The PUBLISH a receiver gets; None when the message expired [MQTT-3.3.2-5]."""
-    expiry = remaining_expiry(msg, now_ms)
-    if expiry is not None and expiry <= 0:
-        return None
+    """The PUBLISH a receiver gets, with the Message Expiry Interval that remains [MQTT-3.3.2-6]; None when
+    the message expired [MQTT-3.3.2-5] (the one rule: tbmq_routing.expiry)."""
+    expiry = None
+    if msg.HasField("message_expiry_interval"):
+        expiry = forwarded_interval(msg.created_at_ms, msg.message_expiry_interval, now_ms)
+        if expiry is None:
+            return None
     props = EMPTY_PROPERTIES
     if v5:
         has = (msg.user_properties or expiry is not None or subscription_ids

@@ -186,11 +186,13 @@ class ScheduleWill:
 
 @dataclass(slots=True)
 class ReportDisconnect:
-    """DISCONNECTION_REQUEST to the session registry."""
+    """DISCONNECTION_REQUEST to the session registry, with the inbound QoS 2 packet ids whose PUBLISH Kafka
+    acknowledged and the client has not released (kept with a persistent session, handed back on resume)."""
 
     session: Any                   # tbmq.v1 SessionInfo
     graceful: bool
     session_expiry: int | None = None
+    awaiting_pubrel: tuple = ()
 
 
 @dataclass(slots=True)

@@ -288,6 +288,9 @@ class ConnectionMachine:
         self.session.client_type = resp.client_type
         self.session.session_expiry_interval = self.session_expiry
         self.session.persistent = self.persistent
+        # a resumed session's inbound QoS 2 state: a re-sent PUBLISH with one of these ids is answered PUBREC
+        # and not produced again [MQTT-4.3.3-10]
+        self.inbound.awaiting_pubrel.update(resp.awaiting_pubrel)
         self._session_present = bool(resp.session_present)
         self.effects.append(SessionStarted(self.client_id, plan.clean_start))
         if resp.session_present:
@@ -1057,6 +1060,13 @@ class ConnectionMachine:
         self.effects.append(Close(reason, log_level, abort))
         self._finish()
 
+    def _confirmed_awaiting_pubrel(self) -> tuple[int, ...]:
+        """The inbound QoS 2 ids to report when the connection ends: awaiting PUBREL and their PUBLISH
+        acknowledged by Kafka. An id whose produce is pending or failed is left out: the client re-sends it and
+        it is produced again (at worst a duplicate, never a loss)."""
+        unsure = {e.packet_id for e in self.acks if e.qos == 2 and (e.pending > 0 or e.error is not None)}
+        return tuple(sorted(pid for pid in self.inbound.awaiting_pubrel if pid not in unsure))
+
     def _finish(self) -> None:
         """Everything that follows the end of the connection, exactly once."""
         if self._finished:
@@ -1084,7 +1094,8 @@ class ConnectionMachine:
                     effects.append(ScheduleWill(self.client_id, self.session_id, self.will, self.level, delay))
             # taken over: the registry already moved the session on, nothing to report
             if self.taken_over is None and prior in (CONNECTED, CONNECTING):
-                effects.append(ReportDisconnect(self.session, self.graceful, self.disconnect_expiry))
+                effects.append(ReportDisconnect(self.session, self.graceful, self.disconnect_expiry,
+                                                self._confirmed_awaiting_pubrel()))
         effects.append(Finished())
 
 

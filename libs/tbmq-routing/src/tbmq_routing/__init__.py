@@ -5,11 +5,14 @@ Pure Python, no I/O, no dependencies. Modules:
 * ``tbmq_routing.topics``  -- topic name / filter validation, ``$share/`` parsing
 * ``tbmq_routing.trie``    -- ``SubscriptionTrie``, ``Subscription``, ``RetainedStore``
 * ``tbmq_routing.rules``   -- ``plan_routing`` -> ``RoutingPlan``, ``RoundRobin``, ``SessionView``
-* ``tbmq_routing.naming``  -- ``app_topic_name``, ``shared_app_topic_name``, ``shared_store_id``
+* ``tbmq_routing.naming``  -- ``app_topic_name``, ``shared_app_topic_name``, ``shared_store_id``,
+  ``app_client_group``, ``app_shared_group``
+* ``tbmq_routing.expiry``  -- the message expiry rule (``expired``, ``forwarded_interval``, ``store_ttl_ms``)
 * ``python -m tbmq_routing.bench`` -- trie benchmark
 """
 
-from .naming import app_topic_name, shared_app_topic_name, shared_store_id
+from . import expiry
+from .naming import app_client_group, app_shared_group, app_topic_name, shared_app_topic_name, shared_store_id
 from .rules import (
     APPLICATION,
     DEVICE,
@@ -43,5 +46,6 @@ __all__ = [
     "InvalidSharedSubscription", "InvalidTopicFilter", "InvalidTopicName", "ParsedFilter", "TopicError",
     "parse_subscription_filter", "subscribed_to", "topic_matches", "validate_topic_filter", "validate_topic_name",
     "RetainedStore", "Subscription", "SubscriptionTrie",
-    "app_topic_name", "shared_app_topic_name", "shared_store_id",
+    "app_topic_name", "shared_app_topic_name", "shared_store_id", "app_client_group", "app_shared_group",
+    "expiry",
 ]

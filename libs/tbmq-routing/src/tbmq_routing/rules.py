@@ -42,6 +42,10 @@ __all__ = [
     "app_topic_name",
     "shared_app_topic_name",
     "shared_store_id",
+    "APP_CLIENT_GROUP_PREFIX",
+    "APP_SHARED_GROUP_PREFIX",
+    "app_client_group",
+    "app_shared_group",
     "SessionView",
     "PublishInfo",
     "Delivery",
@@ -57,6 +61,9 @@ __all__ = [
 APP_TOPIC_PREFIX = "tbmq.msg.app."
 SHARED_APP_TOPIC_PREFIX = "tbmq.msg.app.shared."
 SHARED_STORE_PREFIX = "ss_"
+#: Kafka consumer groups of app-delivery: one per APPLICATION client, one per shared share name.
+APP_CLIENT_GROUP_PREFIX = "app-delivery."
+APP_SHARED_GROUP_PREFIX = "app-delivery.shared."
 #: Kafka's limit on topic name length.
 KAFKA_TOPIC_MAX_LEN = 249
 
@@ -100,6 +107,19 @@ def shared_store_id(share_name: str, topic_filter: str) -> str:
     member is connected: ``ss_<share name>_<filter>`` (TBMQ's convention). Used as the key of the
     tbmq.msg.persisted record and as the device-persistence store id."""
     return f"{SHARED_STORE_PREFIX}{share_name}_{topic_filter}"
+
+
+def app_client_group(client_id: str) -> str:
+    """Kafka consumer group that reads ``app_topic_name(client_id)`` for the APPLICATION client (its
+    committed offsets are the client's acknowledged backlog): ``app-delivery.<client id>``. app-delivery
+    consumes with it; the session registry moves its offsets when a session's backlog is skipped."""
+    return APP_CLIENT_GROUP_PREFIX + client_id
+
+
+def app_shared_group(share_name: str) -> str:
+    """Kafka consumer group of the APPLICATION members of one share name, across the
+    ``tbmq.msg.app.shared.<filter>`` topics of their filters: ``app-delivery.shared.<share name>``."""
+    return APP_SHARED_GROUP_PREFIX + share_name
 
 
 # ---------------------------------------------------------------------------- inputs

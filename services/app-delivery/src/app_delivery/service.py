@@ -17,9 +17,10 @@ from tbmq_platform import topics
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, delete_topics, ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import context_from_grpc, span_from_kafka
+from tbmq_routing.naming import app_client_group
 
 from .settings import AppDeliverySettings
-from .streams import StreamSession, client_group
+from .streams import StreamSession
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("app_delivery")
@@ -155,7 +156,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
             for attempt in range(5):
                 try:
                     await delete_topics(self.s.bootstrap, [name])
-                    await self._delete_group(client_group(cid))
+                    await self._delete_group(app_client_group(cid))
                     break
                 except Exception as exc:
                     log.warning("%s: removal attempt %d failed: %r", cid, attempt + 1, exc)
@@ -164,7 +165,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
                 log.error("%s: topic %s / group not removed", cid, name)
                 return
             self.removed_count += 1
-            log.info("%s: removed topic %s and group %s", cid, name, client_group(cid))
+            log.info("%s: removed topic %s and group %s", cid, name, app_client_group(cid))
 
     async def _delete_group(self, group: str) -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.s.bootstrap, request_timeout_ms=10000)

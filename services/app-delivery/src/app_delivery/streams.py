@@ -36,10 +36,12 @@ from tbmq_platform import topics
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.kafka import ensure_topics, make_consumer
 from tbmq_platform.tracing import context_from_kafka
+from tbmq_routing import expiry
+from tbmq_routing.naming import app_client_group, app_shared_group
 
 from .settings import AppDeliverySettings
 from .tracking import (NO_MARK, AckTracker, BatchLimit, SharedFilters, decode_mark, encode_mark, is_redelivery,
-                       needs_reservation, record_size, remaining_expiry)
+                       needs_reservation, record_size)
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("app_delivery")
@@ -53,14 +55,6 @@ class StreamClosed(Exception):
 
 class OffsetsReset(Exception):
     """Someone else (the session registry's clean start) moved the client's committed offset."""
-
-
-def client_group(client_id: str) -> str:
-    return f"app-delivery.{client_id}"
-
-
-def shared_group(share_name: str) -> str:
-    return f"app-delivery.shared.{share_name}"
 
 
 @dataclass
@@ -128,12 +122,13 @@ class Source:
                       record.partition, record.offset)
             return False
         if msg.HasField("message_expiry_interval"):
-            created = msg.created_at_ms if msg.created_at_ms > 0 else record.timestamp
-            left = remaining_expiry(created, msg.message_expiry_interval, now_ms())
-            if left is None:
+            # dropped here when expired (tbmq_routing.expiry); the interval is left as received: the connector
+            # forwards what remains when it sends (subtracting the wait here too would count it twice)
+            if msg.created_at_ms <= 0:
+                msg.created_at_ms = record.timestamp
+            if expiry.expired(msg.created_at_ms, msg.message_expiry_interval, now_ms()):
                 self.session.expired += 1
                 return False
-            msg.message_expiry_interval = left
         return self.filter(record, msg)
 
     def filter(self, record, msg: pb.PublishMsg) -> bool:
@@ -229,7 +224,7 @@ class ClientSource(Source):
     def __init__(self, session: "StreamSession") -> None:
         super().__init__(session)
         self.topic = topics.app_topic_name(session.client_id)
-        self.group = client_group(session.client_id)
+        self.group = app_client_group(session.client_id)
         self.topics = {self.topic}
         self.tp = TopicPartition(self.topic, 0)
 
@@ -308,7 +303,7 @@ class SharedSource(Source):
                  filters: list[tuple[str, int | None]]) -> None:
         super().__init__(session)
         self.share_name = share_name
-        self.group = shared_group(share_name)
+        self.group = app_shared_group(share_name)
         by_topic: dict[str, list[tuple[str, int | None]]] = {}
         for topic_filter, qos in filters:
             by_topic.setdefault(topics.shared_app_topic_name(topic_filter), []).append((topic_filter, qos))

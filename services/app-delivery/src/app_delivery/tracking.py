@@ -10,7 +10,6 @@
   after a crash or disconnect (DUP is "may have been sent before", so this is allowed).
 * Batches: one downstream message carries at most the free window slots (so never more than
   ``receive_maximum`` records are unacknowledged) and about ``max_bytes`` (``BatchLimit``).
-* Message expiry: drop expired records, hand the remaining interval on.
 * Shared subscriptions: QoS cap at the member's granted QoS; the record's MQTT topic must match one of
   the member's filters (several filters can map to one Kafka topic).
 """
@@ -155,17 +154,6 @@ def record_size(value: bytes | None, topic: str) -> int:
     """Estimated encoded size of an AppRecord carrying a Kafka record value (its PublishMsg) of `topic`:
     the value, the ref and the framing (exact enough for a byte bound; no encoding per record)."""
     return len(value or b"") + len(topic) + 32
-
-
-# ------------------------------------------------------------------------------------- message expiry
-
-def remaining_expiry(created_at_ms: int, interval_s: int, now_ms: int) -> int | None:
-    """Remaining Message Expiry Interval in whole seconds (rounded up, so at least 1), or None when the
-    message has expired and must be dropped [MQTT-3.3.2-5]."""
-    left_ms = created_at_ms + interval_s * 1000 - now_ms
-    if left_ms <= 0:
-        return None
-    return -(-left_ms // 1000)
 
 
 # --------------------------------------------------------------------------------- shared subscriptions

@@ -21,7 +21,6 @@ import logging
 import time
 from collections import deque
 from functools import partial
-from random import getrandbits
 
 import grpc
 from opentelemetry import trace
@@ -55,6 +54,7 @@ from tbmq_connection import (
     WaitRetained,
 )
 from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck
+from tbmq_platform.tracing import fresh_trace_headers
 
 from .port import ConnectionPort
 
@@ -64,13 +64,6 @@ tracer = trace.get_tracer("connector")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def fresh_trace_headers() -> list[tuple[str, bytes]]:
-    """Kafka headers starting a new W3C trace for a PUBLISH when no span is created (no exporter): the
-    record still carries a `traceparent` (random trace and parent ids, sampled) that the next hops
-    continue, for a fraction of a span's cost."""
-    return [("traceparent", b"00-%032x-%016x-01" % (getrandbits(128) or 1, getrandbits(64) or 1))]
 
 
 def _swallow(fut: asyncio.Future) -> None:
@@ -470,7 +463,7 @@ class Connection(asyncio.Protocol):
         self.port.schedule_will(e.client_id, e.session_id, e.will, e.level, e.delay)
 
     def _report_disconnect(self, e: ReportDisconnect) -> None:
-        self.port.report_disconnect(e.session, e.graceful, e.session_expiry)
+        self.port.report_disconnect(e.session, e.graceful, e.session_expiry, e.awaiting_pubrel)
 
     def _finish(self, e: Finished) -> None:
         """Everything the transport side holds for this connection, dropped once."""

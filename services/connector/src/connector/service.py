@@ -103,7 +103,7 @@ class ConnectorService(Service):
         self.mqtt_port = settings.mqtt_port
         # Per-message spans (mqtt.publish, mqtt.deliver*) cost more than the rest of the hot path: they are
         # created only when exported (OTLP endpoint set) or asked for. Without them every produced record
-        # still carries a traceparent (a fresh one per PUBLISH: `fresh_trace_headers`).
+        # still carries a traceparent (a fresh one per PUBLISH: `tbmq_platform.tracing.fresh_trace_headers`).
         self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
         self.machine_config = MachineConfig(
             service_id=self.service_id, receive_maximum=settings.receive_maximum,
@@ -250,8 +250,10 @@ class ConnectorService(Service):
     async def request_session(self, session: pb.SessionInfo) -> pb.SessionEventResponse:
         return await self.sessions.connect(session, self.settings.session_event_timeout_s)
 
-    def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None) -> None:
-        self.spawn_bg(self.sessions.disconnect(session, graceful=graceful, session_expiry=session_expiry))
+    def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None,
+                          awaiting_pubrel=()) -> None:
+        self.spawn_bg(self.sessions.disconnect(session, graceful=graceful, session_expiry=session_expiry,
+                                               awaiting_pubrel=awaiting_pubrel))
 
     def session_started(self, client_id: str, clean_start: bool) -> None:
         self.wills.on_connected(client_id, clean_start)

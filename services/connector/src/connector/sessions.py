@@ -1,5 +1,13 @@
 """Session events: CONNECTION_REQUEST / DISCONNECTION_REQUEST to the session registry, answers correlated by
-request id on tbmq.client.session.event.response.<svc>."""
+request id on tbmq.client.session.event.response.<svc>.
+
+Inbound QoS 2 state travels with them: a DISCONNECTION_REQUEST reports the packet ids whose PUBLISH Kafka
+acknowledged and the client has not released (``tbmq_connection`` decides which: ``ReportDisconnect``); the registry keeps them with a
+persistent session and the answer of the CONNECT that resumes it hands them back, so a PUBLISH the client
+re-sends with one of them is answered PUBREC and not forwarded again [MQTT-4.3.3-10]. An id whose PUBLISH was
+not yet acknowledged by Kafka is never reported: its re-sent PUBLISH is produced again (at worst a duplicate,
+never a loss). A connector crash reports nothing (the same: at worst one duplicate per id).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,8 @@ import asyncio
 import logging
 import time
 import uuid
+
+from collections.abc import Iterable
 
 from aiokafka import AIOKafkaProducer
 from tbmq.v1 import messages_pb2 as pb
@@ -41,13 +51,13 @@ class SessionEvents:
         finally:
             self._pending.pop(request_id, None)
 
-    async def disconnect(self, session: pb.SessionInfo, *, graceful: bool,
-                         session_expiry: int | None = None) -> asyncio.Future:
+    async def disconnect(self, session: pb.SessionInfo, *, graceful: bool, session_expiry: int | None = None,
+                         awaiting_pubrel: Iterable[int] = ()) -> asyncio.Future:
         """Produce a DISCONNECTION_REQUEST; returns the delivery future (nobody needs to wait for the
         answer)."""
         req = pb.SessionEventRequest(request_id=uuid.uuid4().hex, type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,
                                      session=session, request_time_ms=int(time.time() * 1000),
-                                     graceful=graceful)
+                                     graceful=graceful, awaiting_pubrel=sorted(awaiting_pubrel))
         if session_expiry is not None:
             req.disconnect_session_expiry_interval = session_expiry
         return await self._producer.send(SESSION_EVENT_REQUEST, req.SerializeToString(),

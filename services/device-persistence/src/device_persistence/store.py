@@ -25,8 +25,9 @@ score, so a PUBREC is one ``SETRANGE key 0 R`` (keeps the TTL, never parses prot
 in the repository's top-level ``lua/`` directory (override: ``TBMQ_LUA_DIR`` or ``StoreConfig.lua_dir``);
 each file documents its KEYS/ARGV/return.
 
-TTL of a stored message: the MQTT 5 Message Expiry Interval remaining at save time when the message has
-one (already expired -> not stored), else the configured TTL (default 7 days).
+TTL of a stored message: the MQTT 5 Message Expiry Interval remaining at save time, to the millisecond
+(``tbmq_routing.expiry.store_ttl_ms``, the rule every service applies [MQTT-3.3.2-5]; already expired ->
+not stored), else the configured TTL (default 7 days).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tbmq.v1 import messages_pb2, services_pb2
+from tbmq_routing import expiry
 
 __all__ = [
     "MAX_PACKET_ID",
@@ -277,10 +279,8 @@ class DeviceMsgStore:
     # ------------------------------------------------------------------------------------ encoding
 
     def _ttl_ms(self, msg: messages_pb2.PublishMsg, default_ttl_s: int, now_ms: int) -> int:
-        if msg.HasField("message_expiry_interval"):
-            interval_ms = msg.message_expiry_interval * 1000
-            created = msg.created_at_ms or now_ms
-            return min(interval_ms, interval_ms - (now_ms - created))
+        if msg.HasField("message_expiry_interval"):  # the one rule: tbmq_routing.expiry
+            return expiry.store_ttl_ms(msg.created_at_ms, msg.message_expiry_interval, now_ms)
         return default_ttl_s * 1000
 
     def _save_args(

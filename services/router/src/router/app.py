@@ -45,7 +45,7 @@ from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.health import HealthServer
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
-from tbmq_platform.tracing import kafka_headers, span_from_kafka
+from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
 
 from .convert import OutRecord
 from .settings import Settings
@@ -649,7 +649,7 @@ class RouterRuntime(Service):
                 continue
             if records:
                 # no span would be exported: forward the publisher's trace context as is
-                h = [(k, v) for k, v in hdrs if k in _TRACE_KEYS] if hdrs else None
+                h = trace_headers(hdrs) if hdrs else None
                 for r in records:
                     append((r, h))
         await pipeline.submit_pairs(partial(consumer.ack_batch, batch), n, out)
@@ -695,7 +695,7 @@ class RouterRuntime(Service):
         if not self.spans:
             # No span would be exported: skip the span and forward the publisher's trace context
             # as is, so every produced record still belongs to the publish's trace.
-            return await self._route(event, pipeline, [(k, v) for k, v in headers if k in _TRACE_KEYS])
+            return await self._route(event, pipeline, trace_headers(headers))
         with span_from_kafka(tracer, "router route", headers, kind=SpanKind.CONSUMER) as span:
             span.set_attribute("messaging.destination.name", topics.MSG_ALL)
             await self._route(event, pipeline, None, span)
@@ -713,9 +713,6 @@ class RouterRuntime(Service):
                 span.set_attribute("tbmq.expired", True)
             out_headers = kafka_headers() if routed.records else None
         await pipeline.submit(event, routed.records, out_headers)
-
-
-_TRACE_KEYS = ("traceparent", "tracestate")
 
 
 # ------------------------------------------------------------------------------ app

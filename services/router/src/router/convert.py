@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.topics import TopicSpec
+from tbmq_routing import expiry
 from tbmq_routing.rules import APPLICATION, DEVICE, RoutingPlan, SessionView
 from tbmq_routing.topics import is_valid_topic_filter
 from tbmq_routing.trie import Subscription
@@ -68,10 +69,10 @@ def session_view(si: pb.SessionInfo) -> SessionView:
 
 # ------------------------------------------------------------------------------------------ expiry
 def is_expired(msg: pb.PublishMsg, now_ms: int) -> bool:
-    """True when the message carries a Message Expiry Interval that has passed at ``now_ms``."""
-    if not msg.HasField("message_expiry_interval") or msg.created_at_ms <= 0:
-        return False
-    return now_ms > msg.created_at_ms + 1000 * msg.message_expiry_interval
+    """True when the message carries a Message Expiry Interval that has passed at ``now_ms``
+    (the one rule: tbmq_routing.expiry)."""
+    return msg.HasField("message_expiry_interval") and expiry.expired(msg.created_at_ms,
+                                                                       msg.message_expiry_interval, now_ms)
 
 
 # ------------------------------------------------------------------------------------------ output

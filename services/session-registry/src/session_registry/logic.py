@@ -16,6 +16,12 @@ answer (SessionEventResponse.session_expiry_interval and .persistent) and decide
   * persistent (`is_persistent`: messages are kept for the client, stored while it is offline, fetched on
     connect) = SEI > 0 or session present. A session resumed with a new SEI of 0 is persistent for this
     connection (its queued messages are delivered, new ones queued while connected) and ends with it.
+  * Inbound QoS 2 state (`awaiting_pubrel`): the packet ids a DISCONNECTION_REQUEST reports as answered PUBREC
+    and not released are kept with a session that outlives the connection (SessionInfo.awaiting_pubrel) and
+    handed back, once, in the answer of the CONNECT that resumes it, so the client's re-sent PUBLISH is answered
+    PUBREC without being forwarded again [MQTT-4.3.3-10]. The connected record holds none: the connection
+    owns them, and ids a crashed connector never reported are lost (at worst one duplicate, never a loss:
+    an id kept past its PUBREL could swallow a new message that reuses it).
   * A stored session is *alive* (`is_alive`) when it outlives its connection (persistent and SEI > 0) and
     is connected or not expired (disconnected_at + SEI > now). A connected session with SEI 0 ends when it
     is taken over; a dead one is cleared by the next connect or by the expiry scan.
@@ -134,6 +140,19 @@ def needs_cleanup(s: pb.SessionInfo, now_ms: int) -> bool:
     return not s.connected and not is_alive(s, now_ms)
 
 
+def awaiting_pubrel(ids) -> list[int]:
+    """The inbound QoS 2 packet ids to keep: valid ids (1..65535), each once, in order."""
+    return sorted({i for i in ids if 0 < i <= 0xFFFF})
+
+
+def resumed_awaiting_pubrel(stored: pb.SessionInfo | None, session_present: bool) -> list[int]:
+    """What a CONNECT's answer hands back: the resumed (disconnected) session's ids awaiting PUBREL; none
+    for a new session, and none from a connected record (the connection being taken over holds its own)."""
+    if not session_present or stored is None or stored.connected:
+        return []
+    return list(stored.awaiting_pubrel)
+
+
 def _empty_subscriptions(client_id: str, client_type: int) -> pb.ClientSubscriptions:
     return pb.ClientSubscriptions(client_id=client_id, client_type=client_type)
 
@@ -242,6 +261,7 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
         last_request_id=req.request_id)
     out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei,
                            persistent=persistent)
+    out.response.awaiting_pubrel.extend(resumed_awaiting_pubrel(stored, session_present))
     return out
 
 
@@ -275,6 +295,7 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
         s.session_expiry_interval = sei
         s.persistent = True
         s.last_request_id = req.request_id
+        s.awaiting_pubrel[:] = awaiting_pubrel(req.awaiting_pubrel)
         return Outcome("disconnected", write_session=True, session=s)
     out = _removal("removed", stored, now_ms)
     if stored.client_type == APPLICATION:
@@ -287,6 +308,7 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
     dead.disconnected_at_ms = now_ms
     dead.session_expiry_interval = 0
     dead.last_request_id = req.request_id
+    del dead.awaiting_pubrel[:]
     out.fallback = Outcome("removal-deferred", write_session=True, session=dead,
                            clear_subscriptions=out.clear_subscriptions, reset_app_offsets=out.reset_app_offsets)
     return out

@@ -29,6 +29,7 @@ from tbmq_platform.compacted import CompactedTopicView
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, KeyPartitioner, ensure_topics, make_consumer, make_producer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
+from tbmq_routing.naming import app_client_group
 
 from . import logic
 from .device import ClearFailed, DeviceClearer
@@ -348,7 +349,7 @@ class SessionRegistry(Service):
             if out.reset_app_offsets:
                 reset = await self._app_end_offset(out.reset_app_offsets)
                 if reset is not None:
-                    offsets.append((*reset, f"app-delivery.{out.reset_app_offsets}"))
+                    offsets.append((*reset, app_client_group(out.reset_app_offsets)))
             level = logging.DEBUG if out.kind in _ROUTINE and not out.notes else logging.INFO
             log.log(level, "%s %s (%s) -> %s%s", kind, cid, req.request_id, out.kind,
                     f" [{'; '.join(out.notes)}]" if out.notes else "")

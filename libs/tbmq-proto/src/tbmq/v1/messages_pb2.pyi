@@ -148,7 +148,7 @@ class DevicePublishMsg(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id")
+    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class SessionInfo(_message.Message):
     CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     LAST_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
@@ -179,10 +180,11 @@ class SessionInfo(_message.Message):
     client_address: str
     username: str
     last_request_id: str
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ...) -> None: ...
+    awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SessionEventRequest(_message.Message):
-    __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful")
+    __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful", "awaiting_pubrel")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +192,7 @@ class SessionEventRequest(_message.Message):
     DISCONNECT_SESSION_EXPIRY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     FORCE_CLEANUP_FIELD_NUMBER: _ClassVar[int]
     GRACEFUL_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     type: SessionEventType
     session: SessionInfo
@@ -197,10 +200,11 @@ class SessionEventRequest(_message.Message):
     disconnect_session_expiry_interval: int
     force_cleanup: bool
     graceful: bool
-    def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ...) -> None: ...
+    awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SessionEventResponse(_message.Message):
-    __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent")
+    __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent", "awaiting_pubrel")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +213,7 @@ class SessionEventResponse(_message.Message):
     CLIENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_EXPIRY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_id: str
     success: bool
@@ -217,7 +222,8 @@ class SessionEventResponse(_message.Message):
     client_type: ClientType
     session_expiry_interval: int
     persistent: bool
-    def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ...) -> None: ...
+    awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DisconnectCommand(_message.Message):
     __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason")
