@@ -8,26 +8,28 @@ import re
 
 import grpc
 import pytest
-from connector.connection import fresh_trace_headers
+from tbmq_platform.tracing import fresh_trace_headers
 from connector.grpc_clients import AckBatcher
+from waits import wait_until
 
 pytestmark = pytest.mark.unit
 
 
 class FakeCall:
-    """Stands in for stub.AcknowledgeMany: records requests; fails the first `fail` calls."""
+    """Stands in for stub.AcknowledgeMany: records requests; fails the first `fail` calls; with a `gate`,
+    every call stays in flight until the test sets it."""
 
-    def __init__(self, fail: int = 0, code=grpc.StatusCode.UNAVAILABLE, delay: float = 0.0) -> None:
+    def __init__(self, fail: int = 0, code=grpc.StatusCode.UNAVAILABLE, gate: asyncio.Event | None = None) -> None:
         self.requests = []
         self.fail = fail
         self.code = code
-        self.delay = delay
+        self.gate = gate
         self.attempts = 0
 
     async def __call__(self, request, timeout=None, metadata=None):
         self.attempts += 1
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        if self.gate is not None:
+            await self.gate.wait()
         if self.fail > 0:
             self.fail -= 1
             raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="boom")
@@ -48,7 +50,7 @@ async def test_acks_are_coalesced_within_the_delay():
         b.acknowledge(f"c{pid % 3}", pid)
     b.mark_pubrec("c0", 99)
     assert call.attempts == 0  # nothing sent before the delay
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: call.requests, 2.0, "the coalesced call")
     assert len(call.requests) == 1
     assert sorted(call.acks()) == sorted((f"c{p % 3}", p) for p in range(1, 51))
     assert call.pubrecs() == [("c0", 99)]
@@ -57,12 +59,16 @@ async def test_acks_are_coalesced_within_the_delay():
 
 
 async def test_a_full_batch_goes_at_once_and_calls_are_bounded():
-    call = FakeCall(delay=0.05)
+    gate = asyncio.Event()
+    call = FakeCall(gate=gate)
     b = AckBatcher(call, 1.0, delay_s=10, max_batch=10, max_calls=2)
     for pid in range(1, 46):
         b.acknowledge("c", pid)
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: call.attempts >= 2, 2.0, "two calls in flight")
+    for _ in range(10):
+        await asyncio.sleep(0)  # yield: a third call would start now if the bound did not hold
     assert call.attempts == 2  # two full batches in flight, the rest waits for one to finish
+    gate.set()
     assert await b.drain(2.0)
     assert call.acks() == [("c", p) for p in range(1, 46)]
     assert all(len(r.acks) <= 10 for r in call.requests)
@@ -74,7 +80,7 @@ async def test_failed_calls_are_retried_with_backoff_not_dropped():
     b = AckBatcher(call, 1.0, delay_s=0.001)
     b.acknowledge("c", 1)
     b.mark_pubrec("c", 2)
-    await asyncio.sleep(0.02)
+    await wait_until(lambda: b.stats["ack_call_failures"] >= 1, 2.0, "the first failed call")
     b.acknowledge("c", 3)  # made while backing off: joins the retry
     assert await b.drain(5.0)
     assert call.attempts >= 4
@@ -95,10 +101,15 @@ async def test_invalid_argument_is_not_retried():
 
 
 async def test_settle_waits_only_for_what_was_waiting():
-    call = FakeCall(delay=0.02)
+    gate = asyncio.Event()
+    call = FakeCall(gate=gate)
     b = AckBatcher(call, 1.0, delay_s=5.0)
     b.acknowledge("c", 1)
-    await b.settle(1.0)  # does not wait for the 5 s delay
+    settling = asyncio.ensure_future(b.settle(1.0))  # does not wait for the 5 s delay
+    await wait_until(lambda: call.attempts == 1, 2.0, "the call settle started")
+    assert not settling.done()  # waits for the call in flight
+    gate.set()
+    await settling
     assert call.acks() == [("c", 1)]
     await b.close()
 
@@ -110,7 +121,9 @@ async def test_close_sends_what_waits():
     await b.close()
     assert call.acks() == [("c", 7)]
     b.acknowledge("c", 8)  # after close: not sent (the connector is stopping)
-    await asyncio.sleep(0.01)
+    assert b._timer is None  # nothing armed to send it
+    for _ in range(10):
+        await asyncio.sleep(0)
     assert call.attempts == 1
 
 

@@ -12,7 +12,7 @@ import logging
 
 import grpc
 import pytest
-from waits import wait_until
+from waits import poll, wait_until
 from connector.grpc_clients import AppDeliveryChannels, AppStream
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
@@ -95,17 +95,18 @@ def _client_side(task: asyncio.Task) -> bool:
     return "grpc" in text or "connector" in text
 
 
-async def _settle(before: set) -> set:
-    """The client-side tasks created since `before` still pending after a short settle."""
-    for _ in range(50):
-        gc.collect()
-        await asyncio.sleep(0.01)
-        left = {t for t in asyncio.all_tasks()
-                if t not in before and not t.done() and not _server_side(t) and _client_side(t)}
-        left.discard(asyncio.current_task())
-        if not left:
-            return left
+def _pending_since(before: set) -> set:
+    gc.collect()
+    left = {t for t in asyncio.all_tasks()
+            if t not in before and not t.done() and not _server_side(t) and _client_side(t)}
+    left.discard(asyncio.current_task())
     return left
+
+
+async def _settle(before: set) -> set:
+    """The client-side tasks created since `before` still pending once they had half a second to end."""
+    await poll(lambda: not _pending_since(before), 0.5, step=0.01)
+    return _pending_since(before)
 
 
 def _assert_clean_logs(caplog) -> None:

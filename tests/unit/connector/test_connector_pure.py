@@ -3,8 +3,6 @@ validation, Kafka payload conversion, settings, Will scheduling."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from tbmq_connection.connect import ConnectRefused, plan_connect, will_delay_seconds
 from tbmq_connection.convert import outbound_publish, publish_msg
@@ -22,6 +20,7 @@ from tbmq_connection.flow import (
 from connector.grpc_clients import pick_target
 from connector.settings import ConnectorSettings
 from connector.wills import Wills
+from connector_fakes import FakeTimers
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_mqtt import Connect, Properties, Publish, Will
 from tbmq_platform.settings import SettingsError, load
@@ -227,9 +226,10 @@ def test_app_delivery_target_is_stable_per_client():
 
 
 # ------------------------------------------------------------------------------------------ wills
-async def test_will_delay_cancelled_by_reconnect_and_fired_by_session_end():
+def test_will_delay_cancelled_by_reconnect_and_fired_by_session_end():
     sent = []
-    wills = Wills(lambda cid, will, level: sent.append(cid))
+    timers = FakeTimers()
+    wills = Wills(lambda cid, will, level: sent.append(cid), call_later=timers.call_later)
     wills.schedule("a", "s1", object(), 5, 0)
     assert sent == ["a"]
     wills.schedule("b", "s1", object(), 5, 0.05)
@@ -238,7 +238,11 @@ async def test_will_delay_cancelled_by_reconnect_and_fired_by_session_end():
     wills.on_connected("c", clean_start=True)   # the session ended: at once
     assert sent == ["a", "c"]
     wills.schedule("d", "s1", object(), 5, 0.05)
-    await asyncio.sleep(0.15)
+    timers.advance(0.049)
+    assert sent == ["a", "c"]
+    timers.advance(0.001)
+    assert sent == ["a", "c", "d"]
+    timers.advance(1)  # b's cancelled timer never fires
     assert sent == ["a", "c", "d"]
     # another connector took the session: seen on tbmq.client.session
     wills.schedule("e", "s1", object(), 5, 10)

@@ -3,42 +3,10 @@ before, and cancelled by a reconnect in time [MQTT-3.1.3-9] — no sleeps, no ev
 
 from __future__ import annotations
 
-import heapq
-import itertools
-
 from tbmq.v1 import messages_pb2 as pb
 
 from connector.wills import Wills
-
-
-class FakeTimers:
-    """`call_later` on a clock the test advances (`advance(seconds)` runs what falls due, in order)."""
-
-    class Handle:
-        def __init__(self) -> None:
-            self.cancelled = False
-
-        def cancel(self) -> None:
-            self.cancelled = True
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._due: list = []
-        self._seq = itertools.count()
-
-    def call_later(self, delay: float, fn, *args) -> "FakeTimers.Handle":
-        h = FakeTimers.Handle()
-        heapq.heappush(self._due, (self.now + delay, next(self._seq), h, fn, args))
-        return h
-
-    def advance(self, seconds: float) -> None:
-        until = self.now + seconds
-        while self._due and self._due[0][0] <= until:
-            at, _, h, fn, args = heapq.heappop(self._due)
-            self.now = at
-            if not h.cancelled:
-                fn(*args)
-        self.now = until
+from connector_fakes import FakeTimers
 
 
 def wills_on_fake_clock():
