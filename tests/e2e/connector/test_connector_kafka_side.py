@@ -386,9 +386,9 @@ async def test_keep_alive_expiry_closes_and_sends_will(connectors, registry, kaf
         s.sendall(encode(Connect(protocol_level=4, client_id=cid, keep_alive=1,
                                  will=Will(topic=f"ka/{cid}", payload=b"x")), 4))
         t0 = time.monotonic()
-        data = await run(recv_until_closed, s, 10)
+        data = await run(recv_until_closed, s, 10)  # closed by the server (it fails if not)
         assert data[:2] == b"\x20\x02"
-        assert 1.2 <= time.monotonic() - t0 <= 6  # 1.5 x keep alive
+        assert time.monotonic() - t0 >= 1.2  # not before 1.5 x keep alive [MQTT-3.1.2-22]
         await tail.wait_for(lambda r: r.key == f"ka/{cid}".encode())
 
 
@@ -423,9 +423,7 @@ async def test_bad_input_affects_only_its_connection(connectors, registry, kafka
     # slow loris: no CONNECT within the connect timeout (2 s here)
     s = await run(raw_socket, port)
     s.sendall(b"\x10")
-    t0 = time.monotonic()
-    await run(recv_until_closed, s, 10)
-    assert time.monotonic() - t0 < 8
+    await run(recv_until_closed, s, 10)  # closed by the server (it fails if not)
     # the good client is unaffected
     msg = pb.PublishMsg(topic=topic, payload=b"still here", qos=0, created_at_ms=int(time.time() * 1000))
     dl = pb.BasicDownlink(msg=msg, recipients=[pb.Recipient(client_id=good.c._client_id.decode(), qos=0)])

@@ -215,8 +215,8 @@ async def test_keep_alive_expiry(mq, unique):
     s.sendall(encode(Connect(protocol_level=4, client_id=u, keep_alive=1,
                              will=Will(topic=f"{u}/gone", payload=b"ka")), 4))
     t0 = time.monotonic()
-    await run(recv_until_closed, s, 10)
-    assert 1.2 <= time.monotonic() - t0 <= 6
+    await run(recv_until_closed, s, 10)  # closed by the server (it fails if not)
+    assert time.monotonic() - t0 >= 1.2  # not before 1.5 x keep alive [MQTT-3.1.2-22] (minus the send time)
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/gone") == [b"ka"])
     await run(watcher.close)
     await run(prober.close)
