@@ -575,4 +575,4 @@ _HANDLERS = {
     Finished: Connection._finish,
 }
 
-__all__ = ["Connection", "fresh_trace_headers"]
+__all__ = ["Connection"]

@@ -57,7 +57,7 @@ class SessionEvents:
         answer)."""
         req = pb.SessionEventRequest(request_id=uuid.uuid4().hex, type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,
                                      session=session, request_time_ms=int(time.time() * 1000),
-                                     graceful=graceful, awaiting_pubrel=sorted(awaiting_pubrel))
+                                     graceful=graceful, awaiting_pubrel=awaiting_pubrel)
         if session_expiry is not None:
             req.disconnect_session_expiry_interval = session_expiry
         return await self._producer.send(SESSION_EVENT_REQUEST, req.SerializeToString(),
