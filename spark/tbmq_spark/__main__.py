@@ -8,10 +8,13 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import zipfile
 
 from . import SPARK_DIR
+
+log = logging.getLogger("tbmq_spark")
 
 DEFAULT_OUTPUT = os.environ.get("TBMQ_SPARK_OUTPUT", ".run/spark")
 
@@ -102,21 +105,29 @@ def _signal_ready(path: str | None, query) -> None:
         os.replace(tmp, path)
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM (launcher, systemd, docker stop) stops the query like Ctrl-C: KeyboardInterrupt in the main
-    thread, the query is stopped and the session closed before the process exits."""
+def _stop_on_signal(stop: threading.Event | None = None) -> threading.Event:
+    """SIGTERM (launcher, systemd, docker stop) and SIGINT (Ctrl-C) set the returned event: run_stats sees it
+    within STOP_POLL_S, stops the query and returns, and the session is closed before the process exits. The
+    handler raises nothing (an exception inside a py4j call breaks the gateway). A second signal ends the
+    process at once."""
+    stop = stop if stop is not None else threading.Event()
+
     def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM ends the process at once
-        raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        log.info("signal %d: stopping the stats query", signum)
+        stop.set()
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cmd == "stats":
-        _interrupt_on_sigterm()
+        stop = _stop_on_signal()
         if args.ready_file and os.path.exists(args.ready_file):
             os.remove(args.ready_file)         # a stale signal of an earlier run
     if args.cmd == "package":
@@ -141,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                           window=args.window, watermark=args.watermark, trigger=args.trigger,
                           starting_offsets=args.starting_offsets,
                           max_offsets_per_trigger=args.max_offsets_per_trigger, publish=not args.no_publish)
+        _stop_on_signal(stop)      # again: the SparkContext installed its own SIGINT handler
         try:
-            run_stats(spark, cfg, args.timeout, on_started=lambda q: _signal_ready(args.ready_file, q))
-        except KeyboardInterrupt:
-            print("tbmq_spark: stats query stopped (interrupted)", flush=True)
+            run_stats(spark, cfg, args.timeout, on_started=lambda q: _signal_ready(args.ready_file, q),
+                      stop=stop)
+            if stop.is_set():
+                print("tbmq_spark: stats query stopped (signal)", flush=True)
         finally:
             if args.ready_file and os.path.exists(args.ready_file):
                 os.remove(args.ready_file)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,6 +38,9 @@ from . import SOURCE, fsutil
 from .decode import (ENTITY_SCHEMA, KIND_SESSION, METRIC_SCHEMA, decode_entity_batches,
                      decode_message_batches)
 from .kafka_io import ENTITY_TOPICS, MESSAGE_TOPICS_PATTERN, read_stream, write_records
+
+# how often run_stats looks at its stop event between awaitTermination calls
+STOP_POLL_S = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -270,14 +275,26 @@ def start_stats(spark, cfg: StatsConfig):
     return _apply_trigger(writer, cfg.trigger).start()
 
 
-def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_started=None) -> None:
-    """Run until the query ends (availableNow/once) or forever (processingTime), or `timeout_s`.
-    `on_started(query)` is called once the query is active (the CLI's readiness signal)."""
+def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_started=None,
+              stop: threading.Event | None = None) -> None:
+    """Run until the query ends (availableNow/once), `timeout_s` passes, or `stop` is set (the CLI sets it on
+    SIGTERM/SIGINT); forever otherwise. `on_started(query)` is called once the query is active (the CLI's
+    readiness signal).
+
+    The wait is a loop of short awaitTermination calls, never one call interrupted by a signal: an exception
+    raised inside a py4j call (KeyboardInterrupt from a signal handler) breaks the gateway connection, and the
+    JVM then answers nothing, so the query could not be stopped cleanly."""
+    if stop is not None and stop.is_set():
+        return
     q = start_stats(spark, cfg)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         if on_started is not None:
             on_started(q)
-        q.awaitTermination(timeout_s)
+        while not (stop is not None and stop.is_set()):
+            step = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
+            if step <= 0 or q.awaitTermination(step):
+                break
     finally:
         if q.isActive:
             q.stop()
