@@ -4,6 +4,7 @@ goes through healthchecks, and the connector can be scaled."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,9 +19,49 @@ COMPOSE = ROOT / "compose.yaml"
 SERVICE_DIRS = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "pyproject.toml").exists())
 
 
+PRODUCTION_ENV = ROOT / "infra" / "compose" / "production.env"
+_VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::-([^}]*))?\}")
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _interpolate(node, env: dict[str, str]):
+    """compose's ${VAR:-default} interpolation (the subset compose.yaml uses)."""
+    if isinstance(node, dict):
+        return {k: _interpolate(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, env) for v in node]
+    if isinstance(node, str):
+        return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), node)
+    return node
+
+
+def _active(doc: dict, profiles: set[str]) -> dict:
+    """The services compose would start with `profiles` active."""
+    return {n: s for n, s in doc["services"].items() if not s.get("profiles") or set(s["profiles"]) & profiles}
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+    """compose.yaml as `docker compose up` sees it without an env file."""
+    return _interpolate(yaml.safe_load(COMPOSE.read_text()), {})
+
+
+@pytest.fixture(scope="module")
+def production() -> dict:
+    """compose.yaml as `docker compose --env-file infra/compose/production.env up` sees it."""
+    env = _env_file(PRODUCTION_ENV)
+    doc = _interpolate(yaml.safe_load(COMPOSE.read_text()), env)
+    doc["services"] = _active(doc, set(env["COMPOSE_PROFILES"].split(",")))
+    return doc
 
 
 def _compose_cli() -> list[str] | None:
@@ -50,7 +91,7 @@ def test_docker_compose_config_accepts_the_file():
 
 
 def test_every_service_is_in_compose_with_a_healthcheck(compose):
-    services = compose["services"]
+    services = _active(compose, set())
     assert SERVICE_DIRS == sorted(["app-delivery", "connector", "device-persistence", "router",
                                    "session-registry"])
     for name in [*SERVICE_DIRS, "kafka", "redis", "otel-collector"]:
@@ -118,3 +159,48 @@ def test_environment_matches_the_architecture(compose):
     src = otel["volumes"][0].split(":")[0]
     assert (ROOT / src).is_file()
     assert yaml.safe_load((ROOT / src).read_text())["service"]["pipelines"]["traces"]
+
+
+def _brokers(doc: dict) -> dict[str, dict]:
+    return {n: s for n, s in doc["services"].items() if s.get("image", "").startswith("apache/kafka")}
+
+
+def test_default_profile_is_one_broker_with_replication_factor_1(compose):
+    brokers = _brokers({"services": _active(compose, set())})
+    assert list(brokers) == ["kafka"]
+    env = brokers["kafka"]["environment"]
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
+    for name in SERVICE_DIRS:
+        svc = compose["services"][name]["environment"]
+        assert (svc["TBMQ_TOPIC_REPLICATION_FACTOR"], svc["TBMQ_TOPIC_MIN_INSYNC_REPLICAS"]) == ("1", "1")
+
+
+def test_production_profile_is_three_brokers_rf3_min_isr2(production):
+    """The production profile: every topic (the suite's, Kafka's offsets and transaction logs) on 3 brokers,
+    an acknowledged record on 2 at least; one broker may go without losing data or stopping writes."""
+    brokers = _brokers(production)
+    assert sorted(brokers) == ["kafka", "kafka-2", "kafka-3"]
+    ids = {b["environment"]["KAFKA_NODE_ID"] for b in brokers.values()}
+    assert ids == {1, 2, 3}
+    voters = {v.split("@")[0]: v.split("@")[1] for v in
+              brokers["kafka"]["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")}
+    assert voters == {str(b["environment"]["KAFKA_NODE_ID"]): f"{n}:9093" for n, b in brokers.items()}
+    for name, b in brokers.items():
+        env = b["environment"]
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == brokers["kafka"]["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"]
+        assert env["KAFKA_ADVERTISED_LISTENERS"].startswith(f"PLAINTEXT://{name}:9092")
+        for key in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+                    "KAFKA_DEFAULT_REPLICATION_FACTOR"):
+            assert env[key] == "3", (name, key)
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2"
+    bootstrap = ",".join(f"{n}:9092" for n in sorted(brokers))
+    for name in SERVICE_DIRS:
+        env = production["services"][name]["environment"]
+        assert env["KAFKA_BOOTSTRAP_SERVERS"] == bootstrap, name
+        assert (env["TBMQ_TOPIC_REPLICATION_FACTOR"], env["TBMQ_TOPIC_MIN_INSYNC_REPLICAS"]) == ("3", "2"), name
+    topics = production["services"]["topics"]
+    args = topics["entrypoint"]
+    assert args[args.index("--replication-factor") + 1] == "3"
+    assert args[args.index("--min-insync-replicas") + 1] == "2"
+    assert args[args.index("--bootstrap-servers") + 1] == bootstrap
+    assert {"kafka", "kafka-2", "kafka-3"} <= set(topics["depends_on"])

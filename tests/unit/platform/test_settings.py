@@ -56,3 +56,30 @@ def test_a_fallback_variable_is_read_only_when_the_own_one_is_unset():
     with pytest.raises(SettingsError) as err:
         load(WithFallback, {"GRPC_PORT": "x"})
     assert "GRPC_PORT='x'" in str(err.value)
+
+
+def test_topic_layout_comes_from_the_common_settings():
+    s = load(CommonSettings, {"TBMQ_TOPIC_PROFILE": "single-node", "TBMQ_TOPIC_REPLICATION_FACTOR": "3",
+                              "TBMQ_TOPIC_MIN_INSYNC_REPLICAS": "2"})
+    layout = s.topic_layout
+    assert (layout.profile, layout.replication_factor, layout.min_insync_replicas) == ("single-node", 3, 2)
+
+
+def test_min_insync_replicas_above_the_replication_factor_stops_start_up():
+    with pytest.raises(SettingsError) as e:
+        load(CommonSettings, {"TBMQ_TOPIC_REPLICATION_FACTOR": "1", "TBMQ_TOPIC_MIN_INSYNC_REPLICAS": "2"})
+    assert "TBMQ_TOPIC_MIN_INSYNC_REPLICAS=2" in str(e.value) and "TBMQ_TOPIC_REPLICATION_FACTOR=1" in str(e.value)
+
+
+def test_a_service_settings_check_keeps_the_common_one():
+    from connector.settings import ConnectorSettings
+
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, {"TBMQ_TOPIC_REPLICATION_FACTOR": "2", "TBMQ_TOPIC_MIN_INSYNC_REPLICAS": "3"})
+    assert "TBMQ_TOPIC_MIN_INSYNC_REPLICAS=3" in str(e.value)
+
+
+def test_retention_warn_fraction_must_be_a_fraction():
+    with pytest.raises(SettingsError) as e:
+        load(CommonSettings, {"TBMQ_RETENTION_WARN_FRACTION": "1.5", "TBMQ_RETENTION_WATCH_INTERVAL_S": "-1"})
+    assert "TBMQ_RETENTION_WARN_FRACTION" in str(e.value) and "TBMQ_RETENTION_WATCH_INTERVAL_S" in str(e.value)

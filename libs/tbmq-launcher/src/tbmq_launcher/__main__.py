@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--kafka-port", type=int, help="default 9092 (controller: --controller-port, 9093)")
     r.add_argument("--controller-port", type=int)
     r.add_argument("--redis-port", type=int, help="default 6380")
+    r.add_argument("--redis-appendfsync", default="everysec", choices=("always", "everysec", "no"),
+                   help="Redis AOF fsync policy: everysec (default: a host crash can lose about the last "
+                        "second of acknowledged DEVICE messages) or always (none, at a cost per write); "
+                        "docs/architecture.md, Storage trade-offs")
     r.add_argument("--run-dir", default=".run", help="logs and data (default .run)")
     r.add_argument("--fresh", action="store_true", help="delete the Kafka/Redis data of earlier runs first")
     r.add_argument("--quiet", action="store_true", help="do not copy service output to the console")
@@ -61,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=float, default=120.0, help="wait this long for Kafka (s)")
     t.add_argument("--topic-profile", default="production", choices=PROFILES,
                    help="partition counts of the topics created (docs/topics.md)")
+    t.add_argument("--replication-factor", type=int, default=1,
+                   help="replication factor of the topics created (compose's production profile: 3)")
+    t.add_argument("--min-insync-replicas", type=int, default=1,
+                   help="min.insync.replicas of the topics created (compose's production profile: 2)")
     return p
 
 
@@ -68,11 +76,14 @@ async def _topics(args) -> int:
     from tbmq_platform import topics as catalogue
     from tbmq_platform.kafka import ensure_topics
 
+    layout = catalogue.TopicLayout(args.topic_profile, args.replication_factor, args.min_insync_replicas)
+    if layout.problems():
+        print("topics: " + "; ".join(layout.problems()), file=sys.stderr)
+        return 2
     specs = list(catalogue.static_topics())
     for sid in args.service_id:
         specs.extend(catalogue.service_topics(sid))
-    created = await ensure_topics(args.bootstrap_servers, specs, profile=args.topic_profile,
-                                  timeout_s=args.timeout)
+    created = await ensure_topics(args.bootstrap_servers, specs, layout=layout, timeout_s=args.timeout)
     print(f"topics: {len(specs)} ensured on {args.bootstrap_servers}, {len(created)} created", flush=True)
     return 0
 
@@ -94,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             services=services, connectors=args.connectors, instances={"app-delivery": args.app_delivery},
             ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port,
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
-            run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster, env=env,
+            run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster,
+            redis_appendfsync=args.redis_appendfsync, env=env,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),

@@ -63,6 +63,7 @@ class Suite:
       kafka           an already running KafkaBroker (or a bootstrap string) to use instead of starting
                       one: the test session shares one broker this way.
       redis_url       an already running Redis to use instead of starting one.
+      redis_appendfsync  the Redis AOF fsync policy (everysec default, always; docs/architecture.md).
       redis_cluster   start a 3-master Redis Cluster instead of a standalone server; the services get
                       REDIS_CLUSTER_NODES (and REDIS_URL of the first node).
       env             extra environment for every service; service_env: {"router": {...}} per service.
@@ -98,6 +99,7 @@ class Suite:
         kafka: KafkaBroker | str | None = None,
         redis_url: str | None = None,
         redis_cluster: bool = False,
+        redis_appendfsync: str = "everysec",
         env: Mapping[str, str] | None = None,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
         echo: TextIO | None = None,
@@ -166,10 +168,10 @@ class Suite:
             if redis_cluster:
                 rports = ([_free_port(cluster_bus=True) for _ in range(3)] if self.free_ports
                           else list(DEFAULT_REDIS_CLUSTER_PORTS))
-                self.redis = RedisCluster(rports, self.run_dir / "redis-cluster")
+                self.redis = RedisCluster(rports, self.run_dir / "redis-cluster", appendfsync=redis_appendfsync)
             else:
                 rp = redis_port or (_free_port() if self.free_ports else DEFAULT_REDIS_PORT)
-                self.redis = RedisServer(rp, self.run_dir / "redis")
+                self.redis = RedisServer(rp, self.run_dir / "redis", appendfsync=redis_appendfsync)
 
         # ports and processes of every instance
         self.procs: dict[tuple[str, int], ServiceProcess] = {}
@@ -365,7 +367,7 @@ class Suite:
         specs = list(catalogue.static_topics())
         for sid in [*self.connector_ids, *extra_service_ids]:
             specs.extend(catalogue.service_topics(sid))
-        await ensure(self.bootstrap_servers, specs, profile=self.topic_profile)
+        await ensure(self.bootstrap_servers, specs, layout=catalogue.TopicLayout(self.topic_profile))
 
     async def _start_proc(self, p: ServiceProcess) -> None:
         p.env = self.service_environment(p.name, p.instance)

@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 from aiokafka.partitioner import murmur2
 
-from .topics import PRODUCTION, TopicSpec
+from .topics import TopicLayout, TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +118,11 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, *, attempts: 
     raise RuntimeError(f"topic {topic} does not exist")
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, profile: str = PRODUCTION,
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, layout: TopicLayout = TopicLayout(),
                         timeout_s: float = 60.0) -> list[str]:
-    """Create the topics that do not exist yet, with the catalogue's settings and the partition counts of
-    `profile` (TBMQ_TOPIC_PROFILE). Returns the created names.
+    """Create the topics that do not exist yet, with the catalogue's settings, the partition counts of
+    `layout.profile` (TBMQ_TOPIC_PROFILE) and its replication factor and min.insync.replicas. Returns the
+    created names.
 
     Idempotent: an existing topic is left as it is (TopicAlreadyExists is not an error).
     """
@@ -132,8 +133,9 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, profile: 
         todo = [s for s in specs if s.name not in existing]
         if not todo:
             return []
-        new = [NewTopic(name=s.name, num_partitions=s.partitions_in(profile), replication_factor=1,
-                        topic_configs=s.configs()) for s in todo]
+        new = [NewTopic(name=s.name, num_partitions=s.partitions_in(layout.profile),
+                        replication_factor=layout.replication_factor, topic_configs=s.configs(layout))
+               for s in todo]
         created = []
         try:
             response = await admin.create_topics(new)

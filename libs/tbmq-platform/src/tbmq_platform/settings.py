@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from .topics import PRODUCTION, PROFILES
+from .topics import PRODUCTION, PROFILES, TopicLayout
 
 T = TypeVar("T")
 
@@ -94,6 +94,13 @@ def host_ports(raw: str) -> tuple[str, ...]:
         if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
             raise ValueError(f"{item!r} is not host:port")
     return items
+
+
+def fraction(raw: str) -> float:
+    value = number(0)(raw)
+    if not 0 < value <= 1:
+        raise ValueError(f"{value} is not in (0, 1]")
+    return value
 
 
 def nonempty(raw: str) -> str:
@@ -188,6 +195,19 @@ class CommonSettings:
     topic_profile: str = env("TBMQ_TOPIC_PROFILE", PRODUCTION, parse=choice(*PROFILES),
                              doc="partition counts of the topics this service creates: production (TBMQ's) "
                                  "or single-node (one per message topic; make run); see docs/topics.md")
+    topic_replication_factor: int = env("TBMQ_TOPIC_REPLICATION_FACTOR", 1, parse=integer(1, 32),
+                                        doc="replication factor of the topics this service creates (production: "
+                                            "3; docs/architecture.md, Storage trade-offs)")
+    topic_min_insync_replicas: int = env("TBMQ_TOPIC_MIN_INSYNC_REPLICAS", 1, parse=integer(1, 32),
+                                         doc="min.insync.replicas of the topics this service creates: an "
+                                             "acknowledged record is on at least this many brokers (production: 2)")
+    retention_watch_interval_s: float = env("TBMQ_RETENTION_WATCH_INTERVAL_S", 60.0, parse=number(0),
+                                            doc="how often a consumer of the message topics compares its "
+                                                "backlog with the topic's retention.ms (0 = off; "
+                                                "tbmq_platform.retention)")
+    retention_warn_fraction: float = env("TBMQ_RETENTION_WARN_FRACTION", 0.8, parse=fraction,
+                                         doc="warn when unconsumed records are older than this fraction of "
+                                             "the topic's retention.ms")
 
     @property
     def instance_id(self) -> str:
@@ -196,3 +216,11 @@ class CommonSettings:
     @property
     def bootstrap(self) -> str:
         return ",".join(self.kafka_bootstrap_servers)
+
+    @property
+    def topic_layout(self) -> TopicLayout:
+        return TopicLayout(self.topic_profile, self.topic_replication_factor, self.topic_min_insync_replicas)
+
+    def validate(self) -> list[str]:
+        """Cross-field checks of the common settings; a subclass's `validate` extends this list."""
+        return self.topic_layout.problems()

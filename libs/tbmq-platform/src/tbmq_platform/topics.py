@@ -24,6 +24,31 @@ SINGLE_NODE = "single-node"
 PROFILES = (PRODUCTION, SINGLE_NODE)
 GB = 1024 * 1024 * 1024
 
+
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """How the suite creates its topics: the partition profile and the replication (every service reads the
+    same settings: TBMQ_TOPIC_PROFILE, TBMQ_TOPIC_REPLICATION_FACTOR, TBMQ_TOPIC_MIN_INSYNC_REPLICAS).
+
+    Producers use acks=all, so a record acknowledged to a client is on `min_insync_replicas` brokers at least;
+    with a replication factor of 3 and min.insync.replicas 2 (compose.yaml's production profile) one broker
+    can be lost without losing an acknowledged message and without stopping writes. The single-broker default
+    (1 / 1) loses what the broker's disk loses (docs/architecture.md, "Storage trade-offs")."""
+
+    profile: str = PRODUCTION
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+
+    def problems(self) -> list[str]:
+        """What is wrong with this layout, for the settings check ([] = fine)."""
+        out = []
+        if self.profile not in PROFILES:
+            out.append(f"TBMQ_TOPIC_PROFILE={self.profile!r}: not one of {', '.join(PROFILES)}")
+        if self.min_insync_replicas > self.replication_factor:
+            out.append(f"TBMQ_TOPIC_MIN_INSYNC_REPLICAS={self.min_insync_replicas}: above "
+                       f"TBMQ_TOPIC_REPLICATION_FACTOR={self.replication_factor} (no write could succeed)")
+        return out
+
 MSG_ALL = "tbmq.msg.all"
 MSG_PERSISTED = "tbmq.msg.persisted"
 MSG_APP_PREFIX = APP_TOPIC_PREFIX
@@ -60,9 +85,11 @@ class TopicSpec:
             raise ValueError(f"unknown topic profile {profile!r}; known: {', '.join(PROFILES)}")
         return self.partitions
 
-    def configs(self) -> dict[str, str]:
-        """Topic-level Kafka configs for creation."""
+    def configs(self, layout: TopicLayout | None = None) -> dict[str, str]:
+        """Topic-level Kafka configs for creation (min.insync.replicas from `layout`)."""
         cfg = {"segment.bytes": str(26214400)}
+        if layout is not None:
+            cfg["min.insync.replicas"] = str(layout.min_insync_replicas)
         if self.compact:
             cfg["cleanup.policy"] = "compact"
         else:

@@ -47,7 +47,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.s
-        await ensure_topics(s.bootstrap, [topics.spec(topics.SYS_APP_REMOVED)], profile=s.topic_profile)
+        await ensure_topics(s.bootstrap, [topics.spec(topics.SYS_APP_REMOVED)], layout=s.topic_layout)
         self.removed_consumer = make_consumer(s.bootstrap, topics.SYS_APP_REMOVED, group_id=s.removed_group,
                                               client_id=f"{s.instance_id}-removed", max_poll_records=100,
                                               long_poll=True)

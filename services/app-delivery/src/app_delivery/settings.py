@@ -45,10 +45,11 @@ class AppDeliverySettings(CommonSettings):
                                   doc="seconds given to open streams to finish at shutdown")
 
     def validate(self) -> list[str]:
+        problems = super().validate()
         if self.shared_heartbeat_ms * 3 > self.shared_session_timeout_ms:
-            return ["APP_DELIVERY_SHARED_HEARTBEAT_MS must be at most a third of "
-                    "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS"]
-        return []
+            problems.append("APP_DELIVERY_SHARED_HEARTBEAT_MS must be at most a third of "
+                            "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS")
+        return problems
 
 
 def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> AppDeliverySettings:

@@ -231,7 +231,7 @@ class ClientSource(Source):
     async def start(self) -> None:
         s = self.s
         # The registry creates it on connect; creating it here too is idempotent and spares a race.
-        await ensure_topics(s.bootstrap, [topics.app_topic(self.session.client_id)], profile=s.topic_profile)
+        await ensure_topics(s.bootstrap, [topics.app_topic(self.session.client_id)], layout=s.topic_layout)
         self.consumer = make_consumer(s.bootstrap, group_id=self.group,
                                       client_id=f"{s.instance_id}-{self.session.client_id}",
                                       auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
@@ -319,7 +319,7 @@ class SharedSource(Source):
             for f in fs.filters:
                 spec = topics.shared_app_topic(f)
                 specs[spec.name] = spec
-        await ensure_topics(s.bootstrap, specs.values(), profile=s.topic_profile)
+        await ensure_topics(s.bootstrap, specs.values(), layout=s.topic_layout)
         self.consumer = make_consumer(
             s.bootstrap, group_id=self.group, client_id=f"{s.instance_id}-{self.session.client_id}",
             auto_offset_reset="earliest", max_poll_records=s.max_poll_records,

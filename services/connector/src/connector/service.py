@@ -123,7 +123,7 @@ class ConnectorService(Service):
         s = self.settings
         bootstrap = s.bootstrap
         await ensure_topics(bootstrap, [*static_topics(), *service_topics(self.service_id)],
-                            profile=s.topic_profile)
+                            layout=s.topic_layout)
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         self.sessions = SessionEvents(self.producer)

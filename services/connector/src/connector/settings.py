@@ -100,7 +100,7 @@ class ConnectorSettings(CommonSettings):
         return self.service_id or "connector-1"
 
     def validate(self) -> list[str]:
-        problems = []
+        problems = super().validate()
         if self.write_buffer_limit < self.write_buffer_high:
             problems.append("MQTT_WRITE_BUFFER_LIMIT must be >= MQTT_WRITE_BUFFER_HIGH")
         if not self.app_delivery_grpc_targets:

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
+from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import MSG_PERSISTED, spec
 
@@ -87,13 +88,14 @@ class DevicePersistenceService(Service):
         self._pending_offsets: dict = {}  # saved (durable) but not yet committed: tp -> next offset
         self._commit_task: asyncio.Task | None = None  # the one commit in flight, off the hot loop
         self._last_commit = 0.0
+        self.retention: RetentionWatch | None = None
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         s = self.s
         await self.store.start()  # connects, loads the scripts (a Lua error fails start-up)
         await self.store.ping()
-        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], profile=s.topic_profile)
+        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], layout=s.topic_layout)
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       max_poll_records=s.max_poll_records, long_poll=True)
         self.consumer.subscribe([MSG_PERSISTED], listener=_Revoke(self))
@@ -102,6 +104,8 @@ class DevicePersistenceService(Service):
         log.info("DevicePersistence gRPC on %s:%d; Redis %s; limit %d, TTL %ds", s.grpc_host, self.grpc_port,
                  ",".join(s.redis_cluster_nodes) or s.redis_url, s.messages_limit, s.messages_ttl_s)
         self._loop_task = self.spawn(self._consume(), "persisted consumer")
+        # routed messages not yet saved for their clients, against tbmq.msg.persisted's retention
+        self.retention = await RetentionWatch.started(s, s.group_id, lambda: [MSG_PERSISTED])
 
     async def stop(self) -> None:
         # 1. end the forward streams (connectors reopen on another instance or after the restart) and stop
@@ -118,6 +122,8 @@ class DevicePersistenceService(Service):
             if not done or (not self._loop_task.cancelled() and self._loop_task.exception() is not None):
                 log.warning("consumer loop did not end cleanly; uncommitted records will be replayed")
         # 3. leave the group, close
+        if self.retention is not None:
+            await self.retention.close()
         if self.consumer is not None:
             await self.consumer.stop()
         await self.store.close()
@@ -127,6 +133,7 @@ class DevicePersistenceService(Service):
         return {"grpc_port": self.grpc_port, **self.stats, **self.forwards.stats,
                 "forward_streams": len(self.forwards), "forward_queued_bytes": self.forwards.queued_bytes(),
                 "store": vars(self.store.stats), "grpc_calls": dict(self.servicer.calls),
+                **(self.retention.stats if self.retention is not None else {}),
                 **(self.adaptive_fetch.health() if self.adaptive_fetch is not None else {})}
 
     # ------------------------------------------------------------------------------------ consumer

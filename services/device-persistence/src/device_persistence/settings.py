@@ -63,11 +63,12 @@ class Settings(CommonSettings):
                                   doc="gRPC calls in progress get this long to finish at shutdown")
 
     def validate(self) -> list[str]:
+        problems = super().validate()
         try:
             self.store_config()
         except ValueError as exc:
-            return [str(exc)]
-        return []
+            return [*problems, str(exc)]
+        return problems
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(redis_url=self.redis_url, cluster_nodes=self.redis_cluster_nodes,

@@ -45,6 +45,7 @@ from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.health import HealthServer
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
+from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
 
 from .convert import OutRecord
@@ -506,6 +507,7 @@ class RouterRuntime(Service):
         self.views: CompactedViews | None = None
         self.barrier: Barrier | None = None
         self.barrier_stalls = 0
+        self.retention: RetentionWatch | None = None
         self.pipeline: Pipeline | None = None
         self.exit_code = 0
         # spans cost ~5x the routing itself: only create them when they are exported
@@ -529,6 +531,8 @@ class RouterRuntime(Service):
             d.update(adaptive.health())
         if self.rebuilt_in is not None:
             d["rebuilt_in_s"] = round(self.rebuilt_in, 3)
+        if self.retention is not None:
+            d.update(self.retention.stats)
         return d
 
     async def on_start(self) -> None:
@@ -537,13 +541,15 @@ class RouterRuntime(Service):
         t0 = time.monotonic()
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
             topics.MSG_ALL, topics.MSG_PERSISTED, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS)],
-            profile=s.topic_profile)
+            layout=s.topic_layout)
         # both views on one consumer (tbmq_platform.compacted)
         self.views = CompactedViews(s.bootstrap, client_id=f"{s.instance_id}-views")
         self.views.view(topics.CLIENT_SUBSCRIPTIONS, self.routing.apply_subscriptions)
         self.views.view(topics.CLIENT_SESSION, self.routing.apply_session)
         await asyncio.wait_for(self.views.start(), s.rebuild_timeout_s)
         self.barrier = self.views.barrier()  # both views: see handle_batch
+        # acknowledged messages the router has not routed yet, against tbmq.msg.all's retention
+        self.retention = await RetentionWatch.started(s, s.group_id, lambda: [topics.MSG_ALL])
         self.rebuilt_in = time.monotonic() - t0
         gc.collect()
         gc.freeze()  # the rebuilt trie is long-lived: keep it out of the GC's generations
@@ -551,6 +557,8 @@ class RouterRuntime(Service):
 
     async def on_stop(self) -> None:
         self.health.ready = False
+        if self.retention is not None:
+            await self.retention.close()
         if self.views is not None:
             await self.views.stop()
         await self.health.stop()
@@ -589,7 +597,7 @@ class RouterRuntime(Service):
             return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
 
         async def ensure(specs):
-            await ensure_topics(self.settings.bootstrap, specs, profile=self.settings.topic_profile)
+            await ensure_topics(self.settings.bootstrap, specs, layout=self.settings.topic_layout)
 
         self.pipeline = Pipeline(send, ensure, self.settings.max_inflight, self.on_send_failure)
         return self.pipeline

@@ -54,6 +54,7 @@ class Settings(CommonSettings):
                                      "(earliest: no message lost)")
 
     def validate(self):
+        yield from super().validate()
         if self.auto_offset_reset not in ("earliest", "latest"):
             yield f"ROUTER_AUTO_OFFSET_RESET={self.auto_offset_reset!r}: not one of earliest, latest"
 

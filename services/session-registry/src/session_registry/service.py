@@ -28,6 +28,7 @@ from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedTopicView
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, KeyPartitioner, ensure_topics, make_consumer, make_producer
 from tbmq_platform.lifecycle import Service
+from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_routing.naming import app_client_group
 
@@ -94,13 +95,15 @@ class SessionRegistry(Service):
         # .device_clear_deferrable) that still has to be done; retried by the expiry loop under self._lock
         self._deferred_clears: dict[str, float] = {}
         self.stats = {"requests": 0, "transactions": 0, "aborted": 0}
+        self.retention: RetentionWatch | None = None
+        self._app_groups: dict[str, str] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.s
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
             REQUESTS, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.SYS_APP_REMOVED)],
-            profile=s.topic_profile)
+            layout=s.topic_layout)
         self.view = CompactedTopicView(s.bootstrap, topics.CLIENT_SESSION, self.store.apply_record,
                                        client_id=f"{s.instance_id}-sessions", read_committed=True)
         await self.view.start()
@@ -120,12 +123,17 @@ class SessionRegistry(Service):
         self.consumer.subscribe([REQUESTS], listener=_Listener(self))
         self.spawn(self._consume(), "consume session requests")
         self.spawn(self._expiry_loop(), "session expiry scan")
+        # the backlog of every APPLICATION session (offline ones too: that is where retention bites) against
+        # its topic's retention; each registry instance watches them all
+        self.retention = await RetentionWatch.started(s, self._app_group_of, self._watched_app_topics)
 
     async def stop(self) -> None:
         self._stopping = True
         async with self._lock:  # the in-flight batch finishes (and commits) first
             pass
         await self.cancel_tasks()
+        if self.retention is not None:
+            await self.retention.close()
         if self.consumer is not None:
             await self.consumer.stop()
         await asyncio.gather(*(p.stop() for p in self.producers.values()), return_exceptions=True)
@@ -137,7 +145,18 @@ class SessionRegistry(Service):
 
     def health_details(self) -> dict:
         return {"partitions": sorted(self.owned), "sessions": self.store.sessions,
-                "applications": self.store.applications, **self.stats}
+                "applications": self.store.applications, **self.stats,
+                **(self.retention.stats if self.retention is not None else {})}
+
+    def _watched_app_topics(self) -> list[str]:
+        """APPLICATION topics of every APPLICATION session (for the retention watch); remembers the group
+        of each."""
+        self._app_groups = {topics.app_topic_name(cid): app_client_group(cid)
+                            for cid, sess in self.store.items() if sess.client_type == pb.CLIENT_TYPE_APPLICATION}
+        return list(self._app_groups)
+
+    def _app_group_of(self, topic: str) -> str:
+        return self._app_groups[topic]
 
     def _fatal(self, exc: BaseException) -> None:
         log.error("fatal: %s", exc, exc_info=exc)
@@ -417,7 +436,7 @@ class SessionRegistry(Service):
     async def _ensure_service_topics(self, service_id: str) -> None:
         if service_id and service_id not in self._svc_topics:
             specs = topics.service_topics(service_id)
-            await ensure_topics(self.s.bootstrap, specs, profile=self.s.topic_profile)
+            await ensure_topics(self.s.bootstrap, specs, layout=self.s.topic_layout)
             await self._wait_for_topics([topics.response_topic(service_id), topics.disconnect_topic(service_id)])
             self._svc_topics.add(service_id)
 
@@ -444,7 +463,7 @@ class SessionRegistry(Service):
     async def _ensure_app_topic(self, client_id: str) -> None:
         name = topics.app_topic_name(client_id)
         if name not in self._app_topics:
-            await ensure_topics(self.s.bootstrap, [topics.app_topic(client_id)], profile=self.s.topic_profile)
+            await ensure_topics(self.s.bootstrap, [topics.app_topic(client_id)], layout=self.s.topic_layout)
             await self._wait_for_topics([name])
             self._app_topics.add(name)
 
