@@ -227,7 +227,7 @@ PHASE = 150  # messages per phase: before the kill, while the victim is down, af
 
 async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, client_prefix: str = "dev",
                          sub_offline_while_down: bool = False, sub_back_while_down: bool = False,
-                         pairs: int = 1) -> list[Verdict]:
+                         pairs: int = 1, fault=None) -> list[Verdict]:
     """Subscriber (persistent, QoS 1) on connector 1, publisher on connector 2; publish PHASE messages,
     SIGKILL `victim` once 2/3 of them are acknowledged (the rest are in flight or still to be sent), publish
     PHASE more while it is down, start it again, publish PHASE more; then every acknowledged number must
@@ -239,7 +239,11 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
     reconnect to connector 1 and re-send what was not acknowledged. `sub_offline_while_down`: the
     subscriber disconnects right after the kill (its DISCONNECTION_REQUEST waits in Kafka for a registry)
     and comes back, on the other connector, after the restart (or, `sub_back_while_down`, while the victim
-    is still down): session present, nothing missed, no further reconnect needed."""
+    is still down): session present, nothing missed, no further reconnect needed.
+
+    `fault`: instead of the kill and the test's own restart, `await fault()` (e.g. a SIGKILL that the suite's
+    supervisor must heal by itself, or a Kafka/Redis restart) at the same point; the third phase then runs
+    once it returned."""
     u = unique(client_prefix)
     ports = suite.mqtt_ports
     subs: list[SeqSubscriber] = []
@@ -268,9 +272,10 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
             pub.target = PHASE
         await wait_until(lambda: all(len(p.acked) >= 2 * PHASE // 3 for p in pubs) or any(p.error for p in pubs),
                          120, "first acks")
-        rc = await suite.kill_service(victim, instance)
+        if fault is None:
+            rc = await suite.kill_service(victim, instance)
+            assert rc == -9, f"{victim}-{instance} exit code {rc}"
         phases["killed_at_acked"] = [len(p.acked) for p in pubs]
-        assert rc == -9, f"{victim}-{instance} exit code {rc}"
         if victim == "connector" and instance == 1:  # the subscribers' connector
             for sub in subs:
                 await wait_until(lambda: sub.client.disconnected is not None, 30, "subscriber disconnect")
@@ -282,10 +287,13 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
                     await run(sub.reconnect, [ports[1]])
         for pub in pubs:
             pub.target = 2 * PHASE
-        await wait_until(all_done, 120, "acks while the victim is down")
-        phases["down_acked"] = [len(p.acked) for p in pubs]
         t_start = time.monotonic()
-        await suite.start_service(victim, instance)
+        if fault is None:
+            await wait_until(all_done, 120, "acks while the victim is down")
+            phases["down_acked"] = [len(p.acked) for p in pubs]
+            await suite.start_service(victim, instance)
+        else:
+            await fault()
         phases["restart_s"] = round(time.monotonic() - t_start, 1)
         if sub_offline_while_down and not sub_back_while_down:
             for sub in subs:

@@ -4,7 +4,11 @@
 Starts Kafka, Redis, the topics and every service with the default ports of docs/architecture.md
 (MQTT localhost:1883), prints what listens where and "ready", and stops everything on Ctrl-C / SIGTERM.
 `run --spark` also starts the Spark statistics job after the services (`make run RUN_ARGS=--spark`).
-Exit code: 0 after a clean stop, 1 when the start failed, 3 when a service died while running.
+A process that exits while the suite runs (a service, the Spark job, Kafka, Redis) is started again with
+exponential back-off (0.5 s doubling to 30 s; tbmq_launcher.supervisor); every exit and restart is printed,
+and a process that keeps dying is reported as crash-looping. `--no-restart` turns that off.
+Exit code: 0 after a clean stop, 1 when the start failed, 3 when a service died while running with
+--no-restart.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="Redis AOF fsync policy: everysec (default: a host crash can lose about the last "
                         "second of acknowledged DEVICE messages) or always (none, at a cost per write); "
                         "docs/architecture.md, Storage trade-offs")
+    r.add_argument("--no-restart", action="store_true",
+                   help="do not restart a process that dies (default: restart with back-off); the launcher "
+                        "then reports the death and keeps the others running")
     r.add_argument("--run-dir", default=".run", help="logs and data (default .run)")
     r.add_argument("--fresh", action="store_true", help="delete the Kafka/Redis data of earlier runs first")
     r.add_argument("--quiet", action="store_true", help="do not copy service output to the console")
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),
-            spark_start_timeout=args.spark_start_timeout)
+            spark_start_timeout=args.spark_start_timeout, supervise=not args.no_restart)
     except ValueError as e:
         print(f"launcher: {e}", file=sys.stderr)
         return 2
@@ -148,6 +155,8 @@ async def _run(suite: Suite) -> int:
         print(f"launcher: ready in {suite.start_seconds:.1f}s (MQTT {mqtt}; Ctrl-C to stop)", flush=True)
 
         stopper = asyncio.create_task(stop.wait())
+        if suite.supervise:  # the supervisor restarts what dies
+            await stopper
         while not stop.is_set():
             watcher = asyncio.create_task(suite.watch())
             done, _ = await asyncio.wait({watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)

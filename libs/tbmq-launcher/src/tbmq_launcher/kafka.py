@@ -122,6 +122,8 @@ class KafkaBroker:
         self._log_offset = 0
         self.proc: asyncio.subprocess.Process | None = None
         self.started_in: float | None = None  # seconds from start() to a metadata answer
+        self.started_at: float | None = None  # monotonic time of the last start()
+        self.wanted = False  # started and not stopped on purpose (the suite's supervisor restarts it)
         self._log_file = None
 
     # -- addresses -------------------------------------------------------------------------------------
@@ -136,6 +138,10 @@ class KafkaBroker:
     @property
     def properties_path(self) -> Path:
         return self.workdir / "server.properties"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
 
     @property
     def pid(self) -> int | None:
@@ -263,7 +269,7 @@ class KafkaBroker:
     async def start(self) -> None:
         if self.proc is not None:
             raise KafkaStartError("already started")
-        t0 = time.monotonic()
+        t0 = self.started_at = time.monotonic()
         self._write_properties()
         await self.format()
         cmd = self._java_cmd("kafka.Kafka", str(self.properties_path), heap=self.heap, cds="server")
@@ -277,6 +283,7 @@ class KafkaBroker:
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=self._log_file, stderr=asyncio.subprocess.STDOUT,
             cwd=str(self.workdir), env=env, start_new_session=True,
             preexec_fn=death_signal_preexec(signal.SIGTERM))
+        self.wanted = True  # from here on a death is the supervisor's to heal (not while start() prepares)
         try:
             await self._wait_ready(t0 + self.start_timeout)
         except BaseException:
@@ -332,6 +339,7 @@ class KafkaBroker:
 
     async def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (controlled shutdown), then SIGKILL after `timeout` s. Safe to call twice."""
+        self.wanted = False
         proc, self.proc = self.proc, None
         killed = False
         try:

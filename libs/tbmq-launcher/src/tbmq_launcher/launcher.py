@@ -8,6 +8,8 @@
     await suite.stop()                 # services (SIGTERM, SIGKILL after a timeout), then Kafka, then Redis
 
     Suite(spark=True)                  # + the Spark statistics job after the services (docs/spark.md)
+    Suite(supervise=True)              # a process that dies is started again with back-off (make run;
+                                       # tbmq_launcher.supervisor): suite.restarts("router-1")
 
 `python -m tbmq_launcher run` (= `make run`) runs one with the default ports of docs/architecture.md.
 """
@@ -28,7 +30,9 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from .kafka import KafkaBroker
+from .process import tail
 from .services import ORDER, SERVICES, ServiceDef, ServiceProcess, ServiceStartError, _COLORS, sort_services
+from .supervisor import RestartPolicy, Supervisor, Unit
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,10 @@ class Suite:
                       ready; ready when its streaming query is active (spark_start_timeout), stopped first.
       spark_args      extra arguments of `tbmq_spark stats` (e.g. ("--trigger", "processingTime=30 seconds")).
       spark_start_timeout, spark_stop_timeout: its bounds (s): JVM start + query start; SIGTERM → SIGKILL.
+      supervise       once started, start again (with the back-off of `restart_policy`) every process of the
+                      suite — services, Spark job, Kafka, Redis — that exits without being stopped through
+                      this object (tbmq_launcher.supervisor); `make run` does, tests that kill on purpose
+                      do not unless they test it.
     """
 
     def __init__(
@@ -117,6 +125,8 @@ class Suite:
         spark_args: Sequence[str] = (),
         spark_start_timeout: float = 180.0,
         spark_stop_timeout: float = 30.0,
+        supervise: bool = False,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         if ports not in ("default", "free"):
             raise ValueError("ports must be 'default' or 'free'")
@@ -206,6 +216,9 @@ class Suite:
                 color=_COLORS[color % len(_COLORS)] if _isatty(echo) else None)
         self._started = False
         self.start_seconds: float | None = None
+        self.supervise = supervise
+        self.restart_policy = restart_policy or RestartPolicy()
+        self.supervisor: Supervisor | None = None
 
     # -- naming and addresses --------------------------------------------------------------------------
     def _port(self, base: int, instance: int, step: int) -> int:
@@ -314,6 +327,8 @@ class Suite:
             if p.grpc_port:
                 where.append(f"gRPC :{p.grpc_port}")
             state = f"pid {p.pid}" if p.running else "stopped"
+            if self.restarts(p.service_id):
+                state += f", {self.restarts(p.service_id)} restarts"
             rows.append((p.service_id, ", ".join(where), f"{state}, log {p.log_path}"))
         if self.spark_job is not None:
             j = self.spark_job
@@ -357,6 +372,51 @@ class Suite:
             await self.stop()
             raise
         self.start_seconds = time.monotonic() - t0
+        if self.supervise:
+            self.supervisor = Supervisor(self._units(), self.restart_policy)
+            self.supervisor.start()
+
+    def _units(self) -> list[Unit]:
+        """What the supervisor watches: Kafka and Redis when this suite started them, every service
+        instance, the Spark job."""
+        units: list[Unit] = []
+        if self._own_kafka and self.kafka is not None:
+            k = self.kafka
+
+            async def restart_kafka() -> None:
+                await k.stop(timeout=5)
+                await k.start()
+
+            units.append(Unit("kafka", lambda: k.running, lambda: k.wanted, restart_kafka,
+                              lambda: k.started_at, lambda: k.log_tail(20),
+                              lambda: k.proc.returncode if k.proc else None))
+        if self._own_redis and self.redis is not None:
+            for srv in getattr(self.redis, "servers", [self.redis]):
+                async def restart_redis(srv=srv) -> None:
+                    await srv.stop()
+                    await srv.start()
+
+                units.append(Unit(f"redis:{srv.port}", lambda srv=srv: srv.running, lambda srv=srv: srv.wanted,
+                                  restart_redis, lambda srv=srv: srv.started_at,
+                                  lambda srv=srv: tail(srv.log_path, 20),
+                                  lambda srv=srv: srv._proc.returncode if srv._proc else None))
+        for p in self.processes():
+            async def restart_proc(p=p) -> None:
+                await p.stop(timeout=5)  # its pump and anything left in its process group
+                if p is self.spark_job:
+                    await self.start_spark()
+                else:
+                    await self._start_proc(p)
+
+            units.append(Unit(p.service_id, lambda p=p: p.running, lambda p=p: p.wanted, restart_proc,
+                              lambda p=p: p.started_at, lambda p=p: p.log_tail(20),
+                              lambda p=p: p.proc.returncode if p.proc else None))
+        return units
+
+    def restarts(self, unit: str) -> int:
+        """How often the supervisor restarted `unit` (a service id such as "router-1", "kafka",
+        "redis:<port>")."""
+        return self.supervisor.restarts(unit) if self.supervisor is not None else 0
 
     async def ensure_topics(self, extra_service_ids: Iterable[str] = ()) -> None:
         from tbmq_platform import topics as catalogue
@@ -396,6 +456,9 @@ class Suite:
     async def stop(self) -> None:
         """The Spark job, services in reverse order (SIGTERM, SIGKILL after stop_timeout), then Kafka, then
         Redis. Never raises for one part failing to stop; safe to call twice."""
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+            self.supervisor = None
         with contextlib.suppress(Exception):
             await self.stop_spark()
         for name in reversed(self.service_names):
@@ -422,7 +485,9 @@ class Suite:
     async def stop_service(self, name: str, instance: int = 1, sig: int = signal.SIGTERM,
                            timeout: float | None = None) -> int | None:
         """Send `sig` (SIGTERM: graceful) and wait; SIGKILL after `timeout` (default stop_timeout).
-        Returns the exit code (negative = killed by that signal)."""
+        Returns the exit code (negative = killed by that signal). Stopped on purpose: not restarted."""
+        if self.supervisor is not None:
+            self.supervisor.cancel_restart(self.service_id(name, instance))
         return await self.instance(name, instance).stop(sig, self.stop_timeout if timeout is None else timeout)
 
     async def kill_service(self, name: str, instance: int = 1) -> int | None:
@@ -432,6 +497,25 @@ class Suite:
     async def restart_service(self, name: str, instance: int = 1, sig: int = signal.SIGTERM) -> ServiceProcess:
         await self.stop_service(name, instance, sig)
         return await self.start_service(name, instance)
+
+    async def restart_kafka(self) -> None:
+        """Stop this suite's Kafka (controlled shutdown) and start it again on the same ports and data."""
+        if not self._own_kafka or self.kafka is None:
+            raise SuiteError("this suite does not own its Kafka")
+        if self.supervisor is not None:
+            self.supervisor.cancel_restart("kafka")
+        await self.kafka.stop(timeout=self.kafka_stop_timeout)
+        await self.kafka.start()
+
+    async def restart_redis(self) -> None:
+        """Stop this suite's Redis server(s) (SIGTERM: the AOF is flushed) and start them again."""
+        if not self._own_redis or self.redis is None:
+            raise SuiteError("this suite does not own its Redis")
+        for srv in getattr(self.redis, "servers", [self.redis]):
+            if self.supervisor is not None:
+                self.supervisor.cancel_restart(f"redis:{srv.port}")
+            await srv.stop()
+            await srv.start()
 
     def processes(self) -> list[ServiceProcess]:
         """Every supervised process: the service instances and the Spark job."""

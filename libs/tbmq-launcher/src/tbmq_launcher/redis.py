@@ -156,6 +156,8 @@ class RedisServer:
         self.executable = executable
         self.log_path = self.workdir / "redis.log"
         self._proc: asyncio.subprocess.Process | None = None
+        self.started_at: float | None = None  # monotonic time of the last start()
+        self.wanted = False  # started and not stopped on purpose (the suite's supervisor restarts it)
 
     @property
     def url(self) -> str:
@@ -196,6 +198,7 @@ class RedisServer:
     async def start(self) -> None:
         if self.running:
             return
+        self.started_at = time.monotonic()
         if shutil.which(self.executable) is None:
             raise RedisError(f"{self.executable} not found on PATH (apt-get install redis-server)")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +211,7 @@ class RedisServer:
             preexec_fn=death_signal_preexec(signal.SIGTERM),
         )
         _LIVE[self._proc.pid] = self._proc
+        self.wanted = True  # from here on a death is the supervisor's to heal
         try:
             await self._wait_ready()
         except BaseException:
@@ -244,6 +248,7 @@ class RedisServer:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        self.wanted = False
         proc = self._proc
         if proc is None:
             return

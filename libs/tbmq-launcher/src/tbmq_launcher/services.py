@@ -106,6 +106,7 @@ class ServiceProcess:
         self._pump: asyncio.Task | None = None
         self.started_at: float | None = None
         self.ready_in: float | None = None
+        self.wanted = False  # started and not stopped on purpose (the supervisor restarts it when it dies)
 
     @property
     def pid(self) -> int | None:
@@ -136,6 +137,7 @@ class ServiceProcess:
             stderr=asyncio.subprocess.STDOUT, env=env, cwd=str(self.cwd) if self.cwd else None,
             start_new_session=True, preexec_fn=death_signal_preexec(signal.SIGTERM))
         self._pump = asyncio.create_task(self._pump_output(self.proc), name=f"log:{self.service_id}")
+        self.wanted = True  # from here on a death is the supervisor's to heal
         try:
             await self._wait_ready(timeout)
         except BaseException:
@@ -189,6 +191,7 @@ class ServiceProcess:
 
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         """Send `sig` to the instance's process group; SIGKILL after `timeout` s. Returns the exit code."""
+        self.wanted = False
         proc = self.proc
         if proc is None:
             return self.returncode
