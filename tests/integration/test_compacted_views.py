@@ -197,3 +197,44 @@ async def test_barrier_coalesces_and_never_answers_with_an_earlier_request(kafka
     finally:
         await p.stop()
         await views.stop()
+
+
+async def test_a_failing_fetch_is_retried_and_a_stalled_or_dead_follower_is_a_readiness_problem(kafka, unique):
+    from tbmq_platform import compacted
+
+    (a,) = await _topics(kafka, unique, 1)
+    p = await _producer(kafka, unique)
+    table: dict = {}
+    views = CompactedViews(kafka.bootstrap_servers, client_id=unique("views"))
+    va = views.view(a, lambda k, v: table.__setitem__(k, v))
+    await views.start()
+    try:
+        assert views.problem() is None and va.problem() is None
+        # fault injection: the consumer's next two fetches fail as a Kafka error would
+        real_getmany, fails = views._consumer.getmany, [RuntimeError("fetch failed 1"), RuntimeError("fetch failed 2")]
+
+        async def failing_getmany(*args, **kw):
+            if fails:
+                raise fails.pop(0)
+            return await real_getmany(*args, **kw)
+
+        views._consumer.getmany = failing_getmany
+        await p.send_and_wait(a, key=b"k", value=b"wakes the parked fetch")
+        assert await poll(lambda: views.follow_errors == 2, 20)  # the next two fetches failed
+        await p.send_and_wait(a, key=b"k", value=b"after the failures")
+        await va.wait_caught_up(timeout=20)  # the follower went on
+        assert table[b"k"] == b"after the failures" and views.follow_errors == 2
+        assert views.problem() is None  # a successful fetch since: healthy
+        # failing for FOLLOW_UNHEALTHY_S in a row is a problem (the time is passed in, not waited for)
+        views._failing_since = 100.0
+        views._last_error = RuntimeError("broker gone")
+        assert "failing for" in views.problem(now=100.0 + compacted.FOLLOW_UNHEALTHY_S)
+        assert views.problem(now=100.0 + compacted.FOLLOW_UNHEALTHY_S - 1) is None
+        views._failing_since = None
+        # a follower task that ended is a problem at once
+        views._task.cancel()
+        await asyncio.gather(views._task, return_exceptions=True)
+        assert "stopped" in views.problem()
+    finally:
+        await views.stop()
+        await p.stop()

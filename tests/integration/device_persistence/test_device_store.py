@@ -419,3 +419,27 @@ async def test_limit_65535_every_id_in_use(store_factory, client_id):
     assert seqs(fetched[:2]) == [2, 3] and seqs(fetched[-2:]) == [65535, 65536]
     assert [d.serial for d in fetched] == list(range(3, 65538))
     assert await store.clear(client_id) == 65535
+
+
+async def test_a_redis_that_stops_answering_fails_the_call_instead_of_hanging():
+    # a black hole: accepts the connection, reads, never answers (a hung Redis host); no store fixture: the
+    # point is a server that is not Redis at all
+    import asyncio
+
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    async def swallow(reader, writer):
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = DeviceMsgStore(StoreConfig(redis_url=f"redis://127.0.0.1:{port}/0", socket_timeout_s=0.5,
+                                       connect_timeout_s=0.5))
+    try:
+        with pytest.raises(RedisTimeout):  # redis-py's own: not the wait_for bound below
+            # bounded only for the test's own safety: without the socket timeout this would hang
+            await asyncio.wait_for(store.start(), 30)
+    finally:
+        await store.close()
+        server.close()

@@ -79,6 +79,26 @@ async def test_failed_send_never_acks_and_reports_failure():
         await p.submit(FakeEvent(), _records(1), [])
 
 
+async def test_a_record_refused_before_it_is_queued_is_a_failure_not_a_stall():
+    # e.g. aiokafka's MessageSizeTooLargeError, raised by send() itself: the same end as a refused ack
+    # (on_failure: the router exits without committing and is restarted), never an event left in flight
+    kafka = FakeKafka(auto=False)
+    failures = []
+
+    async def send(topic, key, value, headers):
+        if value == b"too large":
+            raise ValueError("record too large")
+        return await kafka.send(topic, key, value, headers)
+
+    p = Pipeline(send, kafka.ensure, 100, failures.append)
+    from router.convert import OutRecord
+    with pytest.raises(ValueError):
+        await p.submit(FakeEvent(), [OutRecord("t", b"k", b"ok"), OutRecord("t", b"k", b"too large")], [])
+    assert len(failures) == 1 and isinstance(failures[0], ValueError)
+    with pytest.raises(RuntimeError):
+        await p.submit(FakeEvent(), _records(1), [])
+
+
 async def test_no_records_acks_immediately_and_inflight_is_bounded():
     kafka = FakeKafka(auto=False)
     p = Pipeline(kafka.send, kafka.ensure, 2, lambda e: None)

@@ -8,7 +8,8 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_routing.rules import APPLICATION, DEVICE, SessionView
 
-from router.convert import is_expired, session_from_record, subscriptions_from_record
+from router.convert import (DOWNLINK_RECORD_MAX_BYTES, downlink_values, is_expired, session_from_record,
+                            subscriptions_from_record)
 from router.state import RoutingState
 
 pytestmark = pytest.mark.unit
@@ -129,3 +130,40 @@ def test_expired_and_no_match_produce_nothing():
     assert r.expired and r.records == []
     assert st.route(b"$SYS/x", publish("$SYS/x")).records == []  # '#' does not match '$' topics
     assert st.counters["expired"] == 1
+
+
+def test_a_fan_out_too_large_for_one_record_is_split_every_recipient_once():
+    n = 30_000  # ~1.3 MB of recipients on one connector: over Kafka's default 1 MB max.request.size
+    st = RoutingState()
+    for i in range(n):
+        cid = f"client-{i:06d}-" + "x" * 20
+        st.apply_subscriptions(cid.encode(), subs(cid, sub("big/t", 1)))
+        st.apply_session(cid.encode(), session(cid, service_id="c1"))
+    routed = st.route(b"big/t", publish("big/t", payload=b"p" * 1000))
+    assert len(routed.records) > 1
+    got = []
+    for r in routed.records:
+        assert r.topic == topics.downlink_basic_topic("c1") and r.key == b"big/t"
+        assert len(r.value) <= DOWNLINK_RECORD_MAX_BYTES
+        d = pb.BasicDownlink.FromString(r.value)
+        assert d.msg.topic == "big/t" and d.msg.payload == b"p" * 1000
+        got.extend(x.client_id for x in d.recipients)
+    assert len(got) == n and len(set(got)) == n  # every recipient exactly once
+
+
+def test_downlink_values_split_in_order_and_keep_a_message_near_the_bound():
+    from tbmq_routing.rules import Delivery
+
+    ds = [Delivery(f"c{i}", 1, False, ()) for i in range(10)]
+    msg_field = pb.BasicDownlink(msg=pb.PublishMsg(topic="t/x")).SerializeToString()  # field 1, as spliced
+    values = downlink_values(msg_field, ds, max_bytes=len(msg_field) + 20)
+    assert len(values) > 1 and all(len(v) <= len(msg_field) + 20 for v in values)
+    decoded = [pb.BasicDownlink.FromString(v) for v in values]
+    assert all(d.msg.topic == "t/x" for d in decoded)
+    assert [r.client_id for d in decoded for r in d.recipients] == [d.client_id for d in ds]
+    # a bound below the message plus one recipient: still sent, one recipient per record
+    assert len(downlink_values(msg_field, ds[:3], max_bytes=len(msg_field))) == 3
+    # fits: one record, same bytes as protobuf's encoding
+    one = downlink_values(msg_field, ds[:2])
+    assert one == [pb.BasicDownlink(msg=pb.PublishMsg(topic="t/x"), recipients=[
+        pb.Recipient(client_id="c0", qos=1), pb.Recipient(client_id="c1", qos=1)]).SerializeToString()]

@@ -9,6 +9,8 @@ Guarantees:
   serves, and how a service that just wrote a record (or read a response written in the same Kafka
   transaction as one) waits until its own view contains it.
 - A read_committed view (the default) never applies a record of an aborted transaction.
+- The follower never stops by itself: a failed fetch is retried with back-off; `problem()` reports a
+  follower that ended or has failed for FOLLOW_UNHEALTHY_S, and every service puts it in its readiness.
 - `barrier(topics).wait()` (the subscription barrier, docs/router.md) returns once every record APPENDED to
   `topics` before the call (up to the high watermark, whatever its transaction state: a record appended
   after an open transaction's first record is below the last stable offset only once that transaction
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -41,6 +44,12 @@ from .kafka import IDLE_FETCH_WAIT_MS, make_consumer, topic_partitions
 log = logging.getLogger(__name__)
 
 Apply = Callable[[bytes, bytes | None], None]
+
+# A follower whose fetches fail retries with this back-off (doubling up to FOLLOW_RETRY_MAX_S); once it has
+# failed for FOLLOW_UNHEALTHY_S in a row, `problem()` says so and the service's /readyz answers 503.
+FOLLOW_RETRY_S = 0.1
+FOLLOW_RETRY_MAX_S = 5.0
+FOLLOW_UNHEALTHY_S = 10.0
 
 # While a wait_caught_up is pending, positions are re-read this often besides after every applied poll: a
 # fetch that only moved the position (a transaction marker, an aborted transaction's records) returns no
@@ -69,6 +78,9 @@ class CompactedViews:
         self._progress = asyncio.Condition()
         self._task: asyncio.Task | None = None
         self.started = False
+        self.follow_errors = 0  # failed fetches (each retried)
+        self._failing_since: float | None = None  # monotonic time of the first failure of the current run
+        self._last_error: BaseException | None = None
 
     def view(self, topic: str, apply: Apply) -> "CompactedTopicView":
         """Follow `topic`, calling `apply(key, value)` for each record in order (value None: a tombstone)."""
@@ -118,6 +130,20 @@ class CompactedViews:
             if c is not None:
                 await c.stop()
 
+    def problem(self, now: float | None = None) -> str | None:
+        """Why these views cannot be trusted to be current (for readiness), or None: the follower task ended,
+        or its fetches have failed for FOLLOW_UNHEALTHY_S in a row."""
+        if self._task is None:
+            return "not started" if not self.started else None
+        if self._task.done():
+            exc = None if self._task.cancelled() else self._task.exception()
+            return f"follower of {', '.join(self.views)} stopped: {exc!r}"
+        if self._failing_since is not None:
+            failing = (time.monotonic() if now is None else now) - self._failing_since
+            if failing >= FOLLOW_UNHEALTHY_S:
+                return f"follower of {', '.join(self.views)} failing for {failing:.0f}s: {self._last_error!r}"
+        return None
+
     def partitions(self, topics: Iterable[str] | None = None) -> list[TopicPartition]:
         return [tp for t in (self.views if topics is None else topics) for tp in self._partitions[t]]
 
@@ -164,8 +190,21 @@ class CompactedViews:
     async def _run(self) -> None:
         consumer = self._consumer
         views = self.views
+        retry = FOLLOW_RETRY_S
         while True:
-            batches = await consumer.getmany(timeout_ms=self._idle_wait_ms, max_records=5000)
+            try:
+                batches = await consumer.getmany(timeout_ms=self._idle_wait_ms, max_records=5000)
+            except Exception as exc:  # Kafka unreachable, a broker restart: retry, never stop following
+                self.follow_errors += 1
+                self._last_error = exc
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                log.warning("%s: fetch failed (%r); retrying in %.1fs", ", ".join(views), exc, retry)
+                await asyncio.sleep(retry)  # back-off
+                retry = min(FOLLOW_RETRY_MAX_S, retry * 2)
+                continue
+            retry = FOLLOW_RETRY_S
+            self._failing_since = None
             if not batches:
                 continue
             for tp, records in batches.items():
@@ -280,6 +319,10 @@ class CompactedTopicView:
     async def wait_caught_up(self, timeout: float = 60.0) -> None:
         """Wait until everything written to the topic before this call has been applied."""
         await self._views.wait_caught_up([self.topic], timeout)
+
+    def problem(self) -> str | None:
+        """Its follower's problem (CompactedViews.problem), or None."""
+        return self._views.problem()
 
 
 __all__ = ["Barrier", "CompactedTopicView", "CompactedViews"]

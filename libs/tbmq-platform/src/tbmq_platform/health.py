@@ -1,5 +1,10 @@
 """A tiny HTTP health endpoint per service: GET /healthz (alive) and GET /readyz (state rebuilt, serving).
 
+/readyz is 200 only while the service says it is ready AND every registered check passes: a check is a
+callable returning None (fine) or why not (a stopped background loop, a follower that cannot fetch), so
+readiness follows the service's loops for as long as it runs instead of being set once at start-up. The
+failing checks are listed in the body (`"not_ready": {name: reason}`).
+
 Plain asyncio so that it adds nothing to a service's dependencies; the launcher, compose healthchecks and
 Kubernetes probes use it.
 """
@@ -19,12 +24,28 @@ class HealthServer:
         self.host, self.port, self.service = host, port, service
         self.ready = False
         self.details = details or (lambda: {})
+        self.checks: dict[str, Callable[[], str | None]] = {}
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("health endpoint on http://%s:%d/readyz", self.host, self.port)
+
+    def check(self, name: str, problem: Callable[[], str | None]) -> None:
+        """Make readiness also depend on `problem()` returning None."""
+        self.checks[name] = problem
+
+    def problems(self) -> dict[str, str]:
+        out = {}
+        for name, problem in self.checks.items():
+            try:
+                p = problem()
+            except Exception as e:  # a check that fails is a problem, not a crash of the endpoint
+                p = f"check failed: {e!r}"
+            if p:
+                out[name] = p
+        return out
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -38,13 +59,16 @@ class HealthServer:
                 pass
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) > 1 else "/"
+            problems = self.problems()
             if path.startswith("/readyz"):
-                ok = self.ready
+                ok = self.ready and not problems
             elif path.startswith("/healthz"):
                 ok = True
             else:
                 return await self._reply(writer, 404, {"error": "not found"})
-            body = {"service": self.service, "ready": self.ready}
+            body = {"service": self.service, "ready": self.ready and not problems}
+            if problems:
+                body["not_ready"] = problems
             try:
                 body.update(self.details())
             except Exception:  # details are best effort; health must answer

@@ -40,6 +40,12 @@ class Service:
     def health_details(self) -> dict:
         return {}
 
+    def readiness_checks(self) -> dict:
+        """{name: callable returning None or why the service is not ready now} (HealthServer.check): the
+        background loops whose death or stall must take the service out of readiness. Asked once, after
+        start(); the spawned tasks are covered already (one that dies stops the service)."""
+        return {}
+
     # -- supervision ------------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -83,6 +89,8 @@ async def serve(service: Service, settings: CommonSettings, *, install_signals: 
     code = 0
     try:
         await service.start()
+        for name, check in service.readiness_checks().items():
+            health.check(name, check)
         health.ready = True
         log.info("%s %s ready", settings.service_name, settings.instance_id)
         stop_wait = loop.create_task(stop.wait())

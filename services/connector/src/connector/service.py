@@ -191,6 +191,10 @@ class ConnectorService(Service):
         if self._server is not None:
             await self._server.wait_closed()
 
+    def readiness_checks(self) -> dict:
+        # the retained, subscription and session views: a connector on a frozen table must not look ready
+        return {"views": self.views.problem}
+
     def health_details(self) -> dict:
         return {"service_id": self.service_id, "mqtt_port": self.mqtt_port,
                 "connections": len(self.connections), "clients": len(self.by_client),

@@ -39,6 +39,9 @@ class Settings(CommonSettings):
                                                doc="comma list of host:port; set = Redis Cluster mode")
     redis_key_prefix: str = env("DEVICE_PERSISTENCE_REDIS_KEY_PREFIX", "",
                                 doc="prefix of every Redis key (no braces)")
+    redis_socket_timeout_ms: int = env("REDIS_SOCKET_TIMEOUT_MS", 10_000, parse=integer(100, 600_000),
+                                       doc="a Redis call without an answer for this long fails (and is "
+                                           "retried) instead of hanging; connects time out at half of it")
     messages_limit: int = env(LIMIT_VAR, 10000, parse=integer(1, MAX_PACKET_ID),
                               doc="stored messages kept per client (oldest trimmed), 1..65535")
     messages_ttl_s: int = env(TTL_VAR, 604800, parse=integer(1),
@@ -73,7 +76,9 @@ class Settings(CommonSettings):
     def store_config(self) -> StoreConfig:
         return StoreConfig(redis_url=self.redis_url, cluster_nodes=self.redis_cluster_nodes,
                            messages_limit=self.messages_limit, messages_ttl_s=self.messages_ttl_s,
-                           key_prefix=self.redis_key_prefix)
+                           key_prefix=self.redis_key_prefix,
+                           socket_timeout_s=self.redis_socket_timeout_ms / 1000,
+                           connect_timeout_s=self.redis_socket_timeout_ms / 2000)
 
 
 def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> Settings:

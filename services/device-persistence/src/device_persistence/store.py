@@ -104,6 +104,10 @@ class StoreConfig:
     pipeline_chunk: int = 500  # script calls per pipeline in save_many (chunks run concurrently)
     save_clients_per_call: int = 200  # clients per multi-client script call (save, acks; a script blocks Redis)
     max_in_flight: int = 64  # Redis requests/pipelines in flight at once (redis-py pools refuse >100)
+    # a Redis that stops answering (black-holed, a hung host) fails the call after this long instead of
+    # hanging the save loop: the batch is retried, its offsets stay uncommitted (REDIS_SOCKET_TIMEOUT_MS)
+    socket_timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         errors = []
@@ -242,16 +246,21 @@ class DeviceMsgStore:
                 for node in self.config.cluster_nodes:
                     host, _, port = node.rpartition(":")
                     nodes.append(ClusterNode(host, int(port)))
-                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False)
+                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False, **self._timeouts())
                 await self._client.initialize()
             else:
-                self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False)
+                self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False,
+                                                       **self._timeouts())
         self._scripts = {name: self._client.register_script(src) for name, src in self._sources.items()}
         for script in self._scripts.values():  # fail fast on a Lua syntax error / unreachable Redis
             loaded = await self._client.script_load(script.script)
             if isinstance(loaded, bytes):
                 loaded = loaded.decode()
             script.sha = loaded
+
+    def _timeouts(self) -> dict:
+        return {"socket_timeout": self.config.socket_timeout_s,
+                "socket_connect_timeout": self.config.connect_timeout_s}
 
     async def close(self) -> None:
         clients, self._node_clients = list(self._node_clients.values()), {}
@@ -394,7 +403,7 @@ class DeviceMsgStore:
             client = self._node_clients.get(name)
             if client is None:
                 host, _, port = name.rpartition(":")
-                client = aioredis.Redis(host=host, port=int(port), decode_responses=False)
+                client = aioredis.Redis(host=host, port=int(port), decode_responses=False, **self._timeouts())
                 self._node_clients[name] = client
             try:
                 async with self._in_flight:

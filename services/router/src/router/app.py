@@ -424,12 +424,16 @@ class Pipeline:
         if self.inflight >= self.max_inflight:
             self._room.clear()
         send, done = self._send, pending.done
-        if paired:
-            for r, h in items:
-                (await send(r.topic, r.key, r.value, h)).add_done_callback(done)
-        else:
-            for r in items:
-                (await send(r.topic, r.key, r.value, headers)).add_done_callback(done)
+        try:
+            if paired:
+                for r, h in items:
+                    (await send(r.topic, r.key, r.value, h)).add_done_callback(done)
+            else:
+                for r in items:
+                    (await send(r.topic, r.key, r.value, headers)).add_done_callback(done)
+        except Exception as exc:  # refused before it was queued (e.g. a record over max.request.size)
+            self.failed(exc)      # the same end as a refused acknowledgement: never a silent stall
+            raise
         self.produced += len(items)
         if not self._room.is_set():
             await self._room.wait()
@@ -548,6 +552,7 @@ class RouterRuntime(Service):
         self.views.view(topics.CLIENT_SESSION, self.routing.apply_session)
         await asyncio.wait_for(self.views.start(), s.rebuild_timeout_s)
         self.barrier = self.views.barrier()  # both views: see handle_batch
+        self.health.check("state views", self.views.problem)  # routing on a frozen table is not ready
         # acknowledged messages the router has not routed yet, against tbmq.msg.all's retention
         self.retention = await RetentionWatch.started(s, s.group_id, lambda: [topics.MSG_ALL])
         self.rebuilt_in = time.monotonic() - t0

@@ -3,7 +3,8 @@
 * tbmq.client.subscriptions records -> (filter, Subscription) pairs for ``SubscriptionTrie.replace_client``;
 * tbmq.client.session records -> ``rules.SessionView``;
 * a ``RoutingPlan`` -> the Kafka records to produce (``OutRecord``), one per destination record:
-  one BasicDownlink per connector (all its live recipients), one PersistedMsg per persistent DEVICE
+  one BasicDownlink per connector (all its live recipients; several, each at most
+  DOWNLINK_RECORD_MAX_BYTES, for a fan-out too large for one record), one PersistedMsg per persistent DEVICE
   client (or shared group store id), one receiver copy per APPLICATION topic and per shared
   APPLICATION topic.
 """
@@ -146,16 +147,37 @@ def _recipient_field(client_id: str, qos: int, retain: bool, subscription_ids) -
     return b
 
 
-def downlink_value(msg_field: bytes, deliveries) -> bytes:
-    """BasicDownlink bytes: ``msg_field`` (field 1: tag, length, the publisher's PublishMsg bytes)
-    followed by one ``recipients`` field per delivery. Protobuf messages are concatenations of
-    their fields, so the publisher's copy is serialized once per message, not once per connector
-    (same bytes as ``BasicDownlink(msg=..., recipients=...).SerializeToString()``)."""
+# Most bytes of one BasicDownlink value. Kafka producers refuse a record over max.request.size (1 MB by
+# default): a fan-out to tens of thousands of live recipients on one connector would otherwise be one record
+# the router can never send. Recipients are split over as many records as needed, each under this bound
+# (but always with at least one recipient, so a message near the size limit still goes out).
+DOWNLINK_RECORD_MAX_BYTES = 256 * 1024
+
+
+def downlink_values(msg_field: bytes, deliveries, max_bytes: int = DOWNLINK_RECORD_MAX_BYTES) -> list[bytes]:
+    """The BasicDownlink values carrying ``deliveries``: ``msg_field`` (field 1: tag, length, the publisher's
+    PublishMsg bytes) followed by one ``recipients`` field per delivery. Protobuf messages are concatenations
+    of their fields, so the publisher's copy is serialized once per message, not once per connector (same
+    bytes as ``BasicDownlink(msg=..., recipients=...).SerializeToString()``). One value when it fits in
+    ``max_bytes``, else the recipients split in order over several, each at most ``max_bytes`` or the
+    message plus one recipient: every recipient is in exactly one value."""
     if len(deliveries) == 1:
         d = deliveries[0]
-        return msg_field + _recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids)
-    return msg_field + b"".join([_recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids)
-                                 for d in deliveries])
+        return [msg_field + _recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids)]
+    fields = [_recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids) for d in deliveries]
+    if len(msg_field) + sum(map(len, fields)) <= max_bytes:
+        return [msg_field + b"".join(fields)]
+    values: list[bytes] = []
+    parts: list[bytes] = [msg_field]
+    size = len(msg_field)
+    for f in fields:
+        if len(parts) > 1 and size + len(f) > max_bytes:
+            values.append(b"".join(parts))
+            parts, size = [msg_field], len(msg_field)
+        parts.append(f)
+        size += len(f)
+    values.append(b"".join(parts))
+    return values
 
 
 def receiver_copy(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids) -> pb.PublishMsg:
@@ -183,7 +205,8 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
         msg_field = _TAG_1_LEN + _varint(len(msg_bytes)) + msg_bytes
         for service_id, deliveries in plan.live.items():
             name, spec = _downlink(service_id)
-            out.append(OutRecord(name, key, downlink_value(msg_field, deliveries), spec))
+            for value in downlink_values(msg_field, deliveries):
+                out.append(OutRecord(name, key, value, spec))
     if plan.persisted:
         copies: dict[tuple, bytes] = {}  # receiver copy (with its field tag) per (qos, retain, ids)
         for d in plan.persisted:

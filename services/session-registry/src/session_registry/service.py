@@ -143,6 +143,10 @@ class SessionRegistry(Service):
                 await c.stop()
         await self.device.close()
 
+    def readiness_checks(self) -> dict:
+        # every decision reads the session map: a view that stopped following would decide on stale sessions
+        return {"session view": self.view.problem}
+
     def health_details(self) -> dict:
         return {"partitions": sorted(self.owned), "sessions": self.store.sessions,
                 "applications": self.store.applications, **self.stats,
