@@ -67,13 +67,16 @@ def connect_with_retry(make, ports: list[int], deadline_s: float = 90.0) -> tupl
 
 
 class SeqPublisher:
-    """Publishes "0", "1", ... on `topic` at QoS 1 from its own thread, at most `window` unacknowledged.
+    """Publishes "<tag>0", "<tag>1", ... on `topic` at `qos` (1 or 2) from its own thread, at most `window`
+    unacknowledged (QoS 2: acknowledged once PUBCOMP arrived, i.e. after its PUBREC).
     Only messages whose PUBACK arrived are in `acked`. When the connection dies, it reconnects (a new clean
     client, the other connector first) and re-sends every unacknowledged message in sequence order.
     `target` is how far to publish; the test raises it phase by phase."""
 
-    def __init__(self, client_id: str, topic: str, ports: list[int], port: int, window: int = 10) -> None:
+    def __init__(self, client_id: str, topic: str, ports: list[int], port: int, window: int = 10, *,
+                 qos: int = 1, tag: str = "") -> None:
         self.client_id, self.topic, self.ports, self.window = client_id, topic, ports, window
+        self.qos, self.tag = qos, tag
         self.port = port
         self.target = 0
         self.next = 0
@@ -87,7 +90,7 @@ class SeqPublisher:
         self.client: Client | None = None
 
     def start(self) -> "SeqPublisher":
-        self.client = Client(self.client_id, v5=False, clean=True)
+        self.client = Client(self.client_id, v5=False, clean=True, max_inflight=self.window)
         self.client.connect(self.port)
         self._thread.start()
         return self
@@ -95,11 +98,11 @@ class SeqPublisher:
     def _reconnect(self) -> None:
         self.client.close()
         others = [p for p in self.ports if p != self.port] + [self.port]
-        self.client, self.port, _ = connect_with_retry(lambda: Client(self.client_id, v5=False, clean=True),
-                                                       others)
+        self.client, self.port, _ = connect_with_retry(
+            lambda: Client(self.client_id, v5=False, clean=True, max_inflight=self.window), others)
         self.reconnects += 1
         for seq in sorted(self.inflight):  # unacknowledged: send again, in order
-            self.inflight[seq] = self.client.c.publish(self.topic, str(seq).encode(), qos=1)
+            self.inflight[seq] = self.client.c.publish(self.topic, self.payload(seq), qos=self.qos)
             self.resent += 1
 
     def _main(self) -> None:
@@ -116,12 +119,16 @@ class SeqPublisher:
                 if self.client.disconnected is not None:
                     self._reconnect()
                 elif len(self.inflight) < self.window and self.next < self.target:
-                    self.inflight[self.next] = self.client.c.publish(self.topic, str(self.next).encode(), qos=1)
+                    self.inflight[self.next] = self.client.c.publish(self.topic, self.payload(self.next),
+                                                                     qos=self.qos)
                     self.next += 1
                 else:
                     time.sleep(0.002)  # idle poll of the acks
         except BaseException as e:  # reported by the test
             self.error = e
+
+    def payload(self, seq: int) -> bytes:
+        return f"{self.tag}{seq}".encode()
 
     @property
     def done(self) -> bool:
@@ -136,11 +143,11 @@ class SeqPublisher:
 
 
 class SeqSubscriber:
-    """A persistent DEVICE/APPLICATION subscriber (3.1.1, clean_session=False, QoS 1) that can reconnect
+    """A persistent DEVICE/APPLICATION subscriber (3.1.1, clean_session=False, QoS `qos`) that can reconnect
     (same client id, session kept) to another connector; collects the sequence numbers in arrival order."""
 
-    def __init__(self, client_id: str, topic: str) -> None:
-        self.client_id, self.topic = client_id, topic
+    def __init__(self, client_id: str, topic: str, qos: int = 1) -> None:
+        self.client_id, self.topic, self.qos = client_id, topic, qos
         self.client: Client | None = None
         self.port: int | None = None
         self._old: list = []  # messages of earlier connections
@@ -155,7 +162,7 @@ class SeqSubscriber:
         flags, _, _ = self.client.connect(port)
         self.port = port
         self.session_present.append(bool(flags.session_present))
-        self.client.subscribe(self.topic, 1)
+        self.client.subscribe(self.topic, self.qos)
 
     def reconnect(self, ports: list[int]) -> None:
         """Close (the old paho loop must not reconnect and take the session over) and connect elsewhere."""
@@ -175,11 +182,14 @@ class SeqSubscriber:
     def all_messages(self) -> list:
         return self._old + (list(self.client.messages) if self.client else [])
 
-    def seqs(self) -> list[int]:
-        return [int(m.payload) for m in real(self.all_messages())]
+    def seqs(self, tag: str = "") -> list[int]:
+        """The sequence numbers of one publisher (its `tag`; "" = the only one), in arrival order."""
+        t = tag.encode()
+        return [int(m.payload[len(t):]) for m in real(self.all_messages())
+                if m.payload.startswith(t) and (tag or m.payload.isdigit())]
 
-    def dup_flags(self) -> int:
-        return sum(1 for m in real(self.all_messages()) if m.dup)
+    def dup_flags(self, tag: str = "") -> int:
+        return sum(1 for m in real(self.all_messages()) if m.dup and m.payload.startswith(tag.encode()))
 
     def close(self) -> None:
         if self.client is not None:
@@ -205,7 +215,8 @@ class Verdict:
 
 
 def verdict(pub: SeqPublisher, sub: SeqSubscriber) -> Verdict:
-    seqs = sub.seqs()
+    """Of one publisher's messages at the subscriber (in order per publisher)."""
+    seqs = sub.seqs(pub.tag)
     got = set(seqs)
     ooo, top = [], -1
     seen: set[int] = set()
@@ -217,7 +228,7 @@ def verdict(pub: SeqPublisher, sub: SeqSubscriber) -> Verdict:
             ooo.append((s, top))
         top = max(top, s)
     return Verdict(acked=len(pub.acked), published=pub.next, received=len(seqs), distinct=len(got),
-                   duplicates=len(seqs) - len(got), dup_flagged=sub.dup_flags(),
+                   duplicates=len(seqs) - len(got), dup_flagged=sub.dup_flags(pub.tag),
                    missing=sorted(pub.acked - got), out_of_order=ooo)
 
 
@@ -227,7 +238,8 @@ PHASE = 150  # messages per phase: before the kill, while the victim is down, af
 
 async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, client_prefix: str = "dev",
                          sub_offline_while_down: bool = False, sub_back_while_down: bool = False,
-                         pairs: int = 1, fault=None) -> list[Verdict]:
+                         pairs: int = 1, fault=None, publishers: int = 1, qos: int = 1,
+                         window: int = 10) -> list[Verdict]:
     """Subscriber (persistent, QoS 1) on connector 1, publisher on connector 2; publish PHASE messages,
     SIGKILL `victim` once 2/3 of them are acknowledged (the rest are in flight or still to be sent), publish
     PHASE more while it is down, start it again, publish PHASE more; then every acknowledged number must
@@ -241,6 +253,9 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
     and comes back, on the other connector, after the restart (or, `sub_back_while_down`, while the victim
     is still down): session present, nothing missed, no further reconnect needed.
 
+    `publishers` publishers per subscriber (fan-in: order is checked per publisher), each with up to `window`
+    messages unacknowledged, publishing and subscribing at `qos` (2: QoS 2 both ways).
+
     `fault`: instead of the kill and the test's own restart, `await fault()` (e.g. a SIGKILL that the suite's
     supervisor must heal by itself, or a Kafka/Redis restart) at the same point; the third phase then runs
     once it returned."""
@@ -250,17 +265,22 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
     pubs: list[SeqPublisher] = []
     for i in range(pairs):
         topic = f"dur/{u}/{i}"
-        sub = SeqSubscriber(f"{u}-sub{i}" if pairs > 1 else f"{u}-sub", topic)
+        sub = SeqSubscriber(f"{u}-sub{i}" if pairs > 1 else f"{u}-sub", topic, qos)
         await run(sub.connect, ports[0])
         subs.append(sub)
         probe = Client(f"probe-{u}-{i}", v5=False)  # publisher/probe ids never match the APPLICATION pattern
         await run(probe.connect, ports[1])
         await routed(probe, sub.client, topic, 1, timeout=90)
         await run(probe.close)
+    links: list[tuple[SeqPublisher, SeqSubscriber]] = []  # every publisher with its subscriber
     for i, sub in enumerate(subs):
-        pub = SeqPublisher(f"pub-{u}-{i}" if pairs > 1 else f"pub-{u}", sub.topic, ports, ports[1])
-        await run(pub.start)
-        pubs.append(pub)
+        for j in range(publishers):
+            name = f"pub-{u}-{i}" if pairs > 1 else f"pub-{u}"
+            pub = SeqPublisher(f"{name}-{j}" if publishers > 1 else name, sub.topic, ports, ports[1], window,
+                               qos=qos, tag=f"{j}:" if publishers > 1 else "")
+            await run(pub.start)
+            pubs.append(pub)
+            links.append((pub, sub))
 
     def all_done() -> bool:
         return all(p.done for p in pubs) or any(p.error for p in pubs)
@@ -303,19 +323,21 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
         await wait_until(all_done, 120, "acks after the restart")
         for pub in pubs:
             assert pub.error is None, f"publisher thread failed: {pub.error!r}"
-        await wait_until(lambda: all(p.acked <= set(s.seqs()) for p, s in zip(pubs, subs)), 120,
+        await wait_until(lambda: all(p.acked <= set(s.seqs(p.tag)) for p, s in links), 120,
                          "every acknowledged message at the subscriber")
     finally:
         verdicts = []
-        for pub, sub in zip(pubs, subs):
+        for pub in pubs:
             pub.stop()
+        for sub in subs:
             await run(sub.close)
+        for pub, sub in links:
             v = verdict(pub, sub)
             verdicts.append(v)
-            print(f"\n[{victim}-{instance}] {sub.client_id}: {v.summary()} phases={phases} "
+            print(f"\n[{victim}-{instance}] {sub.client_id} <- {pub.client_id}: {v.summary()} phases={phases} "
                   f"pub_reconnects={pub.reconnects} resent={pub.resent} sub_reconnects={sub.reconnects} "
                   f"session_present={sub.session_present} stream_s={time.monotonic() - t0:.1f}")
-    for v, sub in zip(verdicts, subs):
+    for v, (pub, sub) in zip(verdicts, links):
         assert not v.missing, f"{sub.client_id}: acknowledged messages lost: {v.summary()}"
         assert not v.out_of_order, f"{sub.client_id}: order broken: {v.summary()}"
         assert all(sub.session_present[1:]), f"session not present on reconnect: {sub.session_present}"

@@ -61,3 +61,12 @@ async def test_durability_device_router_killed_subscriber_offline(healed, unique
     # the subscriber is offline while the router dies and restarts (its uncommitted messages are routed
     # again, into the store); it comes back after the restart
     await crash_scenario(healed, unique, "router", sub_offline_while_down=True)
+
+
+# Fan-in with larger windows, QoS 2 both ways (issue 15, deliverable 6): three publishers, each with up to
+# 100 messages unacknowledged, into one persistent subscriber; every acknowledged (PUBREC'd) message
+# arrives, in order per publisher.
+@pytest.mark.parametrize("victim,instance", [("router", 1), ("device-persistence", 1), ("connector", 1),
+                                             ("connector", 2)])
+async def test_durability_device_qos2_fan_in_wide_windows(healed, unique, victim, instance):
+    await crash_scenario(healed, unique, victim, instance, publishers=3, qos=2, window=100)

@@ -81,3 +81,13 @@ async def test_crashed_kafka_is_restarted_by_the_launcher(supervised, unique):
                          "the supervisor restarting Kafka")
 
     await crash_scenario(supervised, unique, "kafka", fault=kill_kafka)
+
+
+async def test_kafka_restart_qos2_fan_in_wide_windows(supervised, unique):
+    await crash_scenario(supervised, unique, "kafka", fault=supervised.restart_kafka, publishers=3, qos=2,
+                         window=100)
+
+
+async def test_redis_restart_qos2_fan_in_subscriber_offline(supervised, unique):
+    await crash_scenario(supervised, unique, "redis", fault=supervised.restart_redis, publishers=3, qos=2,
+                         window=100, sub_offline_while_down=True)
