@@ -71,8 +71,9 @@ class _ProcBroker:
     def command(self) -> list[str]:
         raise NotImplementedError
 
-    def start(self) -> None:
-        self.port = free_port()
+    def start(self, port: int | None = None) -> None:
+        """Start on a free port, or on `port` (a restart)."""
+        self.port = port or free_port()
         cmd = self.command()
         self.log = self.workdir / "broker.log"
         self._logf = open(self.log, "wb")
@@ -100,7 +101,15 @@ class _ProcBroker:
 
 
 class Mosquitto(_ProcBroker):
+    """Mosquitto as the bench runs it: in memory. `durable=True` (the faults scenario's reference): persistence
+    on, written every second (autosave_interval 1, its most durable setting short of every change)."""
+
     name = "mosquitto"
+
+    def __init__(self, workdir: Path, cpus: set[int] | None = None, persistent: bool = True,
+                 durable: bool = False) -> None:
+        super().__init__(workdir, cpus, persistent)
+        self.durable = durable
 
     def command(self) -> list[str]:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -110,12 +119,15 @@ class Mosquitto(_ProcBroker):
         conf.write_text(
             f"listener {self.port} {self.host}\n"
             "allow_anonymous true\n"
-            "persistence false\n"
+            + (f"persistence true\npersistence_location {self.workdir}/\nautosave_interval 1\n" if self.durable
+               else "persistence false\n") +
             "max_queued_messages 1000000\n"
             "max_queued_bytes 0\n"
             "log_dest stdout\n"
             "log_type error\nlog_type warning\n")
-        self.notes = ["mosquitto " + _mosquitto_version(exe), "persistence false, max_queued_messages 1000000"]
+        self.notes = ["mosquitto " + _mosquitto_version(exe),
+                      ("persistence true, autosave_interval 1" if self.durable else "persistence false")
+                      + ", max_queued_messages 1000000"]
         return [exe, "-c", str(conf)]
 
 
@@ -228,13 +240,16 @@ class Tbmq:
         return tbmq_adapter.suite_pids(self.suite) if self.suite is not None else {}
 
     def alive(self) -> bool:
+        """The launcher's supervisor restarts whatever dies (Suite(supervise=True), as under `make run`): alive
+        while the suite runs; restarts are noted."""
         if self.suite is None:
             return False
-        procs = getattr(self.suite, "procs", {})
-        dead = [p.service_id for p in procs.values() if p.proc is not None and not p.running]
-        if dead:
-            self.notes.append(f"died during the run: {', '.join(dead)}")
-        return not dead
+        restarts = {p.service_id: self.suite.restarts(p.service_id) for p in self.suite.processes()}
+        restarted = ", ".join(f"{k} ×{v}" for k, v in restarts.items() if v)
+        self.notes = [n for n in self.notes if not n.startswith("restarted by the launcher")]
+        if restarted:
+            self.notes.append(f"restarted by the launcher during the run: {restarted}")
+        return True
 
 
 BROKERS = {"tbmq": Tbmq, "mosquitto": Mosquitto, "amqtt": Amqtt}

@@ -288,7 +288,7 @@ def run(args) -> int:
     doc = {
         "timestamp": stamp, "command": " ".join([_exe(), "-m", "bench", *sys.argv[1:]]),
         "machine": mach, "nice": args.nice, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        "profile": prof.__dict__, "broker_order": brokers, "layouts": runs, "elapsed_s": round(elapsed, 1),
+        "profile": {**prof.__dict__, "faults": prof.faults.__dict__}, "broker_order": brokers, "layouts": runs, "elapsed_s": round(elapsed, 1),
     }
     out_json = args.out / f"{stamp}.json"
     report.save_json(out_json, doc)

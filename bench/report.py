@@ -273,10 +273,36 @@ def broker_order(doc: dict) -> list[str]:
     return out
 
 
+def faults_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
+    """The "faults" scenario (bench/faults.py): one row per broker and fault. Empty when it did not run."""
+    by_b = results.get("faults") or {}
+    head = ["broker", "fault", "acked", "lost", "duplicates", "resumed after s", "longest stall s", "restarts"]
+    lines = []
+    for b in brokers:
+        r = by_b.get(b)
+        if not isinstance(r, dict):
+            continue
+        if "error" in r or "skipped" in r:
+            lines.append([b, r.get("error") or r.get("skipped"), "", "", "", "", "", ""])
+            continue
+        for f in r.get("faults", []):
+            resume = "never" if f.get("resume_s") is None else _num(f["resume_s"], 2)
+            lines.append([b, f["fault"], _num(f["acked"]), _num(f["lost"]) + ("" if f.get("settled", True) else "*"),
+                          _num(f["duplicates"]), resume, _num(f.get("stalled_s"), 2),
+                          _num(f["restarts"]) if "restarts" in f else ""])
+    if not lines:
+        return ""
+    return _render(head, lines, fmt)
+
+
 def layout_text(run: dict, brokers: list[str]) -> str:
     """Everything printed for one layout at the end of a run."""
     res, meta = run["results"], run.get("brokers") or {}
     parts = [table(res, brokers)]
+    ft = faults_table(res, brokers)
+    if ft:
+        parts.append("faults (acknowledged messages lost must be 0; * = owed messages still missing at the end "
+                     "of the drain):\n" + ft)
     fs = fixed_steps_table(res, brokers)
     if fs:
         parts.append("fixed-rate steps:\n" + fs)
@@ -564,6 +590,13 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         for b, pt in per_process_tables(res, brokers, "md"):
             lines += [f"{b}: CPU µs per delivered message of each process (instances of a service summed), "
                       "fixed-rate steps and backlog drains:", "", pt, ""]
+        ft = faults_table(res, brokers, "md")
+        if ft:
+            fp = prof.get("faults") or {}
+            lines += [f"Faults (bench/faults.py: p2p {fp.get('pairs')} pairs + fan-in {fp.get('fanin')} publishers → 1 "
+                      f"subscriber at {_num(fp.get('rate'))} msg/s in, QoS 1, publishers re-send what is "
+                      "unacknowledged after a reconnect; \"lost\" = acknowledged during the fault's window and never "
+                      "delivered, must be 0; * = still owed at the end of the drain):", "", ft, ""]
         it = idle_table(meta, brokers, "md")
         if it:
             lines += ["Idle CPU (% of one core) with no clients:", "", it, ""]

@@ -9,13 +9,15 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
+from .faults import FaultProfile, run_faults
 from .gen import Generator
 from .procmon import ProcMonitor
 from .stats import expand_names, judge, latency_summary, merge_ranges, merge_us, search_max_rate, us_per_msg, wait_cool
 
 RATE_SCENARIOS = ("p2p", "fan-in-app", "fan-in-dev", "fan-out-q0", "fan-out-q1")
 BACKLOG_SCENARIOS = ("backlog", "backlog-100k", "backlog-app")
-SCENARIOS = (*RATE_SCENARIOS, *BACKLOG_SCENARIOS, "connect")
+# "faults" kills and restarts parts of the broker: always the last scenario of a run
+SCENARIOS = (*RATE_SCENARIOS, *BACKLOG_SCENARIOS, "connect", "faults")
 ALIASES = {"fan-out": ("fan-out-q0", "fan-out-q1"), "fanout": ("fan-out-q0", "fan-out-q1"),
            "fan-in": ("fan-in-app", "fan-in-dev"), "fanin": ("fan-in-app", "fan-in-dev"),
            "backlogs": BACKLOG_SCENARIOS, "storm": ("connect",), "connect-storm": ("connect",), "all": SCENARIOS}
@@ -59,6 +61,7 @@ class Profile:
     # 1 s windows, at most cooldown_max s
     cooldown_margin: float = 5.0
     cooldown_max: float = 30.0
+    faults: FaultProfile = field(default_factory=FaultProfile)  # the "faults" scenario (bench/faults.py)
 
     @classmethod
     def quick(cls) -> "Profile":
@@ -69,7 +72,7 @@ class Profile:
                    search_start={"p2p": 500.0}, search=("p2p",),
                    search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0,
                    broker_warmup=5.0, broker_warmup_rate=200.0, idle_warmup=5.0, idle_window=2.0,
-                   cooldown_max=5.0)
+                   cooldown_max=5.0, faults=FaultProfile.quick())
 
     def start_rate(self, scenario: str) -> float:
         return float(self.search_start.get(scenario) or self.rates[scenario][0])
@@ -411,4 +414,7 @@ class Runner:
             return self.backlog(self.prof.backlog_app, kind="app", tag="backlog-app")
         if scenario == "connect":
             return self.connect_storm()
+        if scenario == "faults":
+            self.cooldown()
+            return run_faults(self.broker, self.prof.faults, self.log)
         raise ValueError(scenario)

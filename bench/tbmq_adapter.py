@@ -30,9 +30,10 @@ async def start_suite(workdir: Path, env: dict[str, str]):
     have, missing = available_services()
     if "connector" not in have:
         raise BrokerUnavailable(f"tbmq-py connector has no __main__ yet (services present: {have or 'none'})")
-    # the layout a user of `make run` gets: one instance of each service, single-node topic partitions
+    # the layout a user of `make run` gets: one instance of each service, single-node topic partitions, and
+    # the launcher's supervisor restarting what dies (the "faults" scenario kills services)
     suite = Suite(services=have, ports="free", run_dir=workdir, env=env, fresh=True, log_format="json",
-                  start_timeout=120.0, topic_profile="single-node")
+                  start_timeout=120.0, topic_profile="single-node", supervise=True)
     await suite.start()
     notes = [f"tbmq-py via tbmq_launcher.Suite: {', '.join(have)} + Kafka + Redis "
              f"(started in {suite.start_seconds:.1f}s)"]

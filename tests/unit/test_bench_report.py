@@ -52,7 +52,7 @@ def test_summarize_collapsed():
 
 def test_expand_scenarios():
     assert expand("fan-out,p2p") == ["fan-out-q0", "fan-out-q1", "p2p"]
-    assert len(expand("all")) == 9
+    assert len(expand("all")) == 10 and expand("all")[-1] == "faults"  # faults kills things: always last
     assert expand("fan-in") == ["fan-in-app", "fan-in-dev"]
     assert expand("backlogs") == ["backlog", "backlog-100k", "backlog-app"]
     with pytest.raises(ValueError):
