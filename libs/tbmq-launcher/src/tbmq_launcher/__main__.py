@@ -2,7 +2,9 @@
 `python -m tbmq_launcher topics --bootstrap-servers host:port` (create the catalogue's topics: compose).
 
 Starts Kafka, Redis, the topics and every service with the default ports of docs/architecture.md
-(MQTT localhost:1883), prints what listens where and "ready", and stops everything on Ctrl-C / SIGTERM.
+(MQTT localhost:1883, MQTT/TLS 8883, WS 8083 at /mqtt, WSS 8084 with a development CA and server certificate
+made under <run-dir>/tls; gRPC and health ports on 127.0.0.1), prints what listens where and "ready", and
+stops everything on Ctrl-C / SIGTERM.
 `run --spark` also starts the Spark statistics job after the services (`make run RUN_ARGS=--spark`).
 Exit code: 0 after a clean stop, 1 when the start failed, 3 when a service died while running.
 """
@@ -42,7 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="Redis AOF fsync policy: everysec (default: a host crash can lose about the last "
                         "second of acknowledged DEVICE messages) or always (none, at a cost per write); "
                         "docs/architecture.md, Storage trade-offs")
-    r.add_argument("--run-dir", default=".run", help="logs and data (default .run)")
+    r.add_argument("--redis-password", default=None,
+                   help="run the own Redis with requirepass (REDIS_URL then carries the password)")
+    r.add_argument("--run-dir", default=".run",
+                   help="logs, data and the development TLS certificates (<run-dir>/tls; default .run)")
     r.add_argument("--fresh", action="store_true", help="delete the Kafka/Redis data of earlier runs first")
     r.add_argument("--quiet", action="store_true", help="do not copy service output to the console")
     r.add_argument("--log-format", default="console", choices=("console", "json"))
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port,
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster,
-            redis_appendfsync=args.redis_appendfsync, env=env,
+            redis_appendfsync=args.redis_appendfsync, redis_password=args.redis_password, env=env,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),
@@ -144,7 +149,13 @@ async def _run(suite: Suite) -> int:
             print(f"launcher: start failed: {e}", file=sys.stderr, flush=True)
             return 1
         print(f"launcher: listening\n{suite.describe()}", flush=True)
-        mqtt = ", ".join(f"localhost:{p}" for p in suite.mqtt_ports) or "no connector"
+        for p in suite.instances_of("connector"):
+            print(f"launcher: {p.service_id}: " + ", ".join(f"{kind} {addr}" for kind, addr in
+                                                          suite.listeners(p.instance)), flush=True)
+        if suite.tls is not None and suite.instances_of("connector"):
+            print(f"launcher: TLS/WSS certificate signed by the development CA {suite.tls.ca} "
+                  f"(e.g. mosquitto_sub --cafile {suite.tls.ca} -p {suite.tls_ports[0]} -t '#')", flush=True)
+        mqtt = ", ".join(f"localhost:{p}" for p in suite.mqtt_ports if p) or "no connector"
         print(f"launcher: ready in {suite.start_seconds:.1f}s (MQTT {mqtt}; Ctrl-C to stop)", flush=True)
 
         stopper = asyncio.create_task(stop.wait())

@@ -66,6 +66,11 @@ def number(lo: float | None = None) -> Callable[[str], float]:
 port = integer(0, 65535)
 
 
+def port_or_off(raw: str) -> int:
+    """A listener's port: 0 or empty = off."""
+    return port(raw) if raw.strip() else 0
+
+
 def boolean(raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):

@@ -97,6 +97,7 @@ class StoreConfig:
 
     redis_url: str = "redis://localhost:6380/0"
     cluster_nodes: tuple[str, ...] = ()  # "host:port"; non-empty = Redis Cluster mode
+    redis_password: str | None = None  # AUTH password; None = the one in redis_url, if any
     messages_limit: int = 10000  # per client, 1..65535 (packet ids would collide above)
     messages_ttl_s: int = 604800  # default TTL of a stored message (7 days)
     key_prefix: str = ""
@@ -242,10 +243,12 @@ class DeviceMsgStore:
                 for node in self.config.cluster_nodes:
                     host, _, port = node.rpartition(":")
                     nodes.append(ClusterNode(host, int(port)))
-                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False)
+                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False,
+                                            password=self.config.redis_password)
                 await self._client.initialize()
             else:
-                self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False)
+                auth = {"password": self.config.redis_password} if self.config.redis_password else {}
+                self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False, **auth)
         self._scripts = {name: self._client.register_script(src) for name, src in self._sources.items()}
         for script in self._scripts.values():  # fail fast on a Lua syntax error / unreachable Redis
             loaded = await self._client.script_load(script.script)
