@@ -1,5 +1,6 @@
 """`python -m tbmq_launcher run` / `tbmq-launcher run` (what `make run` calls);
-`python -m tbmq_launcher topics --bootstrap-servers host:port` (create the catalogue's topics: compose).
+`python -m tbmq_launcher topics --bootstrap-servers host:port` (create the catalogue's topics: compose);
+`python -m tbmq_launcher certs --dir .run/tls` (a development CA and server certificate: compose's TLS).
 
 Starts Kafka, Redis, the topics and every service with the default ports of docs/architecture.md
 (MQTT localhost:1883, MQTT/TLS 8883, WS 8083 at /mqtt, WSS 8084 with a development CA and server certificate
@@ -63,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="extra arguments of `tbmq_spark stats`, e.g. '--trigger \"processingTime=30 seconds\"'")
     r.add_argument("--spark-start-timeout", type=float, default=180.0,
                    help="wait this long for the Spark job's query to start (s)")
+    c = sub.add_parser("certs", help="make a development CA and server certificate (kept when present)")
+    c.add_argument("--dir", default=".run/tls", help="where: ca.pem, ca-key.pem, server.pem, server-key.pem")
     t = sub.add_parser("topics", help="create the catalogue's topics on a running Kafka (idempotent)")
     t.add_argument("--bootstrap-servers", default="localhost:9092")
     t.add_argument("--service-id", action="append", default=[],
@@ -98,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="launcher: %(message)s", stream=sys.stdout)
     if args.command == "topics":
         return asyncio.run(_topics(args))
+    if args.command == "certs":
+        from .tls import ensure_dev_certs
+
+        certs = ensure_dev_certs(Path(args.dir))
+        print(f"certs: CA {certs.ca}, server certificate {certs.server_cert} (key {certs.server_key})")
+        return 0
     if args.services == "all":
         services = list(ORDER)
     elif args.services in ("none", ""):

@@ -205,7 +205,7 @@ class CommonSettings:
                                 doc="CA (PEM) of the brokers' certificates (SSL, SASL_SSL); empty = the system's")
     health_port: int = env("HEALTH_PORT", 0, parse=port, doc="health/readiness HTTP port (0 = any)")
     health_host: str = env("HEALTH_HOST", "127.0.0.1",
-                           doc="health endpoint bind address (the launcher: 127.0.0.1; compose: 0.0.0.0)")
+                           doc="health endpoint bind address (loopback: the launcher and compose probe it locally)")
     log_format: str = env("LOG_FORMAT", "console", parse=choice("console", "json"))
     log_level: str = env("LOG_LEVEL", "INFO", parse=choice("DEBUG", "INFO", "WARNING", "ERROR"))
     otlp_endpoint: str = env("OTEL_EXPORTER_OTLP_ENDPOINT", "", doc="OTLP/gRPC endpoint; empty = off")
