@@ -88,3 +88,16 @@ def test_faust_gets_the_same_credentials():
     assert (creds.username, creds.password, creds.mechanism.value) == ("tbmq", "secret", "PLAIN")
     assert isinstance(creds.ssl_context, ssl.SSLContext)
     assert isinstance(faust_credentials(KafkaSecurity("SSL"))["broker_credentials"].context, ssl.SSLContext)
+
+
+def test_the_topics_job_reads_the_same_settings():
+    """compose's one-shot topics job (`python -m tbmq_launcher topics`) checks and installs them too."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}
+    env.pop("KAFKA_SASL_USERNAME", None)
+    done = subprocess.run([sys.executable, "-m", "tbmq_launcher", "topics", "--bootstrap-servers", "127.0.0.1:1",
+                           "--timeout", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD" in done.stderr, done.stderr

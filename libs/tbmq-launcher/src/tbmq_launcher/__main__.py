@@ -82,7 +82,10 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _topics(args) -> int:
     from tbmq_platform import topics as catalogue
-    from tbmq_platform.kafka import ensure_topics
+    from tbmq_platform.kafka import configure_security, ensure_topics
+    from tbmq_platform.settings import CommonSettings, load_or_exit
+
+    configure_security(load_or_exit(CommonSettings).kafka_security)  # KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*
 
     layout = catalogue.TopicLayout(args.topic_profile, args.replication_factor, args.min_insync_replicas)
     if layout.problems():
