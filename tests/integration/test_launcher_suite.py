@@ -212,6 +212,10 @@ async def test_port_plan_and_environment_of_the_real_services():
     off = Suite(services=["connector"], ports="default", run_dir="/tmp/unused",
                 service_env={"connector": {"MQTT_WS_PORT": "0", "MQTT_WSS_PORT": ""}})
     assert off.ws_ports == [None] and off.wss_ports == [None] and off.tls_ports == [8883]
+    moved = Suite(services=["connector"], connectors=2, ports="free", run_dir="/tmp/unused", tls_port=18883,
+                  ws_port=18083, wss_port=18084)
+    assert moved.tls_ports == [18883, 18884] and moved.ws_ports == [18083, 18183]
+    assert moved.wss_ports == [18084, 18184]
     assert env["DEVICE_PERSISTENCE_GRPC_TARGET"] == "localhost:50061"
     assert env["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:50061"
     assert Suite(instances={"device-persistence": 2}, run_dir="/tmp/unused").service_environment(

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--redis-cluster", action="store_true", help="a 3-master Redis Cluster instead of one server")
     r.add_argument("--free-ports", action="store_true", help="pick every port free instead of the defaults")
     r.add_argument("--mqtt-port", type=int, help="MQTT port of connector 1 (default 1883; instance i: +i-1)")
+    r.add_argument("--tls-port", type=int, help="MQTT/TLS port of connector 1 (default 8883; instance i: +i-1)")
+    r.add_argument("--ws-port", type=int, help="WebSocket port of connector 1 (default 8083; instance i: +100(i-1))")
+    r.add_argument("--wss-port", type=int, help="WSS port of connector 1 (default 8084; instance i: +100(i-1))")
     r.add_argument("--kafka-port", type=int, help="default 9092 (controller: --controller-port, 9093)")
     r.add_argument("--controller-port", type=int)
     r.add_argument("--redis-port", type=int, help="default 6380")
@@ -120,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         suite = Suite(
             services=services, connectors=args.connectors, instances={"app-delivery": args.app_delivery},
-            ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port,
+            ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port, tls_port=args.tls_port,
+            ws_port=args.ws_port, wss_port=args.wss_port,
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster,
             redis_appendfsync=args.redis_appendfsync, redis_password=args.redis_password, env=env,

@@ -63,6 +63,9 @@ class Suite:
       ports           "default" (docs/architecture.md: MQTT 1883, Kafka 9092/9093, Redis 6380, …) or
                       "free" (every port picked free by the OS: tests).
       mqtt_port, kafka_port, controller_port, redis_port: override single base ports.
+      tls_port, ws_port, wss_port: the connector's other listener base ports (default 8883, 8083, 8084;
+                      free ones with ports="free"); switch one off with service_env {"connector":
+                      {"MQTT_WS_PORT": "0"}}.
       tls_dir         where the connector's TLS certificate comes from: a development CA and server
                       certificate are made there (tbmq_launcher.tls) unless `env`/`service_env` configure
                       MQTT_TLS_CERT_FILE; default <run_dir>/tls. The connectors get MQTT_TLS_CERT_FILE,
@@ -104,6 +107,9 @@ class Suite:
         instances: Mapping[str, int] | None = None,
         ports: Literal["default", "free"] = "default",
         mqtt_port: int | None = None,
+        tls_port: int | None = None,
+        ws_port: int | None = None,
+        wss_port: int | None = None,
         kafka_port: int | None = None,
         controller_port: int | None = None,
         redis_port: int | None = None,
@@ -214,9 +220,12 @@ class Suite:
                     p.mqtt_port = mqtt_port + (i - 1)  # an explicit base wins over ports="free"
                 elif sdef.mqtt_port:
                     p.mqtt_port = self._port(sdef.mqtt_port, i, 1)
-                p.tls_port = self._port(sdef.tls_port, i, 1) if sdef.tls_port else None
-                p.ws_port = self._port(sdef.ws_port, i, 100) if sdef.ws_port else None
-                p.wss_port = self._port(sdef.wss_port, i, 100) if sdef.wss_port else None
+                for attr, base, step in (("tls_port", tls_port, 1), ("ws_port", ws_port, 100),
+                                         ("wss_port", wss_port, 100)):
+                    if name == "connector" and base:  # an explicit base wins over ports="free"
+                        setattr(p, attr, base + step * (i - 1))
+                    elif getattr(sdef, attr):
+                        setattr(p, attr, self._port(getattr(sdef, attr), i, step))
                 overrides = {**self.env, **self.service_env.get(name, {})}
                 for var, attr in LISTENER_PORTS:  # a listener the caller rebinds or switches off (0 or empty)
                     if var in overrides and getattr(p, attr):
