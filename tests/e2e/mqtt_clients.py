@@ -39,14 +39,22 @@ class Client:
 
     v5: MQTT 5.0 (clean -> Clean Start, session_expiry -> Session Expiry Interval) or 3.1.1 (clean ->
     clean_session; session_expiry unused). max_inflight: paho's outgoing QoS>0 window (None: paho's 20).
-    timeout: the default bound of this client's waits (connect, subscribe, publish, wait)."""
+    timeout: the default bound of this client's waits (connect, subscribe, publish, wait).
+    websocket: MQTT over WebSocket (paho's transport="websockets", path `ws_path`). tls: paho's `tls_set`
+    arguments (ca_certs=..., certfile=..., keyfile=...): MQTT over TLS, or WSS with `websocket`."""
 
     def __init__(self, client_id: str, *, v5: bool = True, clean: bool = True, session_expiry: int | None = None,
-                 max_inflight: int | None = None, timeout: float = BOUND) -> None:
+                 max_inflight: int | None = None, timeout: float = BOUND, websocket: bool = False,
+                 ws_path: str = "/mqtt", tls: dict | None = None) -> None:
         self.v5, self.clean, self.session_expiry, self.timeout = v5, clean, session_expiry, timeout
         kw = {} if v5 else {"clean_session": clean}
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, **kw)
+                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+                             transport="websockets" if websocket else "tcp", **kw)
+        if websocket:
+            self.c.ws_set_options(path=ws_path)
+        if tls is not None:
+            self.c.tls_set(**tls)
         if max_inflight is not None:
             self.c.max_inflight_messages_set(max_inflight)
         self.cond = threading.Condition()

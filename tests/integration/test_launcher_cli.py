@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 async def _run_until_ready(tmp_path, *args: str):
+    if "--services" not in args:
+        args = ("--services", "none", *args)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tbmq_launcher", "run", "--services", "none", "--free-ports", "--quiet",
+        sys.executable, "-m", "tbmq_launcher", "run", "--free-ports", "--quiet",
         "--run-dir", str(tmp_path / "run"), *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -74,3 +76,18 @@ async def test_unknown_service_is_a_usage_error(tmp_path):
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     assert proc.returncode == 2 and b"unknown services" in out
+
+
+async def test_run_makes_the_development_certificates_and_prints_every_listener(tmp_path):
+    proc, lines = await _run_until_ready(tmp_path, "--services", "connector", "--redis-password", "pw")
+    text = "".join(lines)
+    tls = tmp_path / "run" / "tls"
+    assert {"ca.pem", "server.pem", "server-key.pem"} <= {p.name for p in tls.iterdir()}
+    connector_line = next(line for line in lines if line.startswith("launcher: connector-1: "))
+    for kind in ("MQTT localhost:", "MQTT/TLS localhost:", "WS ws://localhost:", "WSS wss://localhost:"):
+        assert kind in connector_line, connector_line
+    assert connector_line.count("/mqtt") == 2
+    assert f"--cafile {tls / 'ca.pem'}" in text
+    assert "redis://:pw@127.0.0.1:" in text  # the launcher's Redis runs with requirepass
+    code, rest = await _finish(proc, signal.SIGTERM)
+    assert code == 0, text + rest

@@ -194,10 +194,28 @@ async def test_port_plan_and_environment_of_the_real_services():
         "session-registry-1", "device-persistence-1", "app-delivery-1", "app-delivery-2", "router-1",
         "connector-1", "connector-2", "connector-3"]
     assert s.health_port("connector", 1) == 8081 and s.health_port("router") == 8082
-    assert s.health_port("session-registry") == 8083 and s.health_port("device-persistence") == 8084
+    assert s.health_port("session-registry") == 8086 and s.health_port("device-persistence") == 8087
     assert s.health_port("app-delivery") == 8085 and s.health_port("connector", 2) == 8181
     env = s.service_environment("connector", 2)
     assert env["MQTT_PORT"] == "1884" and env["TBMQ_SERVICE_ID"] == "connector-2"
+    # the listeners (TLS + (i-1); WS/WSS + 100*(i-1): WS 8083 + 1 would be WSS 8084) and the dev certificate
+    assert s.tls_ports == [8883, 8884, 8885] and s.ws_ports == [8083, 8183, 8283]
+    assert s.wss_ports == [8084, 8184, 8284]
+    assert (env["MQTT_TLS_PORT"], env["MQTT_WS_PORT"], env["MQTT_WSS_PORT"]) == ("8884", "8183", "8184")
+    assert env["MQTT_TLS_CERT_FILE"] == "/tmp/unused/tls/server.pem"
+    assert env["MQTT_TLS_KEY_FILE"] == "/tmp/unused/tls/server-key.pem"
+    assert env["MQTT_TLS_CA_FILE"] == "/tmp/unused/tls/ca.pem"
+    assert s.listeners(2) == [("MQTT", "localhost:1884"), ("MQTT/TLS", "localhost:8884"),
+                              ("WS", "ws://localhost:8183/mqtt"), ("WSS", "wss://localhost:8184/mqtt")]
+    # internal surfaces on the loopback
+    assert env["GRPC_HOST"] == "127.0.0.1" and env["HEALTH_HOST"] == "127.0.0.1"
+    off = Suite(services=["connector"], ports="default", run_dir="/tmp/unused",
+                service_env={"connector": {"MQTT_WS_PORT": "0", "MQTT_WSS_PORT": ""}})
+    assert off.ws_ports == [None] and off.wss_ports == [None] and off.tls_ports == [8883]
+    moved = Suite(services=["connector"], connectors=2, ports="free", run_dir="/tmp/unused", tls_port=18883,
+                  ws_port=18083, wss_port=18084)
+    assert moved.tls_ports == [18883, 18884] and moved.ws_ports == [18083, 18183]
+    assert moved.wss_ports == [18084, 18184]
     assert env["DEVICE_PERSISTENCE_GRPC_TARGET"] == "localhost:50061"
     assert env["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:50061"
     assert Suite(instances={"device-persistence": 2}, run_dir="/tmp/unused").service_environment(

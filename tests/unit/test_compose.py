@@ -204,3 +204,21 @@ def test_production_profile_is_three_brokers_rf3_min_isr2(production):
     assert args[args.index("--min-insync-replicas") + 1] == "2"
     assert args[args.index("--bootstrap-servers") + 1] == bootstrap
     assert {"kafka", "kafka-2", "kafka-3"} <= set(topics["depends_on"])
+
+
+def test_only_the_mqtt_listeners_are_published(compose, production):
+    """Kafka, Redis, the OTLP collector, gRPC and health ports stay on the compose network (issue 14)."""
+    for doc in (compose, production):
+        for name, svc in doc["services"].items():
+            if name != "connector":
+                assert not svc.get("ports"), f"{name} publishes {svc.get('ports')}"
+        targets = sorted(int(str(p).rsplit(":", 1)[1]) for p in doc["services"]["connector"]["ports"])
+        assert targets == [1883, 8083, 8084, 8883]
+        assert "HOST" not in doc["services"]["kafka"]["environment"]["KAFKA_LISTENERS"]
+
+
+def test_redis_requires_the_password_the_services_get(compose):
+    redis = compose["services"]["redis"]
+    password = redis["command"][redis["command"].index("--requirepass") + 1]
+    assert password and redis["environment"]["REDISCLI_AUTH"] == password
+    assert compose["services"]["device-persistence"]["environment"]["REDIS_PASSWORD"] == password

@@ -1,8 +1,11 @@
 """`python -m tbmq_launcher run` / `tbmq-launcher run` (what `make run` calls);
-`python -m tbmq_launcher topics --bootstrap-servers host:port` (create the catalogue's topics: compose).
+`python -m tbmq_launcher topics --bootstrap-servers host:port` (create the catalogue's topics: compose);
+`python -m tbmq_launcher certs --dir .run/tls` (a development CA and server certificate: compose's TLS).
 
 Starts Kafka, Redis, the topics and every service with the default ports of docs/architecture.md
-(MQTT localhost:1883), prints what listens where and "ready", and stops everything on Ctrl-C / SIGTERM.
+(MQTT localhost:1883, MQTT/TLS 8883, WS 8083 at /mqtt, WSS 8084 with a development CA and server certificate
+made under <run-dir>/tls; gRPC and health ports on 127.0.0.1), prints what listens where and "ready", and
+stops everything on Ctrl-C / SIGTERM.
 `run --spark` also starts the Spark statistics job after the services (`make run RUN_ARGS=--spark`).
 A process that exits while the suite runs (a service, the Spark job, Kafka, Redis) is started again with
 exponential back-off (0.5 s doubling to 30 s; tbmq_launcher.supervisor); every exit and restart is printed,
@@ -39,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--redis-cluster", action="store_true", help="a 3-master Redis Cluster instead of one server")
     r.add_argument("--free-ports", action="store_true", help="pick every port free instead of the defaults")
     r.add_argument("--mqtt-port", type=int, help="MQTT port of connector 1 (default 1883; instance i: +i-1)")
+    r.add_argument("--tls-port", type=int, help="MQTT/TLS port of connector 1 (default 8883; instance i: +i-1)")
+    r.add_argument("--ws-port", type=int, help="WebSocket port of connector 1 (default 8083; instance i: +100(i-1))")
+    r.add_argument("--wss-port", type=int, help="WSS port of connector 1 (default 8084; instance i: +100(i-1))")
     r.add_argument("--kafka-port", type=int, help="default 9092 (controller: --controller-port, 9093)")
     r.add_argument("--controller-port", type=int)
     r.add_argument("--redis-port", type=int, help="default 6380")
@@ -49,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-restart", action="store_true",
                    help="do not restart a process that dies (default: restart with back-off); the launcher "
                         "then reports the death and keeps the others running")
-    r.add_argument("--run-dir", default=".run", help="logs and data (default .run)")
+    r.add_argument("--redis-password", default=None,
+                   help="run the own Redis with requirepass (REDIS_URL then carries the password)")
+    r.add_argument("--run-dir", default=".run",
+                   help="logs, data and the development TLS certificates (<run-dir>/tls; default .run)")
     r.add_argument("--fresh", action="store_true", help="delete the Kafka/Redis data of earlier runs first")
     r.add_argument("--quiet", action="store_true", help="do not copy service output to the console")
     r.add_argument("--log-format", default="console", choices=("console", "json"))
@@ -65,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="extra arguments of `tbmq_spark stats`, e.g. '--trigger \"processingTime=30 seconds\"'")
     r.add_argument("--spark-start-timeout", type=float, default=180.0,
                    help="wait this long for the Spark job's query to start (s)")
+    c = sub.add_parser("certs", help="make a development CA and server certificate (kept when present)")
+    c.add_argument("--dir", default=".run/tls", help="where: ca.pem, ca-key.pem, server.pem, server-key.pem")
     t = sub.add_parser("topics", help="create the catalogue's topics on a running Kafka (idempotent)")
     t.add_argument("--bootstrap-servers", default="localhost:9092")
     t.add_argument("--service-id", action="append", default=[],
@@ -81,7 +92,10 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _topics(args) -> int:
     from tbmq_platform import topics as catalogue
-    from tbmq_platform.kafka import ensure_topics
+    from tbmq_platform.kafka import configure_security, ensure_topics
+    from tbmq_platform.settings import CommonSettings, load_or_exit
+
+    configure_security(load_or_exit(CommonSettings).kafka_security)  # KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*
 
     layout = catalogue.TopicLayout(args.topic_profile, args.replication_factor, args.min_insync_replicas)
     if layout.problems():
@@ -100,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="launcher: %(message)s", stream=sys.stdout)
     if args.command == "topics":
         return asyncio.run(_topics(args))
+    if args.command == "certs":
+        from .tls import ensure_dev_certs
+
+        certs = ensure_dev_certs(Path(args.dir))
+        print(f"certs: CA {certs.ca}, server certificate {certs.server_cert} (key {certs.server_key})")
+        return 0
     if args.services == "all":
         services = list(ORDER)
     elif args.services in ("none", ""):
@@ -110,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         suite = Suite(
             services=services, connectors=args.connectors, instances={"app-delivery": args.app_delivery},
-            ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port,
+            ports="free" if args.free_ports else "default", mqtt_port=args.mqtt_port, tls_port=args.tls_port,
+            ws_port=args.ws_port, wss_port=args.wss_port,
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster,
-            redis_appendfsync=args.redis_appendfsync, env=env,
+            redis_appendfsync=args.redis_appendfsync, redis_password=args.redis_password, env=env,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),
@@ -151,7 +172,13 @@ async def _run(suite: Suite) -> int:
             print(f"launcher: start failed: {e}", file=sys.stderr, flush=True)
             return 1
         print(f"launcher: listening\n{suite.describe()}", flush=True)
-        mqtt = ", ".join(f"localhost:{p}" for p in suite.mqtt_ports) or "no connector"
+        for p in suite.instances_of("connector"):
+            print(f"launcher: {p.service_id}: " + ", ".join(f"{kind} {addr}" for kind, addr in
+                                                          suite.listeners(p.instance)), flush=True)
+        if suite.tls is not None and suite.instances_of("connector"):
+            print(f"launcher: TLS/WSS certificate signed by the development CA {suite.tls.ca} "
+                  f"(e.g. mosquitto_sub --cafile {suite.tls.ca} -p {suite.tls_ports[0]} -t '#')", flush=True)
+        mqtt = ", ".join(f"localhost:{p}" for p in suite.mqtt_ports if p) or "no connector"
         print(f"launcher: ready in {suite.start_seconds:.1f}s (MQTT {mqtt}; Ctrl-C to stop)", flush=True)
 
         stopper = asyncio.create_task(stop.wait())

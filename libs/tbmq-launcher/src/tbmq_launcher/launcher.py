@@ -31,6 +31,7 @@ from typing import Literal, TextIO
 
 from .kafka import KafkaBroker
 from .process import tail
+from .tls import DevCerts, ensure_dev_certs
 from .services import ORDER, SERVICES, ServiceDef, ServiceProcess, ServiceStartError, _COLORS, sort_services
 from .supervisor import RestartPolicy, Supervisor, Unit
 
@@ -40,6 +41,9 @@ DEFAULT_KAFKA_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 DEFAULT_REDIS_PORT = 6380
 DEFAULT_REDIS_CLUSTER_PORTS = (7001, 7002, 7003)
+# the connector's listener port settings and the ServiceProcess attributes that hold them
+LISTENER_PORTS = (("MQTT_PORT", "mqtt_port"), ("MQTT_TLS_PORT", "tls_port"), ("MQTT_WS_PORT", "ws_port"),
+                  ("MQTT_WSS_PORT", "wss_port"))
 
 
 class SuiteError(RuntimeError):
@@ -63,6 +67,17 @@ class Suite:
       ports           "default" (docs/architecture.md: MQTT 1883, Kafka 9092/9093, Redis 6380, …) or
                       "free" (every port picked free by the OS: tests).
       mqtt_port, kafka_port, controller_port, redis_port: override single base ports.
+      tls_port, ws_port, wss_port: the connector's other listener base ports (default 8883, 8083, 8084;
+                      free ones with ports="free"); switch one off with service_env {"connector":
+                      {"MQTT_WS_PORT": "0"}}.
+      tls_dir         where the connector's TLS certificate comes from: a development CA and server
+                      certificate are made there (tbmq_launcher.tls) unless `env`/`service_env` configure
+                      MQTT_TLS_CERT_FILE; default <run_dir>/tls. The connectors get MQTT_TLS_CERT_FILE,
+                      MQTT_TLS_KEY_FILE and MQTT_TLS_CA_FILE (the CA that client certificates are checked
+                      against when MQTT_TLS_CLIENT_AUTH asks for them).
+      internal_host   GRPC_HOST and HEALTH_HOST of every service (default 127.0.0.1: the gRPC and health
+                      ports are not reachable from other hosts).
+      redis_password  the own Redis runs with requirepass, and REDIS_URL carries the password.
       run_dir         where logs and data go (.run for make run; a tmp dir in tests).
       kafka           an already running KafkaBroker (or a bootstrap string) to use instead of starting
                       one: the test session shares one broker this way.
@@ -100,6 +115,9 @@ class Suite:
         instances: Mapping[str, int] | None = None,
         ports: Literal["default", "free"] = "default",
         mqtt_port: int | None = None,
+        tls_port: int | None = None,
+        ws_port: int | None = None,
+        wss_port: int | None = None,
         kafka_port: int | None = None,
         controller_port: int | None = None,
         redis_port: int | None = None,
@@ -108,6 +126,9 @@ class Suite:
         redis_url: str | None = None,
         redis_cluster: bool = False,
         redis_appendfsync: str = "everysec",
+        redis_password: str | None = None,
+        tls_dir: str | os.PathLike | None = None,
+        internal_host: str = "127.0.0.1",
         env: Mapping[str, str] | None = None,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
         echo: TextIO | None = None,
@@ -146,6 +167,11 @@ class Suite:
         self.redis_cluster = redis_cluster
         self.env = dict(env or {})
         self.service_env = {k: dict(v) for k, v in (service_env or {}).items()}
+        self.internal_host = internal_host
+        self.redis_password = redis_password
+        configured = "MQTT_TLS_CERT_FILE" in {**self.env, **self.service_env.get("connector", {})}
+        self.tls: DevCerts | None = None if configured else DevCerts(
+            Path(tls_dir).resolve() if tls_dir else self.run_dir / "tls")
         self.echo = echo
         self.log_format = log_format
         self.id_tag = id_tag
@@ -178,10 +204,13 @@ class Suite:
             if redis_cluster:
                 rports = ([_free_port(cluster_bus=True) for _ in range(3)] if self.free_ports
                           else list(DEFAULT_REDIS_CLUSTER_PORTS))
+                if redis_password:
+                    raise ValueError("redis_password is not supported with redis_cluster yet")
                 self.redis = RedisCluster(rports, self.run_dir / "redis-cluster", appendfsync=redis_appendfsync)
             else:
                 rp = redis_port or (_free_port() if self.free_ports else DEFAULT_REDIS_PORT)
-                self.redis = RedisServer(rp, self.run_dir / "redis", appendfsync=redis_appendfsync)
+                self.redis = RedisServer(rp, self.run_dir / "redis", appendfsync=redis_appendfsync,
+                                         password=redis_password)
 
         # ports and processes of every instance
         self.procs: dict[tuple[str, int], ServiceProcess] = {}
@@ -201,6 +230,17 @@ class Suite:
                     p.mqtt_port = mqtt_port + (i - 1)  # an explicit base wins over ports="free"
                 elif sdef.mqtt_port:
                     p.mqtt_port = self._port(sdef.mqtt_port, i, 1)
+                for attr, base, step in (("tls_port", tls_port, 1), ("ws_port", ws_port, 100),
+                                         ("wss_port", wss_port, 100)):
+                    if name == "connector" and base:  # an explicit base wins over ports="free"
+                        setattr(p, attr, base + step * (i - 1))
+                    elif getattr(sdef, attr):
+                        setattr(p, attr, self._port(getattr(sdef, attr), i, step))
+                overrides = {**self.env, **self.service_env.get(name, {})}
+                for var, attr in LISTENER_PORTS:  # a listener the caller rebinds or switches off (0 or empty)
+                    if var in overrides and getattr(p, attr):
+                        raw = overrides[var].strip()
+                        setattr(p, attr, int(raw) if raw.isdigit() and int(raw) else None)
                 self.procs[(name, i)] = p
         # the Spark statistics job (started after the services, stopped before them)
         self.spark = spark
@@ -265,6 +305,31 @@ class Suite:
         return [p.mqtt_port for p in self.instances_of("connector")]
 
     @property
+    def tls_ports(self) -> list[int | None]:
+        return [p.tls_port for p in self.instances_of("connector")]
+
+    @property
+    def ws_ports(self) -> list[int | None]:
+        return [p.ws_port for p in self.instances_of("connector")]
+
+    @property
+    def wss_ports(self) -> list[int | None]:
+        return [p.wss_port for p in self.instances_of("connector")]
+
+    def listeners(self, instance: int = 1) -> list[tuple[str, str]]:
+        """(kind, address) of every MQTT listener of connector `instance` that is on: MQTT, MQTT/TLS, WS,
+        WSS."""
+        p = self.instance("connector", instance)
+        path = self.service_environment("connector", instance).get("MQTT_WS_PATH", "/mqtt")
+        out = []
+        for kind, port, fmt in (("MQTT", p.mqtt_port, "localhost:{}"), ("MQTT/TLS", p.tls_port, "localhost:{}"),
+                                ("WS", p.ws_port, "ws://localhost:{}" + path),
+                                ("WSS", p.wss_port, "wss://localhost:{}" + path)):
+            if port:
+                out.append((kind, fmt.format(port)))
+        return out
+
+    @property
     def connector_ids(self) -> list[str]:
         return [p.service_id for p in self.instances_of("connector")]
 
@@ -289,6 +354,8 @@ class Suite:
             "OTEL_SERVICE_NAME": name,
             "PYTHONUNBUFFERED": "1",
             "TBMQ_TOPIC_PROFILE": self.topic_profile,
+            "GRPC_HOST": self.internal_host,
+            "HEALTH_HOST": self.internal_host,
         }
         if self.redis_cluster_nodes:
             env["REDIS_CLUSTER_NODES"] = ",".join(self.redis_cluster_nodes)
@@ -304,8 +371,12 @@ class Suite:
             else f"localhost:{SERVICES['app-delivery'].grpc_port}")
         if p.grpc_port:
             env[p.sdef.grpc_port_env or "GRPC_PORT"] = str(p.grpc_port)
-        if p.mqtt_port:
-            env["MQTT_PORT"] = str(p.mqtt_port)
+        for var, attr in LISTENER_PORTS:
+            if getattr(p, attr):
+                env[var] = str(getattr(p, attr))
+        if (p.tls_port or p.wss_port) and self.tls is not None:
+            env.update(MQTT_TLS_CERT_FILE=str(self.tls.server_cert), MQTT_TLS_KEY_FILE=str(self.tls.server_key),
+                       MQTT_TLS_CA_FILE=str(self.tls.ca))
         env.update(p.sdef.env)
         overrides = {**self.env, **self.service_env.get(name, {})}
         env.update(overrides)
@@ -316,14 +387,16 @@ class Suite:
     def describe(self) -> str:
         """What listens where (printed by `run`)."""
         rows = [("kafka", self.bootstrap_servers, f"log {self.kafka.log_path}" if self.kafka else "external")]
+        if self.tls is not None and self.instances_of("connector"):
+            rows.append(("tls", f"CA {self.tls.ca}", f"server certificate {self.tls.server_cert}"))
         if self.redis_cluster_nodes:
             rows.append(("redis cluster", ",".join(self.redis_cluster_nodes), ""))
         else:
             rows.append(("redis", self.redis_url, "" if self._own_redis else "external"))
         for (name, i), p in self.procs.items():
             where = [f"health :{p.health_port}"]
-            if p.mqtt_port:
-                where.insert(0, f"MQTT localhost:{p.mqtt_port}")
+            if name == "connector":
+                where[:0] = [f"{kind} {addr}" for kind, addr in self.listeners(i)]
             if p.grpc_port:
                 where.append(f"gRPC :{p.grpc_port}")
             state = f"pid {p.pid}" if p.running else "stopped"
@@ -352,6 +425,8 @@ class Suite:
                 for sub in ("kafka", "redis", "redis-cluster", "logs", "spark"):
                     shutil.rmtree(self.run_dir / sub, ignore_errors=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.tls is not None and self.instances_of("connector"):
+                await asyncio.to_thread(ensure_dev_certs, self.tls.directory)
             infra = []
             if self._own_kafka:
                 infra.append(self.kafka.start())

@@ -20,6 +20,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from tbmq_launcher.process import death_signal_preexec, kill_group, tail
 
@@ -92,19 +93,31 @@ async def _read_reply(reader: asyncio.StreamReader):
     raise ConnectionError(f"unexpected reply {line!r}")
 
 
-async def redis_command(host: str, port: int, *args: str | bytes, timeout: float = 2.0):
-    """Run one command on a fresh connection; returns the decoded reply (an error reply comes back as
-    a RedisError instance, not raised). Enough for PING / CLUSTER INFO / INFO / SHUTDOWN."""
+def _encode(args) -> bytes:
+    parts = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
+
+
+async def redis_command(host: str, port: int, *args: str | bytes, timeout: float = 2.0,
+                        password: str | None = None):
+    """Run one command on a fresh connection (AUTH `password` first when given); returns the decoded reply
+    (an error reply comes back as a RedisError instance, not raised). Enough for PING / CLUSTER INFO / INFO /
+    SHUTDOWN."""
 
     async def run():
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            parts = [f"*{len(args)}\r\n".encode()]
-            for a in args:
-                b = a if isinstance(a, bytes) else str(a).encode()
-                parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-            writer.write(b"".join(parts))
+            if password:
+                writer.write(_encode(("AUTH", password)))
+            writer.write(_encode(args))
             await writer.drain()
+            if password:
+                auth = await _read_reply(reader)
+                if isinstance(auth, RedisError):
+                    return auth
             return await _read_reply(reader)
         finally:
             writer.close()
@@ -141,6 +154,7 @@ class RedisServer:
         start_timeout: float = 15.0,
         stop_timeout: float = 10.0,
         executable: str = "redis-server",
+        password: str | None = None,
     ) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
@@ -154,6 +168,7 @@ class RedisServer:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.executable = executable
+        self.password = password or None
         self.log_path = self.workdir / "redis.log"
         self._proc: asyncio.subprocess.Process | None = None
         self.started_at: float | None = None  # monotonic time of the last start()
@@ -161,7 +176,9 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.bind}:{self.port}/0"
+        """redis://[:password@]host:port/0"""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{self.bind}:{self.port}/0"
 
     @property
     def address(self) -> str:
@@ -193,6 +210,8 @@ class RedisServer:
                 "--cluster-config-file", str(self.workdir / "nodes.conf"),
                 "--cluster-node-timeout", "5000",
             ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
         return args + self.extra_args
 
     async def start(self) -> None:
@@ -230,11 +249,12 @@ class RedisServer:
                 )
             try:
                 # The answer must come from our process, not from another Redis already on the port.
-                info = await redis_command(self.bind, self.port, "INFO", "server", timeout=1.0)
+                info = await redis_command(self.bind, self.port, "INFO", "server", timeout=1.0,
+                                           password=self.password)
                 if isinstance(info, str) and f"process_id:{self._proc.pid}\r\n" not in info:
                     last_error = "another process answers on this port"
                 else:
-                    reply = await redis_command(self.bind, self.port, "PING", timeout=1.0)
+                    reply = await redis_command(self.bind, self.port, "PING", timeout=1.0, password=self.password)
                     if reply == "PONG":
                         return
                     last_error = reply  # e.g. -LOADING while the AOF is replayed

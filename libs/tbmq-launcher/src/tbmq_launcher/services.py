@@ -27,8 +27,10 @@ class ServiceDef:
     """How to run one service of the suite.
 
     `command` overrides the default `<venv>/bin/<name>` (or `python -m <package>`); tests use it to run
-    fake services. `health_port`, `grpc_port` and `mqtt_port` are the defaults of instance 1 (docs/
-    architecture.md); instance i > 1 uses health/gRPC port + 100*(i-1) and MQTT port + (i-1).
+    fake services. `health_port`, `grpc_port` and the MQTT listener ports (`mqtt_port` TCP, `tls_port`,
+    `ws_port`, `wss_port`) are the defaults of instance 1 (docs/architecture.md); instance i > 1 uses
+    health/gRPC port + 100*(i-1), MQTT and TLS port + (i-1), and WS/WSS port + 100*(i-1) (WS 8083 + 1 would be
+    WSS 8084).
     """
 
     name: str
@@ -36,6 +38,9 @@ class ServiceDef:
     health_port: int
     grpc_port: int | None = None
     mqtt_port: int | None = None
+    tls_port: int | None = None
+    ws_port: int | None = None
+    wss_port: int | None = None
     grpc_port_env: str | None = None  # the variable the service reads its gRPC listen port from
     command: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
@@ -52,13 +57,14 @@ class ServiceDef:
 SERVICES: dict[str, ServiceDef] = {
     s.name: s
     for s in (
-        ServiceDef("session-registry", "session_registry", health_port=8083),
-        ServiceDef("device-persistence", "device_persistence", health_port=8084, grpc_port=50061,
+        ServiceDef("session-registry", "session_registry", health_port=8086),
+        ServiceDef("device-persistence", "device_persistence", health_port=8087, grpc_port=50061,
                    grpc_port_env="DEVICE_PERSISTENCE_GRPC_PORT"),
         ServiceDef("app-delivery", "app_delivery", health_port=8085, grpc_port=50062,
                    grpc_port_env="APP_DELIVERY_GRPC_PORT"),
         ServiceDef("router", "router", health_port=8082),
-        ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883),
+        ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883, tls_port=8883, ws_port=8083,
+                   wss_port=8084),
     )
 }
 
@@ -101,6 +107,9 @@ class ServiceProcess:
         self.cwd = cwd
         self.grpc_port: int | None = None
         self.mqtt_port: int | None = None
+        self.tls_port: int | None = None
+        self.ws_port: int | None = None
+        self.wss_port: int | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.returncode: int | None = None
         self._pump: asyncio.Task | None = None

@@ -3,6 +3,10 @@
 Producers are idempotent with acks=all: a record that a producer reports as sent is on every in-sync
 replica and is never duplicated by the producer's own retries. Consumers never auto-commit: each service
 commits offsets itself once the work they cover is durable.
+
+Every client made here (make_producer, make_consumer, make_admin) carries the process's Kafka security
+settings (`KafkaSecurity`: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*, KAFKA_SSL_CAFILE), installed once at
+start-up by `configure_security` (tbmq_platform.lifecycle.run; the router's main).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -29,6 +34,56 @@ log = logging.getLogger(__name__)
 # seek waits for the parked fetch to return before the next fetch is sent (aiokafka: one per broker).
 IDLE_FETCH_WAIT_MS = 5000
 LONG_POLL_GROUP_TICK_MS = 1000
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How the clients authenticate to Kafka and protect the connection (CommonSettings.kafka_security)."""
+
+    protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL
+    sasl_mechanism: str = "PLAIN"  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    username: str = ""
+    password: str = ""
+    cafile: str = ""  # CA of the brokers' certificates (SSL, SASL_SSL); empty = the system's
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    def ssl_context(self):
+        from aiokafka.helpers import create_ssl_context
+
+        return create_ssl_context(cafile=self.cafile or None) if self.tls else None
+
+    def client_config(self) -> dict:
+        """The aiokafka client arguments (producer, consumer and admin take the same ones)."""
+        if self.protocol == "PLAINTEXT":
+            return {}
+        cfg: dict = {"security_protocol": self.protocol}
+        if self.sasl:
+            cfg.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.username,
+                       sasl_plain_password=self.password)
+        if self.tls:
+            cfg["ssl_context"] = self.ssl_context()
+        return cfg
+
+
+_security = KafkaSecurity()
+
+
+def configure_security(security: KafkaSecurity) -> None:
+    """Install the security settings every client made from now on carries (once, at start-up)."""
+    global _security
+    _security = security
+
+
+def client_config(**extra) -> dict:
+    """The installed security settings, then `extra` (a caller's own arguments win)."""
+    return {**_security.client_config(), **extra}
 
 
 class KeyPartitioner:
@@ -77,7 +132,7 @@ def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | Non
         linger_ms=linger_ms,
         max_batch_size=max_batch_size,
         request_timeout_ms=30000,
-        **extra,
+        **client_config(**extra),
     )
 
 
@@ -101,8 +156,13 @@ def make_consumer(bootstrap: str, *topics: str, group_id: str | None, client_id:
         auto_offset_reset=auto_offset_reset,
         isolation_level="read_committed" if read_committed else "read_uncommitted",
         max_poll_records=max_poll_records,
-        **extra,
+        **client_config(**extra),
     )
+
+
+def make_admin(bootstrap: str, **extra) -> AIOKafkaAdminClient:
+    """An admin client (with the installed security settings)."""
+    return AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_config(**extra))
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, *, attempts: int = 100,
@@ -170,7 +230,7 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: floa
 async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+        admin = make_admin(bootstrap, request_timeout_ms=10000)
         try:
             await admin.start()
             return admin

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .health import HealthServer
+from .kafka import configure_security
 from .logs import configure_logging
 from .settings import CommonSettings
 from .telemetry import configure_telemetry
@@ -119,6 +120,7 @@ def run(settings: CommonSettings, factory: Callable[[CommonSettings], Service]) 
     """Entry point body of every service's `main()`."""
     configure_logging(settings.service_name, settings.log_format, settings.log_level)
     configure_telemetry(settings.service_name, settings.instance_id, settings.otlp_endpoint)
+    configure_security(settings.kafka_security)
     try:
         import uvloop
         uvloop.install()

@@ -35,6 +35,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from .kafka import client_config, make_admin
+
 log = logging.getLogger(__name__)
 
 OK, NEAR, LOST = "ok", "near", "lost"
@@ -110,10 +112,10 @@ class RetentionWatch:
         return self._group(topic) if callable(self._group) else self._group
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id=self._client_id,
-                                          enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
+                                          **client_config(client_id=self._client_id, enable_auto_commit=False))
         await self._consumer.start()
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self._client_id)
+        self._admin = make_admin(self.bootstrap, client_id=self._client_id)
         await self._admin.start()
 
     async def stop(self) -> None:

@@ -66,6 +66,11 @@ def number(lo: float | None = None) -> Callable[[str], float]:
 port = integer(0, 65535)
 
 
+def port_or_off(raw: str) -> int:
+    """A listener's port: 0 or empty = off."""
+    return port(raw) if raw.strip() else 0
+
+
 def boolean(raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -187,8 +192,20 @@ class CommonSettings:
     service_id: str = env("TBMQ_SERVICE_ID", "", doc="unique id of this instance (default <service>-1)")
     kafka_bootstrap_servers: tuple[str, ...] = env("KAFKA_BOOTSTRAP_SERVERS", ("localhost:9092",),
                                                    parse=host_ports, doc="Kafka bootstrap servers")
+    kafka_security_protocol: str = env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
+                                       parse=choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+                                       doc="how every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or "
+                                           "SASL_SSL (tbmq_platform.kafka.KafkaSecurity)")
+    kafka_sasl_mechanism: str = env("KAFKA_SASL_MECHANISM", "PLAIN",
+                                    parse=choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+                                    doc="SASL mechanism (SASL_PLAINTEXT, SASL_SSL)")
+    kafka_sasl_username: str = env("KAFKA_SASL_USERNAME", "", doc="SASL user name (SASL_* protocols)")
+    kafka_sasl_password: str = env("KAFKA_SASL_PASSWORD", "", doc="SASL password (SASL_* protocols)")
+    kafka_ssl_cafile: str = env("KAFKA_SSL_CAFILE", "",
+                                doc="CA (PEM) of the brokers' certificates (SSL, SASL_SSL); empty = the system's")
     health_port: int = env("HEALTH_PORT", 0, parse=port, doc="health/readiness HTTP port (0 = any)")
-    health_host: str = env("HEALTH_HOST", "127.0.0.1", doc="health endpoint bind address")
+    health_host: str = env("HEALTH_HOST", "127.0.0.1",
+                           doc="health endpoint bind address (loopback: the launcher and compose probe it locally)")
     log_format: str = env("LOG_FORMAT", "console", parse=choice("console", "json"))
     log_level: str = env("LOG_LEVEL", "INFO", parse=choice("DEBUG", "INFO", "WARNING", "ERROR"))
     otlp_endpoint: str = env("OTEL_EXPORTER_OTLP_ENDPOINT", "", doc="OTLP/gRPC endpoint; empty = off")
@@ -221,6 +238,22 @@ class CommonSettings:
     def topic_layout(self) -> TopicLayout:
         return TopicLayout(self.topic_profile, self.topic_replication_factor, self.topic_min_insync_replicas)
 
+    @property
+    def kafka_security(self):
+        from .kafka import KafkaSecurity
+
+        return KafkaSecurity(self.kafka_security_protocol, self.kafka_sasl_mechanism, self.kafka_sasl_username,
+                             self.kafka_sasl_password, self.kafka_ssl_cafile)
+
     def validate(self) -> list[str]:
         """Cross-field checks of the common settings; a subclass's `validate` extends this list."""
-        return self.topic_layout.problems()
+        problems = self.topic_layout.problems()
+        sec = self.kafka_security_protocol
+        if sec.startswith("SASL_") and not (self.kafka_sasl_username and self.kafka_sasl_password):
+            problems.append(f"KAFKA_SECURITY_PROTOCOL={sec} needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
+        if self.kafka_ssl_cafile:
+            if not sec.endswith("SSL"):
+                problems.append(f"KAFKA_SSL_CAFILE is used by SSL and SASL_SSL only (KAFKA_SECURITY_PROTOCOL={sec})")
+            elif not os.path.isfile(self.kafka_ssl_cafile):
+                problems.append(f"KAFKA_SSL_CAFILE={self.kafka_ssl_cafile!r}: no such file")
+        return problems

@@ -7,14 +7,13 @@ import contextlib
 import logging
 
 import grpc
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_platform import topics
-from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, delete_topics, ensure_topics, make_consumer
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, delete_topics, ensure_topics, make_admin, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import context_from_grpc, span_from_kafka
 from tbmq_routing.naming import app_client_group
@@ -168,7 +167,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
             log.info("%s: removed topic %s and group %s", cid, name, app_client_group(cid))
 
     async def _delete_group(self, group: str) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.s.bootstrap, request_timeout_ms=10000)
+        admin = make_admin(self.s.bootstrap, request_timeout_ms=10000)
         await admin.start()
         try:
             coordinator = await admin.find_coordinator(group)

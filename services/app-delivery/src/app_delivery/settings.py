@@ -17,7 +17,8 @@ class AppDeliverySettings(CommonSettings):
     grpc_port: int = env("APP_DELIVERY_GRPC_PORT", 50062, parse=port, fallback="GRPC_PORT",
                          doc="gRPC port of the AppDelivery service (0 = any free port); when unset, the "
                              "launcher's GRPC_PORT is used")
-    grpc_host: str = env("APP_DELIVERY_GRPC_HOST", "0.0.0.0", doc="gRPC bind address")
+    grpc_host: str = env("APP_DELIVERY_GRPC_HOST", "0.0.0.0", fallback="GRPC_HOST",
+                         doc="gRPC bind address; when unset, GRPC_HOST (the launcher: 127.0.0.1)")
     commit_interval_ms: int = env("APP_DELIVERY_COMMIT_INTERVAL_MS", 500, parse=integer(10, 60_000),
                                   doc="how often a stream commits its acknowledged prefix")
     max_poll_records: int = env("APP_DELIVERY_MAX_POLL_RECORDS", 500, parse=integer(1, 100_000),

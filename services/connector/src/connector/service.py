@@ -52,7 +52,8 @@ from tbmq_routing import RetainedStore, subscribed_to
 from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
 from .sessions import SessionEvents
-from .settings import ConnectorSettings
+from .settings import ConnectorSettings, Listener
+from .websocket import WebSocketAdapter
 from .wills import Wills
 
 log = logging.getLogger("connector")
@@ -98,7 +99,8 @@ class ConnectorService(Service):
         self.by_store: dict[str, Connection] = {}
         self.stats: Counter = Counter()
         self.adaptive_fetch: AdaptiveFetch | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self.bound: dict[str, int] = {}  # listener name (mqtt, mqtts, ws, wss) -> bound port
         self._bg: set[asyncio.Task] = set()
         self.mqtt_port = settings.mqtt_port
         # Per-message spans (mqtt.publish, mqtt.deliver*) cost more than the rest of the hot path: they are
@@ -153,16 +155,33 @@ class ConnectorService(Service):
         self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), s.mqtt_bind_host, s.mqtt_port,
-                                                backlog=4096, reuse_address=True)
-        self.mqtt_port = self._server.sockets[0].getsockname()[1]
-        log.info("connector %s: MQTT on %s:%d (%d retained, %d subscription sets)", self.service_id,
-                 s.mqtt_bind_host, self.mqtt_port, len(self.retained), len(self._subs_raw))
+        ssl_ctx = s.server_ssl_context() if any(li.tls for li in s.listeners()) else None
+        for li in s.listeners():
+            await self._listen(li, ssl_ctx)
+        self.mqtt_port = self.bound.get("mqtt", 0)
+        log.info("connector %s: listening on %s (%d retained, %d subscription sets)", self.service_id,
+                 ", ".join(f"{li.name} {li.host}:{self.bound[li.name]}" for li in s.listeners()),
+                 len(self.retained), len(self._subs_raw))
+
+    async def _listen(self, li: Listener, ssl_ctx) -> None:
+        """One listener: TCP or TLS; WebSocket ones put `websocket.WebSocketAdapter` in front of the same
+        Connection."""
+        s = self.settings
+        if li.websocket:
+            def factory():
+                return WebSocketAdapter(lambda: Connection(self), s.mqtt_ws_path, s.connect_timeout_s)
+        else:
+            def factory():
+                return Connection(self)
+        tls = {"ssl": ssl_ctx, "ssl_handshake_timeout": s.connect_timeout_s} if li.tls else {}
+        server = await asyncio.get_running_loop().create_server(factory, li.host, li.port, backlog=4096,
+                                                                reuse_address=True, **tls)
+        self._servers.append(server)
+        self.bound[li.name] = server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for conn in list(self.connections):
             conn.shutdown()
         self.wills.stop(send=True)
@@ -188,8 +207,8 @@ class ConnectorService(Service):
             await self.apps.close()
         if self.producer is not None:
             await self.producer.stop()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     def readiness_checks(self) -> dict:
         # the retained, subscription and session views: a connector on a frozen table must not look ready
@@ -197,6 +216,7 @@ class ConnectorService(Service):
 
     def health_details(self) -> dict:
         return {"service_id": self.service_id, "mqtt_port": self.mqtt_port,
+                **{f"{name}_port": p for name, p in self.bound.items() if name != "mqtt"},
                 "connections": len(self.connections), "clients": len(self.by_client),
                 "group_stores": len(self.by_store),
                 "retained": len(self.retained), "pending_wills": len(self.wills.pending),

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import ssl
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, boolean, env, fetch_window_env, host_ports, integer, number, port
+from tbmq_platform.settings import (
+    CommonSettings,
+    boolean,
+    choice,
+    env,
+    fetch_window_env,
+    host_ports,
+    integer,
+    number,
+    port,
+    port_or_off,
+)
 
 MAX_VBI = 268_435_455
+TLS_PORT, WSS_PORT = 8883, 8084
+WITH_CERTIFICATE = -1  # the TLS listeners' default: on at their standard port when a certificate is configured
 
 
 @dataclass(frozen=True)
@@ -18,8 +33,29 @@ class ConnectorSettings(CommonSettings):
         "TBMQ_SERVICE_ID_FROM_HOSTNAME", False, parse=boolean,
         doc="use the host name as TBMQ_SERVICE_ID (compose scaling); wins over TBMQ_SERVICE_ID")
 
-    mqtt_port: int = env("MQTT_PORT", 1883, parse=port, doc="MQTT TCP listener port (0 = any free port)")
-    mqtt_bind_host: str = env("MQTT_BIND_HOST", "0.0.0.0", doc="MQTT listener bind address")
+    # the four listeners (docs/connector.md, "Listeners"): 0 or empty = off
+    mqtt_port: int = env("MQTT_PORT", 1883, parse=port_or_off, doc="MQTT/TCP listener port (0 or empty = off)")
+    mqtt_bind_host: str = env("MQTT_BIND_HOST", "0.0.0.0",
+                              doc="bind address of the MQTT/TCP listener, and of every listener without its own")
+    mqtt_tls_port: int = env("MQTT_TLS_PORT", WITH_CERTIFICATE, parse=port_or_off,
+                             doc="MQTT over TLS listener port (0 or empty = off; unset: 8883 when MQTT_TLS_CERT_FILE "
+                                 "is set, else off; set, it needs MQTT_TLS_CERT_FILE and MQTT_TLS_KEY_FILE)")
+    mqtt_tls_bind_host: str = env("MQTT_TLS_BIND_HOST", "", doc="bind address of the TLS listener (empty = MQTT_BIND_HOST)")
+    mqtt_ws_port: int = env("MQTT_WS_PORT", 8083, parse=port_or_off,
+                            doc="MQTT over WebSocket listener port (path MQTT_WS_PATH, subprotocol mqtt; 0 or empty = off)")
+    mqtt_ws_bind_host: str = env("MQTT_WS_BIND_HOST", "", doc="bind address of the WebSocket listener (empty = MQTT_BIND_HOST)")
+    mqtt_wss_port: int = env("MQTT_WSS_PORT", WITH_CERTIFICATE, parse=port_or_off,
+                             doc="MQTT over WebSocket over TLS listener port (0 or empty = off; unset: 8084 when "
+                                 "MQTT_TLS_CERT_FILE is set, else off; set, it needs the certificate too)")
+    mqtt_wss_bind_host: str = env("MQTT_WSS_BIND_HOST", "", doc="bind address of the WSS listener (empty = MQTT_BIND_HOST)")
+    mqtt_ws_path: str = env("MQTT_WS_PATH", "/mqtt", doc="HTTP path of the WebSocket upgrade (WS and WSS)")
+    tls_cert_file: str = env("MQTT_TLS_CERT_FILE", "", doc="server certificate chain (PEM) of the TLS and WSS listeners")
+    tls_key_file: str = env("MQTT_TLS_KEY_FILE", "", doc="private key (PEM) of MQTT_TLS_CERT_FILE")
+    tls_ca_file: str = env("MQTT_TLS_CA_FILE", "", doc="CA certificates (PEM) that client certificates are verified against")
+    tls_client_auth: str = env(
+        "MQTT_TLS_CLIENT_AUTH", "none", parse=choice("none", "optional", "required"),
+        doc="client certificates on TLS/WSS: none (not asked), optional (verified when sent), required (a client "
+            "without one signed by MQTT_TLS_CA_FILE is refused at the handshake)")
     max_packet_size: int = env(
         "MQTT_MAX_PACKET_SIZE", 262144, parse=integer(64, MAX_VBI + 5),
         doc="largest packet accepted from a client, in bytes (advertised in v5 CONNACK)")
@@ -99,8 +135,76 @@ class ConnectorSettings(CommonSettings):
             return socket.gethostname()
         return self.service_id or "connector-1"
 
+    def listeners(self) -> list[Listener]:
+        """The listeners that are on, in a fixed order (mqtt, mqtts, ws, wss)."""
+        out = []
+        auto = TLS_PORT if self.tls_cert_file else 0, WSS_PORT if self.tls_cert_file else 0
+        tls_port = auto[0] if self.mqtt_tls_port == WITH_CERTIFICATE else self.mqtt_tls_port
+        wss_port = auto[1] if self.mqtt_wss_port == WITH_CERTIFICATE else self.mqtt_wss_port
+        for name, p, host, tls, ws in (
+                ("mqtt", self.mqtt_port, "", False, False),
+                ("mqtts", tls_port, self.mqtt_tls_bind_host, True, False),
+                ("ws", self.mqtt_ws_port, self.mqtt_ws_bind_host, False, True),
+                ("wss", wss_port, self.mqtt_wss_bind_host, True, True)):
+            if p:
+                out.append(Listener(name, host or self.mqtt_bind_host, p, tls, ws))
+        return out
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """The TLS/WSS listeners' context: TLS 1.2+, the server certificate, and client certificates verified
+        against MQTT_TLS_CA_FILE as MQTT_TLS_CLIENT_AUTH says. Raises OSError/ssl.SSLError on a bad file."""
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if self.tls_ca_file:
+            ctx.load_verify_locations(cafile=self.tls_ca_file)
+        ctx.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+                           "required": ssl.CERT_REQUIRED}[self.tls_client_auth]
+        return ctx
+
+    def _listener_problems(self) -> list[str]:
+        problems = []
+        on = self.listeners()
+        if not on:
+            problems.append("every MQTT listener is off (MQTT_PORT, MQTT_TLS_PORT, MQTT_WS_PORT, MQTT_WSS_PORT): "
+                            "turn at least one on")
+        seen: dict[tuple[str, int], str] = {}
+        for li in on:
+            if (li.host, li.port) in seen:
+                problems.append(f"{li.variable} and {seen[(li.host, li.port)]} both bind {li.host}:{li.port}")
+            seen[(li.host, li.port)] = li.variable
+        if not self.mqtt_ws_path.startswith("/"):
+            problems.append(f"MQTT_WS_PATH={self.mqtt_ws_path!r} must start with /")
+        tls_on = [li for li in on if li.tls]
+        if not tls_on:
+            return problems
+        who = " and ".join(f"{li.variable}={li.port}" for li in tls_on)
+        files_ok = True
+        for var, path in (("MQTT_TLS_CERT_FILE", self.tls_cert_file), ("MQTT_TLS_KEY_FILE", self.tls_key_file)):
+            if not path:
+                problems.append(f"{who} needs {var} (a TLS listener needs a certificate and its key; "
+                                f"or set the port to 0: off)")
+                files_ok = False
+            elif not os.path.isfile(path):
+                problems.append(f"{var}={path!r}: no such file")
+                files_ok = False
+        if self.tls_client_auth != "none" and not self.tls_ca_file:
+            problems.append(f"MQTT_TLS_CLIENT_AUTH={self.tls_client_auth} needs MQTT_TLS_CA_FILE (the CA that signs "
+                            "client certificates)")
+            files_ok = False
+        elif self.tls_ca_file and not os.path.isfile(self.tls_ca_file):
+            problems.append(f"MQTT_TLS_CA_FILE={self.tls_ca_file!r}: no such file")
+            files_ok = False
+        if files_ok:
+            try:
+                self.server_ssl_context()
+            except (OSError, ssl.SSLError) as exc:
+                problems.append(f"MQTT_TLS_CERT_FILE/MQTT_TLS_KEY_FILE/MQTT_TLS_CA_FILE cannot be loaded: {exc}")
+        return problems
+
     def validate(self) -> list[str]:
         problems = super().validate()
+        problems.extend(self._listener_problems())
         if self.write_buffer_limit < self.write_buffer_high:
             problems.append("MQTT_WRITE_BUFFER_LIMIT must be >= MQTT_WRITE_BUFFER_HIGH")
         if not self.app_delivery_grpc_targets:
@@ -110,4 +214,21 @@ class ConnectorSettings(CommonSettings):
         return problems
 
 
-__all__ = ["ConnectorSettings"]
+@dataclass(frozen=True)
+class Listener:
+    """One MQTT listener that is on: `name` mqtt (TCP), mqtts (TLS), ws (WebSocket) or wss (WebSocket over
+    TLS)."""
+
+    name: str
+    host: str
+    port: int
+    tls: bool
+    websocket: bool
+
+    @property
+    def variable(self) -> str:
+        """The port's setting."""
+        return {"mqtt": "MQTT_PORT", "mqtts": "MQTT_TLS_PORT", "ws": "MQTT_WS_PORT", "wss": "MQTT_WSS_PORT"}[self.name]
+
+
+__all__ = ["ConnectorSettings", "Listener"]

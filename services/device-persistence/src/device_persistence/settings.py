@@ -27,14 +27,19 @@ TTL_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_TTL"
 @dataclass(frozen=True)
 class Settings(CommonSettings):
     service_name: str = "device-persistence"
-    health_port: int = env("HEALTH_PORT", 8084, parse=port, doc="health/readiness HTTP port (0 = any)")
+    health_port: int = env("HEALTH_PORT", 8087, parse=port, doc="health/readiness HTTP port (0 = any)")
 
     grpc_port: int = env("DEVICE_PERSISTENCE_GRPC_PORT", 50061, parse=port, fallback="GRPC_PORT",
                          doc="gRPC port of the DevicePersistence service (0 = any free port); when unset, "
                              "the launcher's GRPC_PORT is used")
-    grpc_host: str = env("DEVICE_PERSISTENCE_GRPC_HOST", "0.0.0.0", doc="gRPC bind address")
+    grpc_host: str = env("DEVICE_PERSISTENCE_GRPC_HOST", "0.0.0.0", fallback="GRPC_HOST",
+                         doc="gRPC bind address; when unset, GRPC_HOST (the launcher: 127.0.0.1)")
     redis_url: str = env("REDIS_URL", "redis://localhost:6380/0", parse=nonempty,
-                         doc="standalone Redis (ignored when REDIS_CLUSTER_NODES is set)")
+                         doc="standalone Redis, redis://[:password@]host:port/db (ignored when "
+                             "REDIS_CLUSTER_NODES is set)")
+    redis_password: str = env("REDIS_PASSWORD", "",
+                              doc="Redis password (AUTH; requirepass); wins over one in REDIS_URL; also used "
+                                  "for every REDIS_CLUSTER_NODES node")
     redis_cluster_nodes: tuple[str, ...] = env("REDIS_CLUSTER_NODES", (), parse=host_ports,
                                                doc="comma list of host:port; set = Redis Cluster mode")
     redis_key_prefix: str = env("DEVICE_PERSISTENCE_REDIS_KEY_PREFIX", "",
@@ -75,6 +80,7 @@ class Settings(CommonSettings):
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(redis_url=self.redis_url, cluster_nodes=self.redis_cluster_nodes,
+                           redis_password=self.redis_password or None,
                            messages_limit=self.messages_limit, messages_ttl_s=self.messages_ttl_s,
                            key_prefix=self.redis_key_prefix,
                            socket_timeout_s=self.redis_socket_timeout_ms / 1000,

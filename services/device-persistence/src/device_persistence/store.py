@@ -97,6 +97,7 @@ class StoreConfig:
 
     redis_url: str = "redis://localhost:6380/0"
     cluster_nodes: tuple[str, ...] = ()  # "host:port"; non-empty = Redis Cluster mode
+    redis_password: str | None = None  # AUTH password; None = the one in redis_url, if any
     messages_limit: int = 10000  # per client, 1..65535 (packet ids would collide above)
     messages_ttl_s: int = 604800  # default TTL of a stored message (7 days)
     key_prefix: str = ""
@@ -246,11 +247,12 @@ class DeviceMsgStore:
                 for node in self.config.cluster_nodes:
                     host, _, port = node.rpartition(":")
                     nodes.append(ClusterNode(host, int(port)))
-                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False, **self._timeouts())
+                self._client = RedisCluster(startup_nodes=nodes, decode_responses=False,
+                                            **self._client_options())
                 await self._client.initialize()
             else:
                 self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False,
-                                                       **self._timeouts())
+                                                       **self._client_options())
         self._scripts = {name: self._client.register_script(src) for name, src in self._sources.items()}
         for script in self._scripts.values():  # fail fast on a Lua syntax error / unreachable Redis
             loaded = await self._client.script_load(script.script)
@@ -258,9 +260,11 @@ class DeviceMsgStore:
                 loaded = loaded.decode()
             script.sha = loaded
 
-    def _timeouts(self) -> dict:
+    def _client_options(self) -> dict:
+        """Socket timeouts and the password, for every client this store makes."""
+        auth = {"password": self.config.redis_password} if self.config.redis_password else {}
         return {"socket_timeout": self.config.socket_timeout_s,
-                "socket_connect_timeout": self.config.connect_timeout_s}
+                "socket_connect_timeout": self.config.connect_timeout_s, **auth}
 
     async def close(self) -> None:
         clients, self._node_clients = list(self._node_clients.values()), {}
@@ -403,7 +407,7 @@ class DeviceMsgStore:
             client = self._node_clients.get(name)
             if client is None:
                 host, _, port = name.rpartition(":")
-                client = aioredis.Redis(host=host, port=int(port), decode_responses=False, **self._timeouts())
+                client = aioredis.Redis(host=host, port=int(port), decode_responses=False, **self._client_options())
                 self._node_clients[name] = client
             try:
                 async with self._in_flight:

@@ -15,6 +15,7 @@ import sys
 import faust
 import uvloop
 
+from tbmq_platform.kafka import configure_security
 from tbmq_platform.logs import configure_logging
 from tbmq_platform.settings import load_or_exit
 from tbmq_platform.telemetry import configure_telemetry
@@ -45,6 +46,7 @@ def main() -> None:
     settings = load_or_exit(Settings)
     configure_logging(settings.service_name, settings.log_format, settings.log_level)
     configure_telemetry(settings.service_name, settings.instance_id, settings.otlp_endpoint)
+    configure_security(settings.kafka_security)  # the router's own aiokafka clients; Faust: create_app
     for noisy in ("faust", "mode", "aiokafka"):
         if settings.log_level in ("INFO", "DEBUG"):
             logging.getLogger(noisy).setLevel(logging.WARNING if settings.log_level == "INFO" else logging.DEBUG)

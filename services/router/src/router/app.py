@@ -729,11 +729,24 @@ class RouterRuntime(Service):
 
 
 # ------------------------------------------------------------------------------ app
+def faust_credentials(security) -> dict:
+    """Faust's `broker_credentials` for the Kafka security settings (tbmq_platform.kafka.KafkaSecurity):
+    {} for PLAINTEXT."""
+    if security.sasl:
+        return {"broker_credentials": faust.SASLCredentials(
+            username=security.username, password=security.password, mechanism=security.sasl_mechanism,
+            ssl_context=security.ssl_context())}
+    if security.tls:
+        return {"broker_credentials": faust.SSLCredentials(security.ssl_context())}
+    return {}
+
+
 def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[faust.App, RouterRuntime]:
     check_faust_internals()
     app = RouterApp(
         settings.group_id,
         broker=[f"kafka://{hp}" for hp in settings.kafka_bootstrap_servers],
+        **faust_credentials(settings.kafka_security),
         datadir=settings.faust_data_dir,
         web_enabled=False,
         producer_acks=-1,

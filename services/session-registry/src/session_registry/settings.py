@@ -23,7 +23,7 @@ def _regex(raw: str) -> str:
 @dataclass(frozen=True)
 class Settings(CommonSettings):
     service_name: str = "session-registry"
-    health_port: int = env("HEALTH_PORT", 8083, parse=port, doc="health/readiness HTTP port (0 = any)")
+    health_port: int = env("HEALTH_PORT", 8086, parse=port, doc="health/readiness HTTP port (0 = any)")
 
     session_expiry_max: int = env(
         "MQTT_CLIENT_SESSION_EXPIRY_MAX_EXPIRY_INTERVAL", 604800, parse=integer(0, NEVER_EXPIRES),

@@ -1,0 +1,226 @@
+"""The connector's four listeners end to end, with clients nobody here wrote: paho-mqtt 3.1.1 and 5.0 over
+TLS (verifying the launcher's development CA), WebSocket (path /mqtt) and WSS; mosquitto_pub/mosquitto_sub
+with --cafile over TLS; client certificates required (refused at the TLS handshake without one, accepted
+with one signed by the CA); a listener switched off; a bad TLS setting stopping start-up.
+
+Two suites share the tests' Kafka: `ls` (session registry, router, one connector with every listener on and
+MQTT_TLS_CLIENT_AUTH=optional) and `strict` (one more connector only, MQTT_TLS_CLIENT_AUTH=required, its TCP
+and WS listeners off; its CONNECTs are answered by `ls`'s registry, through the shared Kafka).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+from mqtt_clients import BOUND, Client, payloads, poll, routed, run, wait_until
+from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_launcher.services import readyz
+from tbmq_launcher.tls import issue_client_cert
+from tbmq_mqtt import Connect, encode
+
+pytestmark = [pytest.mark.e2e]
+
+
+def suite(kafka, run_dir, services, connector_env, **kw) -> Suite:
+    return Suite(services=services, connectors=1, ports="free", log_format="json", id_tag=new_tag(),
+                 run_dir=run_dir, redis_url="redis://127.0.0.1:1/0",
+                 kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
+                 service_env={"connector": connector_env}, **kw)
+
+
+@pytest.fixture(scope="module")
+async def ls(kafka, tmp_path_factory):
+    async with suite(kafka, tmp_path_factory.mktemp("suite-listeners"), ["session-registry", "router", "connector"],
+                     {"MQTT_TLS_CLIENT_AUTH": "optional"}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+async def strict(ls, kafka, tmp_path_factory):
+    async with suite(kafka, tmp_path_factory.mktemp("suite-strict"), ["connector"],
+                     {"MQTT_TLS_CLIENT_AUTH": "required", "MQTT_PORT": "0", "MQTT_WS_PORT": "0"},
+                     tls_dir=ls.tls.directory) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client_cert(ls, tmp_path_factory):
+    cert, key = issue_client_cert(ls.tls, "device-1", tmp_path_factory.mktemp("client-cert"))
+    return {"certfile": str(cert), "keyfile": str(key)}
+
+
+def port_of(s: Suite, kind: str) -> int:
+    return {"tcp": s.mqtt_ports, "tls": s.tls_ports, "ws": s.ws_ports, "wss": s.wss_ports}[kind][0]
+
+
+def client(s: Suite, cid: str, kind: str, v5: bool, **tls_extra) -> Client:
+    tls = {"ca_certs": str(s.tls.ca), **tls_extra} if kind in ("tls", "wss") else None
+    return Client(cid, v5=v5, websocket=kind in ("ws", "wss"), tls=tls)
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["311", "5"])
+@pytest.mark.parametrize("kind", ["tls", "ws", "wss"])
+async def test_paho_round_trip_over_each_listener(ls, unique, kind, v5):
+    pub = client(ls, unique("pub"), kind, v5)
+    sub = client(ls, unique("sub"), kind, v5)
+    tcp = Client(unique("tcp"), v5=v5)
+    topic = f"ls/{unique('t')}"
+    await run(pub.connect, port_of(ls, kind))
+    await run(sub.connect, port_of(ls, kind))
+    await run(tcp.connect, port_of(ls, "tcp"))
+    await run(sub.subscribe, topic, 1)
+    await run(tcp.subscribe, topic, 1)
+    await routed(pub, sub, topic, 1)
+    for i in range(5):
+        await run(pub.publish, topic, b"m%d" % i, 1)
+    assert await run(sub.wait, lambda: len(payloads(sub, topic)) >= 5)
+    assert payloads(sub, topic) == [b"m%d" % i for i in range(5)]
+    assert await run(tcp.wait, lambda: len(payloads(tcp, topic)) >= 5)  # the same machine behind every listener
+    assert payloads(tcp, topic) == [b"m%d" % i for i in range(5)]
+    for c in (pub, sub, tcp):
+        await run(c.close)
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto-clients not installed")
+async def test_mosquitto_clients_over_tls_with_the_development_ca(ls, unique):
+    u = unique("mo")
+    topic = f"{u}/t"
+    tls = ["-h", "localhost", "-p", str(ls.tls_ports[0]), "--cafile", str(ls.tls.ca)]
+    sub = subprocess.Popen(["mosquitto_sub", *tls, "-t", topic, "-q", "1", "-C", "1", "-i", u + "s",
+                            "-W", str(int(BOUND) + 10), "-F", "%t|%p"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        attempts = iter(range(1, 10_000))
+
+        async def received() -> bool:  # publish until mosquitto_sub got one (-C 1) and exited
+            await run(subprocess.run, ["mosquitto_pub", *tls, "-t", topic, "-m", "over-tls", "-q", "1",
+                                       "-i", f"{u}p{next(attempts)}"], check=True, timeout=BOUND)
+            return bool(await poll(lambda: sub.poll() is not None, 0.3))
+
+        await wait_until(received, BOUND, "mosquitto_sub to receive over TLS", step=0)
+        out, err = await run(sub.communicate, timeout=BOUND)
+        assert sub.returncode == 0, err
+        assert out.strip() == f"{topic}|over-tls"
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    # a client that does not trust the CA refuses the server's certificate
+    bad = await run(subprocess.run, ["mosquitto_pub", "-h", "localhost", "-p", str(ls.tls_ports[0]),
+                                     "--capath", "/nonexistent-dir", "-t", topic, "-m", "x", "-i", u + "x"],
+                    capture_output=True, text=True, timeout=BOUND)
+    assert bad.returncode != 0
+
+
+async def test_optional_client_certificate_is_accepted_when_signed_by_the_ca(ls, unique, client_cert):
+    c = client(ls, unique("cert"), "tls", True, **client_cert)
+    await run(c.connect, ls.tls_ports[0])
+    await run(c.close)
+
+
+class Refused(Exception):
+    """`tls_connect` failed: `stage` "handshake" (the TLS handshake itself) or "after" (reading the answer)."""
+
+    def __init__(self, stage: str, exc: BaseException) -> None:
+        super().__init__(f"{stage}: {exc!r}")
+        self.stage, self.exc = stage, exc
+
+
+def tls_connect(port: int, ca: str, maximum: ssl.TLSVersion, cert: dict | None = None) -> bytes:
+    """A TLS connection that sends CONNECT and reads the answer; Refused when it fails."""
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.maximum_version = maximum
+    if cert:
+        ctx.load_cert_chain(cert["certfile"], cert["keyfile"])
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as raw:
+        try:
+            tls = ctx.wrap_socket(raw, server_hostname="localhost")  # the handshake
+        except (ssl.SSLError, OSError) as exc:
+            raise Refused("handshake", exc) from None
+        with tls:
+            try:
+                tls.sendall(encode(Connect(protocol_level=4, client_id=f"raw-{new_tag()}", clean_start=True,
+                                           keep_alive=30), 4))
+                return tls.recv(4)
+            except (ssl.SSLError, OSError) as exc:
+                raise Refused("after", exc) from None
+
+
+async def test_required_client_certificate_refuses_a_client_without_one_at_the_handshake(strict):
+    port, ca = strict.tls_ports[0], str(strict.tls.ca)
+    with pytest.raises(Refused) as e:  # TLS 1.2: the client's handshake fails (the server ends it)
+        await run(tls_connect, port, ca, ssl.TLSVersion.TLSv1_2)
+    assert e.value.stage == "handshake"
+    # TLS 1.3: the client's side of the handshake is done before the server checks its certificate; the
+    # server's handshake fails and it closes the connection: the CONNECT is never read, nothing is answered
+    try:
+        answer = await run(tls_connect, port, ca, ssl.TLSVersion.TLSv1_3)
+    except Refused as exc:
+        assert exc.stage == "after"
+    else:
+        assert answer == b""
+    paho = client(strict, "no-cert", "wss", True)  # WSS is the same TLS context
+    with pytest.raises((ssl.SSLError, OSError, AssertionError)):
+        await run(paho.connect, strict.wss_ports[0], timeout=5)
+    await run(paho.close)
+
+
+async def test_required_client_certificate_accepts_one_signed_by_the_ca(strict, unique, client_cert):
+    port, ca = strict.tls_ports[0], str(strict.tls.ca)
+    assert await run(tls_connect, port, ca, ssl.TLSVersion.TLSv1_3, client_cert) == b"\x20\x02\x00\x00"
+    for kind, v5 in (("tls", False), ("wss", True)):
+        c = client(strict, unique(f"cert-{kind}"), kind, v5, **client_cert)
+        await run(c.connect, port_of(strict, kind))
+        await run(c.close)
+
+
+async def test_switched_off_listeners_are_not_listening(strict):
+    p = strict.instance("connector")
+    details = await readyz(p.health_port)
+    assert details["mqtt_port"] == 0 and "ws_port" not in details
+    assert details["mqtts_port"] == strict.tls_ports[0] and details["wss_port"] == strict.wss_ports[0]
+    assert strict.mqtt_ports == [None] and strict.ws_ports == [None]
+    assert [kind for kind, _ in strict.listeners()] == ["MQTT/TLS", "WSS"]
+    # and the process has no other listening TCP socket than its TLS, WSS and health ones
+    assert listening_ports(p.pid) == {strict.tls_ports[0], strict.wss_ports[0], p.health_port}
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports the process `pid` listens on (/proc: its socket inodes in state LISTEN)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A = LISTEN
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def test_a_bad_tls_setting_stops_start_up_with_one_message(tmp_path):
+    env = {**os.environ, "MQTT_TLS_PORT": "18883", "MQTT_TLS_CLIENT_AUTH": "required",
+           "MQTT_WSS_PORT": "18084", "MQTT_TLS_KEY_FILE": str(tmp_path / "missing-key.pem")}
+    env.pop("MQTT_TLS_CERT_FILE", None)
+    env.pop("MQTT_TLS_CA_FILE", None)
+    done = await run(subprocess.run, [sys.executable, "-m", "connector"], env=env, capture_output=True,
+                     text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    for text in ("MQTT_TLS_PORT=18883", "MQTT_WSS_PORT=18084", "MQTT_TLS_CERT_FILE", "MQTT_TLS_KEY_FILE=",
+                 "no such file", "MQTT_TLS_CA_FILE"):
+        assert text in lines[0], text

@@ -1,0 +1,208 @@
+"""The connector's listeners: settings validation (connector.settings) and the WebSocket adapter
+(connector.websocket.WebSocketAdapter) driven by a wsproto client over a fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from connector.settings import ConnectorSettings
+from connector.websocket import WebSocketAdapter
+from connector_fakes import FakeTransport
+from tbmq_launcher.tls import ensure_dev_certs
+from tbmq_platform.settings import SettingsError, load
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return ensure_dev_certs(tmp_path_factory.mktemp("tls"))
+
+
+def tls_env(certs, **more) -> dict:
+    return {"MQTT_TLS_CERT_FILE": str(certs.server_cert), "MQTT_TLS_KEY_FILE": str(certs.server_key), **more}
+
+
+def names(s: ConnectorSettings) -> dict:
+    return {li.name: (li.host, li.port) for li in s.listeners()}
+
+
+# ------------------------------------------------------------------------------------------ settings
+def test_without_a_certificate_tcp_and_ws_are_on_and_the_tls_ones_off():
+    s = load(ConnectorSettings, {})
+    assert names(s) == {"mqtt": ("0.0.0.0", 1883), "ws": ("0.0.0.0", 8083)}
+
+
+def test_with_a_certificate_all_four_are_on_at_their_standard_ports(certs):
+    s = load(ConnectorSettings, tls_env(certs))
+    assert names(s) == {"mqtt": ("0.0.0.0", 1883), "mqtts": ("0.0.0.0", 8883), "ws": ("0.0.0.0", 8083),
+                        "wss": ("0.0.0.0", 8084)}
+    assert [(li.tls, li.websocket) for li in s.listeners()] == [(False, False), (True, False), (False, True),
+                                                                (True, True)]
+
+
+def test_listeners_are_switched_off_and_rebound(certs):
+    s = load(ConnectorSettings, tls_env(certs, MQTT_PORT="0", MQTT_WS_PORT="", MQTT_TLS_PORT="18883",
+                                        MQTT_BIND_HOST="127.0.0.1", MQTT_WSS_BIND_HOST="::1"))
+    assert names(s) == {"mqtts": ("127.0.0.1", 18883), "wss": ("::1", 8084)}
+
+
+def test_a_tls_listener_without_a_certificate_stops_start_up_with_one_message():
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, {"MQTT_TLS_PORT": "8883", "MQTT_WSS_PORT": "8084", "MQTT_TLS_CLIENT_AUTH": "required",
+                                 "MQTT_WS_PORT": "1883"})
+    text = str(e.value)
+    for var in ("MQTT_TLS_PORT=8883", "MQTT_WSS_PORT=8084", "MQTT_TLS_CERT_FILE", "MQTT_TLS_KEY_FILE",
+                "MQTT_TLS_CA_FILE", "MQTT_WS_PORT and MQTT_PORT both bind 0.0.0.0:1883"):
+        assert var in text, var
+
+
+def test_bad_tls_files_and_values_are_named(certs, tmp_path):
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, tls_env(certs, MQTT_TLS_CA_FILE=str(tmp_path / "nope.pem"),
+                                        MQTT_TLS_CLIENT_AUTH="sometimes"))
+    assert "MQTT_TLS_CLIENT_AUTH='sometimes'" in str(e.value)
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, tls_env(certs, MQTT_TLS_CA_FILE=str(tmp_path / "nope.pem")))
+    assert "MQTT_TLS_CA_FILE=" in str(e.value) and "no such file" in str(e.value)
+    with pytest.raises(SettingsError) as e:  # a key that does not belong to the certificate
+        load(ConnectorSettings, tls_env(certs, MQTT_TLS_KEY_FILE=str(certs.ca_key)))
+    assert "cannot be loaded" in str(e.value)
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, {"MQTT_PORT": "0", "MQTT_WS_PORT": "0", "MQTT_WS_PATH": "mqtt"})
+    assert "every MQTT listener is off" in str(e.value) and "MQTT_WS_PATH" in str(e.value)
+
+
+def test_client_certificates_setting_reaches_the_context(certs):
+    import ssl
+
+    s = load(ConnectorSettings, tls_env(certs, MQTT_TLS_CA_FILE=str(certs.ca), MQTT_TLS_CLIENT_AUTH="required"))
+    assert s.server_ssl_context().verify_mode == ssl.CERT_REQUIRED
+    s = load(ConnectorSettings, tls_env(certs, MQTT_TLS_CA_FILE=str(certs.ca), MQTT_TLS_CLIENT_AUTH="optional"))
+    assert s.server_ssl_context().verify_mode == ssl.CERT_OPTIONAL
+    assert load(ConnectorSettings, tls_env(certs)).server_ssl_context().verify_mode == ssl.CERT_NONE
+
+
+# ------------------------------------------------------------------------------------------ WebSocket adapter
+class Recorder(asyncio.Protocol):
+    """Stands in for connection.Connection: what the adapter hands it."""
+
+    def __init__(self) -> None:
+        self.transport = None
+        self.data = b""
+        self.lost = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+
+
+class Peer:
+    """A wsproto client wired to an adapter over a FakeTransport."""
+
+    def __init__(self, path="/mqtt", subprotocols=("mqtt",), timeout=10.0) -> None:
+        self.conns: list[Recorder] = []
+        self.adapter = WebSocketAdapter(self._new, "/mqtt", timeout)
+        self.transport = FakeTransport()
+        self.adapter.connection_made(self.transport)
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.send(Request(host="localhost", target=path, subprotocols=list(subprotocols)))
+
+    def _new(self) -> Recorder:
+        self.conns.append(Recorder())
+        return self.conns[-1]
+
+    def send(self, event) -> None:
+        self.adapter.data_received(self.ws.send(event))
+
+    def events(self) -> list:
+        data, self.transport.data = self.transport.data, b""
+        self.ws.receive_data(data)
+        return list(self.ws.events())
+
+
+async def test_upgrade_then_bytes_both_ways_in_binary_messages():
+    peer = Peer()
+    (accept,) = peer.events()
+    assert isinstance(accept, AcceptConnection) and accept.subprotocol == "mqtt"
+    (conn,) = peer.conns
+    peer.send(BytesMessage(data=b"\x10\x0c"))          # a packet split across two messages
+    peer.send(BytesMessage(data=b"\x00\x04MQTT\x04\x02\x00\x3c\x00\x00"))
+    assert conn.data == b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00"
+    conn.transport.write(b"\x20\x02\x00\x00")
+    (msg,) = peer.events()
+    assert isinstance(msg, BytesMessage) and msg.data == b"\x20\x02\x00\x00"
+    peer.send(Ping(payload=b"hi"))
+    (pong,) = peer.events()
+    assert isinstance(pong, Pong) and pong.payload == b"hi"
+    conn.transport.close()                             # the machine closes: close frame, then TCP
+    (close,) = peer.events()
+    assert isinstance(close, CloseConnection) and close.code == 1000 and peer.transport.closed
+    peer.adapter.connection_lost(None)
+    assert conn.lost
+
+
+async def test_client_close_is_answered_and_the_connection_ends():
+    peer = Peer()
+    peer.events()
+    peer.send(CloseConnection(code=1000))
+    (close,) = peer.events()
+    assert isinstance(close, CloseConnection) and peer.transport.closed
+
+
+async def test_wrong_path_or_no_mqtt_subprotocol_is_refused():
+    peer = Peer(path="/other")
+    reject = peer.events()[0]
+    assert isinstance(reject, RejectConnection) and reject.status_code == 404 and peer.transport.closed
+    assert peer.conns == []
+    peer = Peer(subprotocols=("chat",))
+    reject = peer.events()[0]
+    assert isinstance(reject, RejectConnection) and reject.status_code == 400 and peer.conns == []
+    peer = Peer(path="/mqtt?x=1", subprotocols=("mqttv3.1",))
+    (accept,) = peer.events()
+    assert isinstance(accept, AcceptConnection) and accept.subprotocol == "mqttv3.1"
+
+
+async def test_text_message_closes_with_1003():
+    peer = Peer()
+    peer.events()
+    peer.send(TextMessage(data="hello"))
+    (close,) = peer.events()
+    assert isinstance(close, CloseConnection) and close.code == 1003 and peer.transport.closed
+    assert peer.conns[0].data == b""
+
+
+async def test_no_upgrade_in_time_aborts():
+    adapter = WebSocketAdapter(Recorder, "/mqtt", handshake_timeout_s=0.01)
+    transport = FakeTransport()
+    adapter.connection_made(transport)
+    done = asyncio.get_running_loop().create_future()
+    real_abort = transport.abort
+    transport.abort = lambda: (real_abort(), done.set_result(None))
+    await asyncio.wait_for(done, 5)
+    assert transport.aborted
+
+
+async def test_garbage_instead_of_an_upgrade_is_answered_400():
+    adapter = WebSocketAdapter(Recorder, "/mqtt")
+    transport = FakeTransport()
+    adapter.connection_made(transport)
+    adapter.data_received(b"\x10\x0c\x00\x04MQTT\r\n\r\n")
+    assert transport.closed and transport.data.startswith(b"HTTP/1.1 400")
