@@ -446,3 +446,18 @@ async def test_response_topic_must_be_a_topic_name(mq, unique):
         assert proc.running
     await run(watcher.close)
     await run(prober.close)
+
+
+@pytest.mark.parametrize("v5", [True, False])
+async def test_a_client_id_naming_a_shared_groups_store_is_refused(mq, unique, v5):
+    """Issue 14, names that cannot collide: a shared DEVICE group's messages are stored under
+    "$share/<share>/<filter>"; a client connecting with that id would read and acknowledge the group's
+    backlog. CONNACK Client Identifier not valid (v5 0x85, 3.1.1 return code 2 [MQTT-3.1.3-8])."""
+    u = unique("res")
+    c = Client(f"$share/{u}/t", v5=v5)
+    flags, rc, _ = await run(c.connect, mq.mqtt_ports[0], expect_ok=False)
+    assert rc.is_failure and rc.value == 0x85  # paho reports 3.1.1 return code 2 as this same reason code
+    await run(c.close)
+    ok = Client(f"ss_{u}_t", v5=v5)  # TBMQ's store id form is an ordinary client id here
+    await run(ok.connect, mq.mqtt_ports[0])
+    await run(ok.close)

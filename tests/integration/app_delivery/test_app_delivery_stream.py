@@ -164,5 +164,5 @@ async def test_non_alphanumeric_client_id_uses_the_hashed_topic(connector, produ
     st = connector.open(client, receive_maximum=10, auto_ack=True)
     got = await st.take(3)
     assert payload_ints(got) == [0, 1, 2]
-    assert got[0].ref.topic.startswith("tbmq.msg.app.") and len(got[0].ref.topic) == len("tbmq.msg.app.") + 64
+    assert got[0].ref.topic.startswith("tbmq.msg.app.h-") and len(got[0].ref.topic) == len("tbmq.msg.app.h-") + 64
     await st.cancel()

@@ -142,7 +142,7 @@ async def test_routing_table_two_routers(kafka, writer, start_routers):
 
     # --- shared APPLICATION topic (created by the router) ------------------------------------------
     spec = topics.shared_app_topic(f"{P}/sapp/+")
-    assert spec.name == f"tbmq.msg.app.shared.{P}.sapp.slw"
+    assert spec.name == f"tbmq.msg.app.shared.{P}.sapp._slw"
     rs = TopicReader(kafka.bootstrap_servers, spec.name)
     recs = await rs.poll_until(lambda rs: len(rs) >= 1)
     m = pb.PublishMsg.FromString(recs[0].value)

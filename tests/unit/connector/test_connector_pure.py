@@ -22,7 +22,7 @@ from connector.settings import ConnectorSettings
 from connector.wills import Wills
 from connector_fakes import FakeTimers
 from tbmq.v1 import messages_pb2 as pb
-from tbmq_mqtt import Connect, Properties, Publish, Will
+from tbmq_mqtt import Connect, Properties, Publish, ReasonCode, Will
 from tbmq_platform.settings import SettingsError, load
 
 pytestmark = pytest.mark.unit
@@ -140,6 +140,16 @@ def test_empty_client_id_rules():
     with pytest.raises(ConnectRefused):
         plan(Connect(protocol_level=3, client_id="", clean_start=True))
     assert plan(Connect(protocol_level=4, client_id="x" * 1000)).client_id == "x" * 1000
+
+
+def test_a_client_id_naming_a_shared_groups_store_is_refused():
+    from tbmq_routing import shared_store_id
+
+    for level in (3, 4, 5):
+        with pytest.raises(ConnectRefused) as e:
+            plan(Connect(protocol_level=level, client_id=shared_store_id("g", "a/+"), clean_start=True))
+        assert e.value.reason_code == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+    assert plan(Connect(protocol_level=4, client_id="ss_g_a/+")).client_id == "ss_g_a/+"  # TBMQ's form: a plain id
 
 
 def test_keep_alive_and_server_keep_alive():

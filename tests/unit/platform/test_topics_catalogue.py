@@ -43,16 +43,19 @@ def test_service_topics_fill_in_the_service_id():
     assert all("<" not in s.name for s in topics.static_topics())
 
 
-def test_app_topic_name_is_the_id_or_its_sha256():
+def test_app_topic_name_is_the_id_or_h_and_its_sha256():
     assert topics.app_topic_name("sensor42") == "tbmq.msg.app.sensor42"
     digest = hashlib.sha256("app-1/é".encode()).hexdigest()
-    assert topics.app_topic_name("app-1/é") == "tbmq.msg.app." + digest
+    assert topics.app_topic_name("app-1/é") == "tbmq.msg.app.h-" + digest
+    # a client id that IS a hash keeps its own topic (issue 14: names cannot collide)
+    assert topics.app_topic_name(digest) == "tbmq.msg.app." + digest != topics.app_topic_name("app-1/é")
 
 
 def test_shared_app_topic_name():
-    assert topics.shared_app_topic_name("home/+/t/#") == "tbmq.msg.app.shared.home.slw.t.mlw"
-    assert topics.shared_app_topic_name("a b").startswith("tbmq.msg.app.shared.")
-    assert len(topics.shared_app_topic_name("a b")) == len("tbmq.msg.app.shared.") + 64
+    assert topics.shared_app_topic_name("home/+/t/#") == "tbmq.msg.app.shared.home._slw.t._mlw"
+    assert topics.shared_app_topic_name("a/+") != topics.shared_app_topic_name("a/slw")  # TBMQ: the same
+    assert topics.shared_app_topic_name("a b").startswith("tbmq.msg.app.shared.h-")
+    assert len(topics.shared_app_topic_name("a b")) == len("tbmq.msg.app.shared.h-") + 64
 
 
 def test_partition_profiles():
@@ -94,5 +97,6 @@ def test_the_profile_is_a_common_setting_and_a_bad_one_is_named():
 def test_app_consumer_groups_are_named_in_one_place():
     from tbmq_routing.naming import app_client_group, app_shared_group
 
-    assert app_client_group("sensor42") == "app-delivery.sensor42"
-    assert app_shared_group("g1") == "app-delivery.shared.g1"
+    assert app_client_group("sensor42") == "app-delivery.c.sensor42"
+    assert app_shared_group("g1") == "app-delivery.s.g1"
+    assert app_client_group("s.g1") != app_shared_group("g1")  # a client id cannot name a share's group

@@ -81,7 +81,7 @@ CASES = [
     ("APPLICATION connected QoS1 -> app topic", (1, False), [("t", sub("app1"))], {"app1": APP_ON},
      {"app": [("app1", "tbmq.msg.app.app1", 1, False, ())]}),
     ("APPLICATION offline QoS2, id hashed", (2, False), [("t", sub("app-1", 2))], {"app-1": APP_OFF},
-     {"app": [("app-1", "tbmq.msg.app." + sha("app-1"), 2, False, ())]}),
+     {"app": [("app-1", "tbmq.msg.app.h-" + sha("app-1"), 2, False, ())]}),
     ("APPLICATION connected QoS0 -> live", (0, False), [("t", sub("a", 1))], {"a": APP_ON},
      {"live": {"svc-b": [("a", 0, False, ())]}}),
     ("APPLICATION offline QoS0 -> dropped", (1, False), [("t", sub("a", 0))], {"a": APP_OFF}, {"dropped": 1}),
@@ -124,7 +124,7 @@ CASES = [
     # ---- shared DEVICE groups
     ("shared: none connected, one persistent -> group store", (2, False),
      [("a/+", sub("m1", 1, "g")), ("a/+", sub("m2", 2, "g", subscription_id=4))], {"m1": OFF, "m2": OFF_P},
-     {"persisted": [("ss_g_a/+", 2, False, (4,))]}),
+     {"persisted": [("$share/g/a/+", 2, False, (4,))]}),
     ("shared: none connected, persistent but QoS0 -> dropped", (0, False),
      [("a/+", sub("m1", 1, "g"))], {"m1": OFF_P}, {"dropped": 1}),
     ("shared: nobody connected or persistent -> dropped", (1, False),
@@ -145,8 +145,8 @@ CASES = [
      [("a/+", sub("x1", 1, "g")), ("a/+", sub("x2", 2, "g", subscription_id=3)),
       ("a/+", sub("x3", 0, "h")), ("b/#", sub("x1", 1, "g"))],
      {"x1": APP_ON, "x2": APP_OFF, "x3": APP_ON},
-     {"shared_app": [("a/+", "tbmq.msg.app.shared.a.slw", ("g", "h"), 1, False, (3,)),
-                     ("b/#", "tbmq.msg.app.shared.b.mlw", ("g",), 1, False, ())]}),
+     {"shared_app": [("a/+", "tbmq.msg.app.shared.a._slw", ("g", "h"), 1, False, (3,)),
+                     ("b/#", "tbmq.msg.app.shared.b._mlw", ("g",), 1, False, ())]}),
     ("shared APPLICATION QoS0 still goes to the shared topic", (0, False),
      [("a", sub("x1", 1, "g"))], {"x1": APP_OFF},
      {"shared_app": [("a", "tbmq.msg.app.shared.a", ("g",), 0, False, ())]}),
@@ -191,10 +191,10 @@ def test_shared_round_robin_among_connected_members():
 
 def test_shared_store_choice_and_dropped_ids():
     plan = plan_routing(PublishInfo(P, "a/x", 1), [("a/+", sub("m", 1, "g"))], {"m": OFF_P})
-    assert plan.shared_device[0].store_id == "ss_g_a/+" and plan.shared_device[0].client_id is None
+    assert plan.shared_device[0].store_id == "$share/g/a/+" and plan.shared_device[0].client_id is None
     assert plan.persisted[0].share_name == "g"
     plan = plan_routing(PublishInfo(P, "a/x", 1), [("a/+", sub("m", 1, "g")), ("t", sub("z"))], {"m": OFF})
-    assert plan.dropped == 2 and sorted(plan.dropped_clients) == ["ss_g_a/+", "z"]
+    assert plan.dropped == 2 and sorted(plan.dropped_clients) == ["$share/g/a/+", "z"]
 
 
 def test_no_local_counter_and_empty_plan():
@@ -229,28 +229,65 @@ def test_round_robin_helper():
 @pytest.mark.parametrize("client_id,expected", [
     ("abc123", "tbmq.msg.app.abc123"),
     ("ABCxyz09", "tbmq.msg.app.ABCxyz09"),
-    ("app-1", "tbmq.msg.app." + sha("app-1")),
-    ("a.b", "tbmq.msg.app." + sha("a.b")),
-    ("", "tbmq.msg.app." + sha("")),
-    ("клієнт", "tbmq.msg.app." + sha("клієнт")),
+    ("app-1", "tbmq.msg.app.h-" + sha("app-1")),
+    ("a.b", "tbmq.msg.app.h-" + sha("a.b")),
+    ("", "tbmq.msg.app.h-" + sha("")),
+    ("клієнт", "tbmq.msg.app.h-" + sha("клієнт")),
     ("a" * 236, "tbmq.msg.app." + "a" * 236),
-    ("a" * 237, "tbmq.msg.app." + sha("a" * 237)),  # would exceed Kafka's 249 chars
+    ("a" * 237, "tbmq.msg.app.h-" + sha("a" * 237)),  # would exceed Kafka's 249 chars
 ])
 def test_app_topic_name(client_id, expected):
     assert app_topic_name(client_id) == expected
     assert expected.startswith(APP_TOPIC_PREFIX) and len(expected) <= 249
 
 
+# issue 14, "names that cannot collide": each name is injective over what it is derived from
+def test_derived_names_are_injective():
+    from hypothesis import given, settings, strategies as st
+    from tbmq_routing import is_reserved_client_id, shared_app_topic_name, shared_store_id
+
+    share = st.text(alphabet=st.characters(blacklist_characters="/+#\x00"), min_size=1, max_size=6)
+    flt = st.text(alphabet="ab_/+#slwm", min_size=1, max_size=8)
+
+    @settings(max_examples=300, deadline=None)
+    @given(share, flt, share, flt)
+    def stores(s1, f1, s2, f2):
+        if (s1, f1) != (s2, f2):
+            assert shared_store_id(s1, f1) != shared_store_id(s2, f2)
+        assert is_reserved_client_id(shared_store_id(s1, f1))
+
+    @settings(max_examples=300, deadline=None)
+    @given(flt, flt)
+    def shared_topics(f1, f2):
+        if f1 != f2:
+            assert shared_app_topic_name(f1) != shared_app_topic_name(f2)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=70), st.text(max_size=70))
+    def app_topics(c1, c2):
+        if c1 != c2:
+            assert app_topic_name(c1) != app_topic_name(c2)
+
+    stores()
+    shared_topics()
+    app_topics()
+    # the collisions TBMQ's names have
+    assert shared_store_id("a_b", "c") != shared_store_id("a", "b_c")
+    assert app_topic_name(sha("x")) != app_topic_name("x.")  # "x." is hashed
+    assert not is_reserved_client_id("ss_sensor1") and is_reserved_client_id("$share/g/t")
+
+
 @pytest.mark.parametrize("f,expected", [
-    ("home/+/t/#", "tbmq.msg.app.shared.home.slw.t.mlw"),
+    ("home/+/t/#", "tbmq.msg.app.shared.home._slw.t._mlw"),
     ("a", "tbmq.msg.app.shared.a"),
-    ("#", "tbmq.msg.app.shared.mlw"),
-    ("+/+", "tbmq.msg.app.shared.slw.slw"),
-    ("a/b-c", "tbmq.msg.app.shared." + sha("a/b-c")),
+    ("#", "tbmq.msg.app.shared._mlw"),
+    ("+/+", "tbmq.msg.app.shared._slw._slw"),
+    ("a/slw", "tbmq.msg.app.shared.a.slw"),
+    ("a/b-c", "tbmq.msg.app.shared.h-" + sha("a/b-c")),
     ("a//b", "tbmq.msg.app.shared.a..b"),
-    ("a b", "tbmq.msg.app.shared." + sha("a b")),
+    ("a b", "tbmq.msg.app.shared.h-" + sha("a b")),
     ("x" * 229, "tbmq.msg.app.shared." + "x" * 229),
-    ("x" * 230, "tbmq.msg.app.shared." + sha("x" * 230)),
+    ("x" * 230, "tbmq.msg.app.shared.h-" + sha("x" * 230)),
 ])
 def test_shared_app_topic_name(f, expected):
     assert shared_app_topic_name(f) == expected
@@ -258,7 +295,7 @@ def test_shared_app_topic_name(f, expected):
 
 
 def test_shared_store_id():
-    assert shared_store_id("g", "a/+") == "ss_g_a/+"
+    assert shared_store_id("g", "a/+") == "$share/g/a/+"
 
 
 def test_package_exports():

@@ -40,6 +40,12 @@ def stored(cid="c1", *, svc="conn-1", sid="s0", connected=True, persistent=True,
                           disconnected_at_ms=disconnected_at, last_request_id=rid)
 
 
+def test_a_client_id_naming_a_shared_groups_store_is_refused():
+    out = logic.decide(None, conn_req(cid="$share/g/a/+"), RULES, NOW)
+    assert not out.response.success
+    assert out.response.failure == pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID
+
+
 # -- expiry interval and persistence -------------------------------------------------------------------
 
 @pytest.mark.parametrize("v,clean,sei,max_,exp_sei,exp_persistent", [

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 
 from tbmq_mqtt import MQTT_3_1, MQTT_5, Connect, ReasonCode
-from tbmq_routing import TopicError, validate_topic_name
+from tbmq_routing import TopicError, is_reserved_client_id, validate_topic_name
 
 CLIENT_ID_NOT_VALID = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
 TOPIC_NAME_INVALID = ReasonCode.TOPIC_NAME_INVALID
@@ -73,6 +73,8 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
             raise ConnectRefused(CLIENT_ID_NOT_VALID,
                                  "empty client identifier" + ("" if c.protocol_level == MQTT_3_1
                                                               else " without clean session"))
+    if is_reserved_client_id(client_id):  # a shared group's store id: no client may take it [MQTT-3.1.3-8]
+        raise ConnectRefused(CLIENT_ID_NOT_VALID, "client identifier reserved (a shared subscription's store)")
     if c.will is not None:
         try:
             validate_topic_name(c.will.topic)

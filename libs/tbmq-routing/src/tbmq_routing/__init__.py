@@ -12,7 +12,8 @@ Pure Python, no I/O, no dependencies. Modules:
 """
 
 from . import expiry
-from .naming import app_client_group, app_shared_group, app_topic_name, shared_app_topic_name, shared_store_id
+from .naming import (app_client_group, app_shared_group, app_topic_name, is_reserved_client_id, shared_app_topic_name,
+                     shared_store_id)
 from .rules import (
     APPLICATION,
     DEVICE,
@@ -46,6 +47,6 @@ __all__ = [
     "InvalidSharedSubscription", "InvalidTopicFilter", "InvalidTopicName", "ParsedFilter", "TopicError",
     "parse_subscription_filter", "subscribed_to", "topic_matches", "validate_topic_filter", "validate_topic_name",
     "RetainedStore", "Subscription", "SubscriptionTrie",
-    "app_topic_name", "shared_app_topic_name", "shared_store_id", "app_client_group", "app_shared_group",
+    "app_topic_name", "shared_app_topic_name", "shared_store_id", "app_client_group", "app_shared_group", "is_reserved_client_id",
     "expiry",
 ]

@@ -60,16 +60,26 @@ __all__ = [
 # ---------------------------------------------------------------------------- naming
 APP_TOPIC_PREFIX = "tbmq.msg.app."
 SHARED_APP_TOPIC_PREFIX = "tbmq.msg.app.shared."
-SHARED_STORE_PREFIX = "ss_"
-#: Kafka consumer groups of app-delivery: one per APPLICATION client, one per shared share name.
-APP_CLIENT_GROUP_PREFIX = "app-delivery."
-APP_SHARED_GROUP_PREFIX = "app-delivery.shared."
+#: a name derived from a hash starts with this: "-" is in no name derived from the text itself, so a client id
+#: or filter that looks like a hash can never take another's topic
+HASHED_PREFIX = "h-"
+#: the store id of a shared DEVICE group is "$share/<share name>/<filter>" (the subscription as the clients
+#: write it: a share name cannot contain "/" [MQTT-4.8.2-2], so the id is unambiguous); client ids that start
+#: with it are refused, so no client can connect as a group's store
+SHARED_STORE_PREFIX = "$share/"
+RESERVED_CLIENT_ID_PREFIXES = (SHARED_STORE_PREFIX,)
+#: Kafka consumer groups of app-delivery: one per APPLICATION client ("c."), one per shared share name ("s.");
+#: the two fixed prefixes keep a client id from naming a share's group
+APP_CLIENT_GROUP_PREFIX = "app-delivery.c."
+APP_SHARED_GROUP_PREFIX = "app-delivery.s."
 #: Kafka's limit on topic name length.
 KAFKA_TOPIC_MAX_LEN = 249
 
 _APP_ID_RE = re.compile(r"[A-Za-z0-9]+")
 _SHARED_FILTER_RE = re.compile(r"[a-zA-Z0-9/+#]+")
-_SHARED_MAP = str.maketrans({"/": ".", "+": "slw", "#": "mlw"})
+# "+" and "#" become "_slw" / "_mlw": "_" is not in the literal characters kept, so a literal level "slw"
+# ("slw") and a wildcard ("_slw") stay apart (TBMQ maps both to "slw")
+_SHARED_MAP = str.maketrans({"/": ".", "+": "_slw", "#": "_mlw"})
 
 
 def _sha256_hex(s: str) -> str:
@@ -78,47 +88,54 @@ def _sha256_hex(s: str) -> str:
 
 def app_topic_name(client_id: str) -> str:
     """Kafka topic of a persistent APPLICATION client: ``tbmq.msg.app.<client id>`` if the id
-    matches ``^[A-Za-z0-9]+$``, else ``tbmq.msg.app.<sha256 hex of the UTF-8 client id>``
-    (TBMQ's MqttApplicationClientUtil). Deviation: an id too long for a Kafka topic name (more
-    than 236 characters) is hashed too, since Kafka would reject the topic."""
+    matches ``^[A-Za-z0-9]+$`` and fits Kafka's name limit, else ``tbmq.msg.app.h-<sha256 hex of the
+    UTF-8 client id>``. Injective: a 64-hex client id keeps its own name, apart from every hashed one
+    (TBMQ's MqttApplicationClientUtil hashes without the ``h-``, so such an id could take another
+    client's topic)."""
     if _APP_ID_RE.fullmatch(client_id) and len(APP_TOPIC_PREFIX) + len(client_id) <= KAFKA_TOPIC_MAX_LEN:
         return APP_TOPIC_PREFIX + client_id
-    return APP_TOPIC_PREFIX + _sha256_hex(client_id)
+    return APP_TOPIC_PREFIX + HASHED_PREFIX + _sha256_hex(client_id)
 
 
 def shared_app_topic_name(topic_filter: str) -> str:
     """Kafka topic of shared APPLICATION subscriptions on ``topic_filter`` (without ``$share/``).
 
-    If the filter matches ``^[a-zA-Z0-9/+#]+$``: ``/`` -> ``.``, ``+`` -> ``slw``, ``#`` -> ``mlw``
-    (``home/+/t/#`` -> ``tbmq.msg.app.shared.home.slw.t.mlw``); else the sha256 hex of the UTF-8
-    filter. Deviation: a result longer than Kafka's 249-character limit is hashed instead.
-    Known ambiguity (as in TBMQ): ``a/+`` and ``a/slw`` map to the same topic; consumers must
-    match the record's MQTT topic (the record key) against their own filter.
-    """
+    If the filter matches ``^[a-zA-Z0-9/+#]+$``: ``/`` -> ``.``, ``+`` -> ``_slw``, ``#`` -> ``_mlw``
+    (``home/+/t/#`` -> ``tbmq.msg.app.shared.home._slw.t._mlw``); else (or when the result exceeds Kafka's
+    249 characters) ``h-`` + the sha256 hex of the UTF-8 filter. Injective: distinct filters get distinct
+    topics (TBMQ maps ``a/+`` and ``a/slw`` to one topic)."""
     if _SHARED_FILTER_RE.fullmatch(topic_filter):
         name = SHARED_APP_TOPIC_PREFIX + topic_filter.translate(_SHARED_MAP)
         if len(name) <= KAFKA_TOPIC_MAX_LEN:
             return name
-    return SHARED_APP_TOPIC_PREFIX + _sha256_hex(topic_filter)
+    return SHARED_APP_TOPIC_PREFIX + HASHED_PREFIX + _sha256_hex(topic_filter)
 
 
 def shared_store_id(share_name: str, topic_filter: str) -> str:
     """Pseudo client id under which a shared DEVICE group's messages are persisted while no
-    member is connected: ``ss_<share name>_<filter>`` (TBMQ's convention). Used as the key of the
-    tbmq.msg.persisted record and as the device-persistence store id."""
-    return f"{SHARED_STORE_PREFIX}{share_name}_{topic_filter}"
+    member is connected: ``$share/<share name>/<filter>``. Injective (a share name has no ``/``), and no
+    client can use it: client ids starting with ``$share/`` are refused (``is_reserved_client_id``). Used as
+    the key of the tbmq.msg.persisted record and as the device-persistence store id. (TBMQ's
+    ``ss_<share>_<filter>`` is neither: ``$share/a_b/c`` and ``$share/a/b_c`` share one store.)"""
+    return f"{SHARED_STORE_PREFIX}{share_name}/{topic_filter}"
+
+
+def is_reserved_client_id(client_id: str) -> bool:
+    """A client id that names something internal (a shared group's store): refused at CONNECT, by the
+    connector (CONNACK Client Identifier not valid) and by the session registry."""
+    return client_id.startswith(RESERVED_CLIENT_ID_PREFIXES)
 
 
 def app_client_group(client_id: str) -> str:
     """Kafka consumer group that reads ``app_topic_name(client_id)`` for the APPLICATION client (its
-    committed offsets are the client's acknowledged backlog): ``app-delivery.<client id>``. app-delivery
+    committed offsets are the client's acknowledged backlog): ``app-delivery.c.<client id>``. app-delivery
     consumes with it; the session registry moves its offsets when a session's backlog is skipped."""
     return APP_CLIENT_GROUP_PREFIX + client_id
 
 
 def app_shared_group(share_name: str) -> str:
     """Kafka consumer group of the APPLICATION members of one share name, across the
-    ``tbmq.msg.app.shared.<filter>`` topics of their filters: ``app-delivery.shared.<share name>``."""
+    ``tbmq.msg.app.shared.<filter>`` topics of their filters: ``app-delivery.s.<share name>``."""
     return APP_SHARED_GROUP_PREFIX + share_name
 
 

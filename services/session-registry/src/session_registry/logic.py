@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
+from tbmq_routing import is_reserved_client_id
 
 NEVER_EXPIRES = 0xFFFFFFFF
 DEVICE = pb.CLIENT_TYPE_DEVICE
@@ -200,7 +201,7 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
     client_type = rules.client_type(cid, conn.username)
     sei = rules.effective_expiry(conn.mqtt_version, conn.clean_start, conn.session_expiry_interval)
 
-    if not cid:
+    if not cid or is_reserved_client_id(cid):  # empty, or a shared group's store id (tbmq_routing.naming)
         return _failed("invalid", req, pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID, client_type, sei)
     if rules.request_max_age_ms and req.request_time_ms and now_ms - req.request_time_ms > rules.request_max_age_ms:
         return _failed("too-old", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE, client_type, sei)
