@@ -222,3 +222,16 @@ def test_redis_requires_the_password_the_services_get(compose):
     password = redis["command"][redis["command"].index("--requirepass") + 1]
     assert password and redis["environment"]["REDISCLI_AUTH"] == password
     assert compose["services"]["device-persistence"]["environment"]["REDIS_PASSWORD"] == password
+
+
+def test_the_collector_scrapes_every_services_metrics_on_its_health_port(compose):
+    """Issue 16: /metrics is served on the health port (tbmq_platform.metrics); the collector of compose
+    scrapes every service there, every replica by DNS, and health ports listen on the compose network."""
+    collector = yaml.safe_load((ROOT / "infra" / "otel" / "collector.yaml").read_text())
+    scrape = collector["receivers"]["prometheus"]["config"]["scrape_configs"]
+    targets = {c["names"][0]: c["port"] for job in scrape for c in job["dns_sd_configs"]}
+    for name in SERVICE_DIRS:
+        env = compose["services"][name]["environment"]
+        assert targets.get(name) == int(env["HEALTH_PORT"]), name
+        assert env["HEALTH_HOST"] == "0.0.0.0"
+    assert "prometheus" in collector["service"]["pipelines"]["metrics"]["receivers"]

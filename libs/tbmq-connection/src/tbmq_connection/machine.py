@@ -99,6 +99,7 @@ CONNECT_TIMEOUT = "connect"
 KEEP_ALIVE = "keep_alive"
 
 RC = ReasonCode
+_MSGS_IN = ("msgs_in_qos0", "msgs_in_qos1", "msgs_in_qos2")  # stats keys (Prometheus tbmq_messages_received)
 _SESSION_FAILURE = {pb.SESSION_FAILURE_QUOTA_EXCEEDED: RC.QUOTA_EXCEEDED,
                     pb.SESSION_FAILURE_SERVER_UNAVAILABLE: RC.SERVER_UNAVAILABLE,
                     pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID: RC.CLIENT_IDENTIFIER_NOT_VALID,
@@ -407,7 +408,7 @@ class ConnectionMachine:
                 stats["dropped_too_large"] += 1  # [MQTT-3.1.2-25]
                 return self.effects
             self.effects.append(Send(data))
-            stats["msgs_out"] += 1
+            stats["msgs_out_qos0"] += 1
             return self.effects
         out = OutMsg(qos, kind, pkt, fixed_id, False, ref)
         if not self.out.offer(out, force=kind != LIVE):
@@ -660,7 +661,7 @@ class ConnectionMachine:
                                     f"more than {self.inbound.receive_maximum} QoS 1/2 PUBLISHes unacknowledged")
         msg = publish_msg(p, topic, publisher_id=self.client_id, service_id=self.cfg.service_id,
                           mqtt_version=self.level, now_ms=now)
-        self.stats["msgs_in"] += 1
+        self.stats[_MSGS_IN[qos]] += 1
         eff = ProducePublish(msg, topic, p.retain, qos, pid)
         if qos:
             eff.pending = 2 if p.retain else 1  # tbmq.msg.all, and tbmq.msg.retained
@@ -773,9 +774,11 @@ class ConnectionMachine:
                 return
             chunks = []
             freed = False
+            qos2 = pubrels = 0
             for m in ready:
                 if m.pubrel_only:
                     chunks.append(encode(PubRel(m.packet_id), level))
+                    pubrels += 1
                     continue
                 pkt = m.publish
                 pkt.packet_id = m.packet_id
@@ -792,9 +795,11 @@ class ConnectionMachine:
                     self._delivered(m)
                     freed = True
                     continue
+                qos2 += pkt.qos == 2
                 chunks.append(data)
             if chunks:
-                self.stats["msgs_out"] += len(chunks)
+                self.stats["msgs_out_qos1"] += len(chunks) - qos2 - pubrels
+                self.stats["msgs_out_qos2"] += qos2
                 self.effects.append(Send(b"".join(chunks) if len(chunks) > 1 else chunks[0]))
             if not freed:
                 return

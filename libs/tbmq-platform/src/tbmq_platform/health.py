@@ -1,5 +1,7 @@
 """A tiny HTTP health endpoint per service: GET /healthz (alive) and GET /readyz (state rebuilt, serving).
 
+GET /metrics: Prometheus text (tbmq_platform.metrics) when the service gave its Metrics.
+
 /readyz is 200 only while the service says it is ready AND every registered check passes: a check is a
 callable returning None (fine) or why not (a stopped background loop, a follower that cannot fetch), so
 readiness follows the service's loops for as long as it runs instead of being set once at start-up. The
@@ -20,8 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, service: str, details: Callable[[], dict] | None = None):
+    def __init__(self, host: str, port: int, service: str, details: Callable[[], dict] | None = None,
+                 metrics=None):
         self.host, self.port, self.service = host, port, service
+        self.metrics = metrics  # tbmq_platform.metrics.Metrics: GET /metrics
         self.ready = False
         self.details = details or (lambda: {})
         self.checks: dict[str, Callable[[], str | None]] = {}
@@ -59,6 +63,10 @@ class HealthServer:
                 pass
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) > 1 else "/"
+            if path.startswith("/metrics") and self.metrics is not None:
+                from .metrics import CONTENT_TYPE
+
+                return await self._send(writer, 200, "OK", CONTENT_TYPE, await self.metrics.exposition())
             problems = self.problems()
             if path.startswith("/readyz"):
                 ok = self.ready and not problems
@@ -79,10 +87,13 @@ class HealthServer:
         finally:
             writer.close()
 
-    @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
+    @classmethod
+    async def _reply(cls, writer: asyncio.StreamWriter, status: int, body: dict) -> None:
         reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
-        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        await cls._send(writer, status, reason, "application/json", json.dumps(body).encode())
+
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, status: int, reason: str, ctype: str, data: bytes) -> None:
+        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
                      f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
         await writer.drain()

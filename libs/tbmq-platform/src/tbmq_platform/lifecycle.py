@@ -17,6 +17,7 @@ from typing import Any
 from .health import HealthServer
 from .kafka import configure_security
 from .logs import configure_logging
+from .metrics import Metrics
 from .settings import CommonSettings
 from .telemetry import configure_telemetry
 
@@ -30,6 +31,7 @@ class Service:
         self.settings = settings
         self._tasks: set[asyncio.Task] = set()
         self._failed: asyncio.Future | None = None
+        self.metrics = Metrics()  # GET /metrics on the health port: sources registered in start()
 
     # -- to override -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -84,7 +86,7 @@ async def serve(service: Service, settings: CommonSettings, *, install_signals: 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
-                          service.health_details)
+                          service.health_details, service.metrics)
     await health.start()
     failed = service.failed()
     code = 0

@@ -59,6 +59,12 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
             raise RuntimeError(f"cannot listen on {s.grpc_host}:{s.grpc_port}")
         await self.server.start()
         log.info("AppDelivery gRPC on %s:%d", s.grpc_host, self.grpc_port)
+        m = self.metrics  # GET /metrics (tbmq_platform.metrics), read at scrape time
+        m.gauge("app_streams", "APPLICATION clients streamed by this instance", lambda: len(self.streams))
+        m.counter("app_topics_removed", "APPLICATION topics deleted after their session ended",
+                  lambda: self.removed_count)
+        m.lag("consumer_lag", lambda: [(src.group, src.consumer) for st in list(self.streams.values())
+                                       for src in st.sources if src.consumer is not None])
 
     async def stop(self) -> None:
         self._stopping = True

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import grpc
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
+from tbmq_platform.metrics import grpc_client_interceptors
 from tbmq_platform.tracing import grpc_metadata
 
 log = logging.getLogger(__name__)
@@ -337,7 +338,10 @@ class DevicePersistenceClient:
                  ack_batch_max: int = 2000, ack_max_calls: int = 4) -> None:
         self.targets = (targets,) if isinstance(targets, str) else tuple(targets)
         self.timeout = timeout
-        self._channels = [grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS) for t in self.targets]
+        self.observe = None  # (method, seconds) per unary call: the connector's tbmq_grpc_call histogram
+        self._channels = [grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS,
+                                                    interceptors=grpc_client_interceptors(lambda: self.observe))
+                          for t in self.targets]
         self._stubs = [sgrpc.DevicePersistenceStub(c) for c in self._channels]
         self._turn = itertools.count()
         self.links: list[ForwardLink] = []

@@ -159,9 +159,32 @@ class ConnectorService(Service):
         for li in s.listeners():
             await self._listen(li, ssl_ctx)
         self.mqtt_port = self.bound.get("mqtt", 0)
+        self._register_metrics()
         log.info("connector %s: listening on %s (%d retained, %d subscription sets)", self.service_id,
                  ", ".join(f"{li.name} {li.host}:{self.bound[li.name]}" for li in s.listeners()),
                  len(self.retained), len(self._subs_raw))
+
+    def _register_metrics(self) -> None:
+        """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time (nothing per message)."""
+        m, st = self.metrics, self.stats
+        m.gauge("connections", "open MQTT connections", lambda: len(self.connections))
+        m.gauge("clients", "connected clients (CONNACK sent)", lambda: len(self.by_client))
+        m.counters_by("messages_received", "PUBLISH packets received from clients", st, "qos",
+                      {"0": "msgs_in_qos0", "1": "msgs_in_qos1", "2": "msgs_in_qos2"})
+        m.counters_by("messages_sent", "PUBLISH packets sent to clients", st, "qos",
+                      {"0": "msgs_out_qos0", "1": "msgs_out_qos1", "2": "msgs_out_qos2"})
+        m.counter("messages_dropped", "messages not delivered to a client, by reason",
+                  lambda: {(k.removeprefix("dropped_"),): v for k, v in st.items() if k.startswith("dropped_")},
+                  ("reason",))
+        m.counter("wills_sent", "Will messages published", lambda: st["wills_sent"])
+        m.gauge("retained_messages", "retained messages this connector holds", lambda: len(self.retained))
+        m.gauge("pending_wills", "delayed Wills waiting", lambda: len(self.wills.pending))
+        m.gauge("outbound_queued_messages", "messages queued for clients and not yet sent or acknowledged",
+                lambda: sum(len(c.m.out) for c in self.connections if c.m is not None))
+        m.lag("consumer_lag", lambda: [("downlink", self.data)] if self.data is not None else [])
+        if self.device is not None:
+            latency = m.histogram("grpc_call", "unary gRPC calls to device-persistence", ("method",))
+            self.device.observe = lambda method, secs: latency.labels(method).observe(secs)
 
     async def _listen(self, li: Listener, ssl_ctx) -> None:
         """One listener: TCP or TLS; WebSocket ones put `websocket.WebSocketAdapter` in front of the same

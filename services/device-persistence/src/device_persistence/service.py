@@ -106,6 +106,26 @@ class DevicePersistenceService(Service):
         self._loop_task = self.spawn(self._consume(), "persisted consumer")
         # routed messages not yet saved for their clients, against tbmq.msg.persisted's retention
         self.retention = await RetentionWatch.started(s, s.group_id, lambda: [MSG_PERSISTED])
+        self._register_metrics()
+
+    def _register_metrics(self) -> None:
+        """GET /metrics (tbmq_platform.metrics): read from the counters above at scrape time."""
+        m, st, fw, store = self.metrics, self.stats, self.forwards.stats, self.store.stats
+        m.counter("stored_messages", "messages saved to Redis for persistent DEVICE clients", lambda: st["saved"])
+        m.counter("stored_trimmed", "stored messages dropped (oldest first) to keep a client's limit",
+                  lambda: store.trimmed)
+        m.counter("persisted_records", "tbmq.msg.persisted records consumed", lambda: st["records"])
+        m.counter("forwarded_messages", "stored messages forwarded to connectors on Forward streams",
+                  lambda: fw["forwarded"])
+        m.counters_by("forward_dropped", "forwards not sent (the messages stay in Redis)", fw, "reason",
+                      {"stream_overflow": "forward_dropped", "no_stream": "forward_no_stream"})
+        m.counters_by("failures", "failed operations (retried)", st, "what",
+                      {"save": "save_failures", "commit": "commit_failures", "bad_record": "bad_records"})
+        m.gauge("forward_streams", "open Forward streams (one per connector)", lambda: len(self.forwards))
+        m.gauge("forward_queued_bytes", "bytes queued on Forward streams", self.forwards.queued_bytes)
+        m.lag("consumer_lag", lambda: [(self.s.group_id, self.consumer)] if self.consumer is not None else [])
+        redis_latency = m.histogram("redis_call", "Redis script calls (one call or pipelined batch)", ("script",))
+        self.store.observe = lambda name, secs: redis_latency.labels(name).observe(secs)
 
     async def stop(self) -> None:
         # 1. end the forward streams (connectors reopen on another instance or after the restart) and stop

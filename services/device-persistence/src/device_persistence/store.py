@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +231,9 @@ class DeviceMsgStore:
         # Callers may gather thousands of calls; redis-py's pools raise MaxConnectionsError beyond 100
         # connections, so requests queue here instead.
         self._in_flight = asyncio.Semaphore(config.max_in_flight)
+        # (script name, seconds) per script call or pipelined batch of calls: the service's Redis latency
+        # histogram (tbmq_platform.metrics); None = not observed
+        self.observe: Callable[[str, float], None] | None = None
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -347,7 +350,12 @@ class DeviceMsgStore:
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """EVALSHA through redis-py's registered script, which reloads it after NOSCRIPT."""
         async with self._in_flight:
-            return await self._scripts[name](keys=keys, args=args)
+            t0 = time.perf_counter()
+            try:
+                return await self._scripts[name](keys=keys, args=args)
+            finally:
+                if self.observe is not None:
+                    self.observe(name, time.perf_counter() - t0)
 
     async def _call_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """One EVALSHA per call, pipelined (chunks of pipeline_chunk run concurrently; in cluster mode the
@@ -356,6 +364,14 @@ class DeviceMsgStore:
         script = self._scripts[name]
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        t0 = time.perf_counter()
+        try:
+            return await self._call_many_attempts(name, script, calls, results, todo)
+        finally:
+            if self.observe is not None:
+                self.observe(name, time.perf_counter() - t0)
+
+    async def _call_many_attempts(self, name: str, script: Any, calls, results: list[Any], todo: list[int]):
         for attempt in range(3):
             chunk = self.config.pipeline_chunk
             parts = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]

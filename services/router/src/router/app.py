@@ -44,6 +44,7 @@ from tbmq_platform import topics
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.health import HealthServer
+from tbmq_platform.metrics import Metrics
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
@@ -506,8 +507,9 @@ class RouterRuntime(Service):
         self.settings = settings
         self.app = app
         self.routing = state or RoutingState()
+        self.metrics = Metrics()
         self.health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
-                                   self.health_details)
+                                   self.health_details, self.metrics)
         self.views: CompactedViews | None = None
         self.barrier: Barrier | None = None
         self.barrier_stalls = 0
@@ -553,12 +555,34 @@ class RouterRuntime(Service):
         await asyncio.wait_for(self.views.start(), s.rebuild_timeout_s)
         self.barrier = self.views.barrier()  # both views: see handle_batch
         self.health.check("state views", self.views.problem)  # routing on a frozen table is not ready
+        self._register_metrics()
         # acknowledged messages the router has not routed yet, against tbmq.msg.all's retention
         self.retention = await RetentionWatch.started(s, s.group_id, lambda: [topics.MSG_ALL])
         self.rebuilt_in = time.monotonic() - t0
         gc.collect()
         gc.freeze()  # the rebuilt trie is long-lived: keep it out of the GC's generations
         log.info("state rebuilt in %.2fs: %s", self.rebuilt_in, self.routing.stats())
+
+    def _register_metrics(self) -> None:
+        """GET /metrics (tbmq_platform.metrics): the routing counters, read at scrape time."""
+        m, c = self.metrics, self.routing.counters
+        m.gauge("subscriptions", "subscriptions in the router's trie", lambda: len(self.routing.trie))
+        m.gauge("sessions", "sessions the router knows", lambda: len(self.routing.sessions))
+        m.counter("routed_messages", "tbmq.msg.all records routed", lambda: c["routed"])
+        m.counter("routed_records", "records produced for routed messages", lambda: c["records"])
+        m.counters_by("router_dropped", "messages or copies not routed, by reason", c, "reason",
+                      {"expired": "expired", "no_subscriber": "empty", "undecodable": "undecodable",
+                       "copy_dropped": "dropped_copies"})
+        m.gauge("router_inflight", "routed messages waiting for Kafka's acknowledgement",
+                lambda: self.pipeline.inflight if self.pipeline is not None else 0)
+
+        def consumers():
+            # Faust's consumer -> its (in-loop) consumer thread -> the aiokafka consumer; none before start
+            thread = getattr(getattr(self.app, "_consumer", None) or self.app.consumer, "_thread", None)
+            consumer = getattr(thread, "_consumer", None)
+            return [(self.settings.group_id, consumer)] if consumer is not None else []
+
+        m.lag("consumer_lag", consumers)
 
     async def on_stop(self) -> None:
         self.health.ready = False

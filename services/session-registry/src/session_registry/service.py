@@ -126,6 +126,19 @@ class SessionRegistry(Service):
         # the backlog of every APPLICATION session (offline ones too: that is where retention bites) against
         # its topic's retention; each registry instance watches them all
         self.retention = await RetentionWatch.started(s, self._app_group_of, self._watched_app_topics)
+        self._register_metrics()
+
+    def _register_metrics(self) -> None:
+        """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time."""
+        m, st = self.metrics, self.stats
+        m.gauge("sessions", "sessions the registry holds", lambda: self.store.sessions)
+        m.gauge("application_sessions", "sessions of APPLICATION clients", lambda: self.store.applications)
+        m.counter("session_requests", "session event requests consumed", lambda: st["requests"])
+        m.counter("registry_transactions", "Kafka transactions committed", lambda: st["transactions"])
+        m.counter("registry_transactions_aborted", "Kafka transactions aborted (the batch is retried)",
+                  lambda: st["aborted"])
+        m.gauge("owned_request_partitions", "request partitions this instance owns", lambda: len(self.owned))
+        m.lag("consumer_lag", lambda: [(self.s.group_id, self.consumer)] if self.consumer is not None else [])
 
     async def stop(self) -> None:
         self._stopping = True
