@@ -32,6 +32,9 @@ async def start_suite(workdir: Path, env: dict[str, str]):
         raise BrokerUnavailable(f"tbmq-py connector has no __main__ yet (services present: {have or 'none'})")
     # the layout a user of `make run` gets: one instance of each service, single-node topic partitions, and
     # the launcher's supervisor restarting what dies (the "faults" scenario kills services)
+    # every client of the bench comes from 127.0.0.1: the per-address connect rate limit (a protection against
+    # one source, MQTT_CONNECT_RATE_PER_IP) would measure itself in the connect storm, so it is off here
+    env = {"MQTT_CONNECT_RATE_PER_IP": "0", **env}
     suite = Suite(services=have, ports="free", run_dir=workdir, env=env, fresh=True, log_format="json",
                   start_timeout=120.0, topic_profile="single-node", supervise=True)
     await suite.start()

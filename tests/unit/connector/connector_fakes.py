@@ -14,6 +14,7 @@ from collections import Counter
 from connector.connection import Connection
 from connector.settings import ConnectorSettings
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_connection.limits import Admission
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_mqtt import Connect, MqttDecoder, Properties, Role, encode
 from tbmq_platform.settings import load
@@ -94,8 +95,12 @@ class FakeTransport:
 class FakePort:
     """connector.port.ConnectionPort with recording fakes; the registry answers every request with `answer`."""
 
-    def __init__(self, answer: pb.SessionEventResponse | None = None, *, subs: dict | None = None) -> None:
-        self.settings = load(ConnectorSettings, {})
+    def __init__(self, answer: pb.SessionEventResponse | None = None, *, subs: dict | None = None,
+                 env: dict | None = None) -> None:
+        self.settings = load(ConnectorSettings, env or {})
+        self.admission = Admission(self.settings.max_connections, self.settings.connect_rate_per_ip,
+                                   self.settings.connect_burst_per_ip)
+        self.clock = 0.0  # the admission's time (the test advances it)
         self.stats: Counter = Counter()
         self.spans = False
         self.device = FakeDevice()
@@ -116,6 +121,9 @@ class FakePort:
 
     def new_machine(self, address: str) -> ConnectionMachine:
         return ConnectionMachine(MachineConfig(service_id="c-1"), stats=self.stats, address=address)
+
+    def admit(self, ip: str):
+        return self.admission.admit(len(self.connections), ip, self.clock)  # the service's rule, a fake clock
 
     def connection_opened(self, conn) -> None:
         self.connections.add(conn)

@@ -114,3 +114,41 @@ async def test_connection_lost_reports_the_disconnect_and_sends_the_will():
     assert port.wills == [("a", will, 0)]
     (info, graceful, _expiry), = port.disconnects
     assert not graceful and info.client_id == "a"
+
+
+async def test_connections_over_the_limits_are_closed_before_connect():
+    # issue 14, limits: MQTT_MAX_CONNECTIONS per connector, MQTT_CONNECT_RATE_PER_IP (token bucket per address)
+    port = FakePort(env={"MQTT_MAX_CONNECTIONS": "2", "MQTT_CONNECT_RATE_PER_IP": "1",
+                         "MQTT_CONNECT_BURST_PER_IP": "10"})
+    conns = []
+    for _ in range(3):
+        conn, transport = Connection(port), FakeTransport()
+        conn.connection_made(transport)
+        conns.append((conn, transport))
+    assert [t.aborted for _c, t in conns] == [False, False, True]
+    assert port.stats["refused_max_connections"] == 1
+    conns[2][0].data_received(encode(Connect(protocol_level=4, client_id="late"), 4))  # ignored, no machine
+    assert conns[2][1].data == b""
+
+    port = FakePort(env={"MQTT_CONNECT_RATE_PER_IP": "2", "MQTT_CONNECT_BURST_PER_IP": "3"})
+    aborted = []
+    for _ in range(4):
+        conn, transport = Connection(port), FakeTransport()
+        conn.connection_made(transport)
+        aborted.append(transport.aborted)
+    assert aborted == [False, False, False, True] and port.stats["refused_connect_rate"] == 1
+    port.clock += 0.5  # one token back at 2/s
+    conn, transport = Connection(port), FakeTransport()
+    conn.connection_made(transport)
+    assert not transport.aborted
+
+
+async def test_reading_pauses_on_bytes_held_not_only_on_packets():
+    # issue 14, limits: what a client can make one connection hold is bounded in bytes (MQTT_INBOUND_BUFFER_BYTES)
+    port = FakePort(env={"MQTT_INBOUND_BUFFER_BYTES": "4096", "MQTT_INBOUND_QUEUE_MAX": "1000"})
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="big", clean_start=True))
+    big = encode(Publish(topic="t", payload=b"x" * 3000, qos=0), 4)
+    conn.data_received(big + big)  # two packets, 6 KB: over the byte bound, far under the packet bound
+    assert transport.paused
+    await until(lambda: not transport.paused)  # processed: reading goes on
+    assert len(port.produced) == 2

@@ -81,6 +81,7 @@ class Connection(asyncio.Protocol):
         self.address = ""
         self.decoder = MqttDecoder(max_packet_size=self.s.max_packet_size)
         self.inq: deque = deque()
+        self._inq_bytes = 0  # bytes received since the inbound queue was last empty (MQTT_INBOUND_BUFFER_BYTES)
         self._wake: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._reading_paused = False
@@ -113,6 +114,11 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        refused = self.port.admit(peer[0] if isinstance(peer, tuple) and peer else str(peer))
+        if refused is not None:  # over MQTT_MAX_CONNECTIONS or the address's connect rate: closed before CONNECT
+            self.port.stats[f"refused_{refused}"] += 1
+            transport.abort()
+            return
         transport.set_write_buffer_limits(high=self.s.write_buffer_high)  # type: ignore[attr-defined]
         self.m = self.port.new_machine(self.address)
         self.port.connection_opened(self)
@@ -122,7 +128,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         m = self.m
-        if m.state == CLOSED:
+        if m is None or m.state == CLOSED:  # None: refused at connection_made
             return
         if m.keep_alive:
             m.bytes_received(_now_ms())
@@ -132,9 +138,12 @@ class Connection(asyncio.Protocol):
             m.decode_error(exc, _now_ms())
             self._drain()
             return
+        self._inq_bytes += len(data)
         if packets:
             self.inq.extend(packets)
-            if len(self.inq) >= self.s.inbound_queue_max and not self._reading_paused:
+            if (len(self.inq) >= self.s.inbound_queue_max or self._inq_bytes >= self.s.inbound_buffer_bytes) \
+                    and not self._reading_paused:
+                # bounded in packets and in bytes: what a client can make this connection hold
                 self._reading_paused = True
                 self.transport.pause_reading()
             w = self._wake
@@ -237,7 +246,10 @@ class Connection(asyncio.Protocol):
                     m.pubacks(run, _now_ms())
                 else:
                     m.packet(packet, _now_ms())
-                if self._reading_paused and len(inq) < self.s.inbound_queue_max // 2:
+                if not inq:
+                    self._inq_bytes = 0
+                if self._reading_paused and len(inq) < self.s.inbound_queue_max // 2 \
+                        and self._inq_bytes < self.s.inbound_buffer_bytes:
                     self._reading_paused = False
                     self.transport.resume_reading()
                 effects = m.effects

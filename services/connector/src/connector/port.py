@@ -24,6 +24,9 @@ class ConnectionPort(Protocol):
     def new_machine(self, address: str) -> ConnectionMachine:
         """The state machine of a new connection (the service's limits, stats and retained store)."""
 
+    def admit(self, ip: str) -> str | None:
+        """None when a new TCP connection from `ip` may go on, else why not (tbmq_connection.limits)."""
+
     # routing of what arrives for a connection (downlinks, forwards, disconnect commands)
     def connection_opened(self, conn: Connection) -> None: ...
     def connection_closed(self, conn: Connection) -> None:

@@ -46,6 +46,7 @@ from tbmq_platform.topics import (
 )
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_connection import ConnectionMachine, MachineConfig
+from tbmq_connection.limits import Admission
 from tbmq_connection.convert import publish_msg
 from tbmq_routing import RetainedStore, subscribed_to
 
@@ -98,6 +99,8 @@ class ConnectorService(Service):
         # shared DEVICE group store id (ss_<share>_<filter>) -> the local member that attached it last
         self.by_store: dict[str, Connection] = {}
         self.stats: Counter = Counter()
+        self.admission = Admission(settings.max_connections, settings.connect_rate_per_ip,
+                                   settings.connect_burst_per_ip)
         self.adaptive_fetch: AdaptiveFetch | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self.bound: dict[str, int] = {}  # listener name (mqtt, mqtts, ws, wss) -> bound port
@@ -177,6 +180,8 @@ class ConnectorService(Service):
                   lambda: {(k.removeprefix("dropped_"),): v for k, v in st.items() if k.startswith("dropped_")},
                   ("reason",))
         m.counter("wills_sent", "Will messages published", lambda: st["wills_sent"])
+        m.counters_by("connections_refused", "TCP connections closed before CONNECT, by limit", st, "reason",
+                      {"max_connections": "refused_max_connections", "connect_rate": "refused_connect_rate"})
         m.gauge("retained_messages", "retained messages this connector holds", lambda: len(self.retained))
         m.gauge("pending_wills", "delayed Wills waiting", lambda: len(self.wills.pending))
         m.gauge("outbound_queued_messages", "messages queued for clients and not yet sent or acknowledged",
@@ -269,6 +274,9 @@ class ConnectorService(Service):
     def new_machine(self, address: str) -> ConnectionMachine:
         return ConnectionMachine(self.machine_config, stats=self.stats, retained=self.retained.match_filter,
                                  address=address)
+
+    def admit(self, ip: str) -> str | None:
+        return self.admission.admit(len(self.connections), ip, time.monotonic())
 
     def connection_opened(self, conn: Connection) -> None:
         self.connections.add(conn)

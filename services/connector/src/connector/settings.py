@@ -96,6 +96,20 @@ class ConnectorSettings(CommonSettings):
     inbound_queue_max: int = env(
         "MQTT_INBOUND_QUEUE_MAX", 1000, parse=integer(1),
         doc="decoded packets waiting per connection before reading from its socket pauses")
+    inbound_buffer_bytes: int = env(
+        "MQTT_INBOUND_BUFFER_BYTES", 1024 * 1024, parse=integer(1024),
+        doc="bytes received and not yet processed per connection before reading from its socket pauses "
+            "(what one connection can hold: this, plus one read and one partial packet)")
+    max_connections: int = env(
+        "MQTT_MAX_CONNECTIONS", 100_000, parse=integer(1),
+        doc="open connections per connector; a connection over it is closed at once, before CONNECT")
+    connect_rate_per_ip: float = env(
+        "MQTT_CONNECT_RATE_PER_IP", 200.0, parse=number(0),
+        doc="new connections per second from one IP address (token bucket, burst MQTT_CONNECT_BURST_PER_IP); "
+            "more are closed at once, before CONNECT; 0 = no limit")
+    connect_burst_per_ip: int = env(
+        "MQTT_CONNECT_BURST_PER_IP", 1000, parse=integer(1),
+        doc="connections one IP address may open at once before MQTT_CONNECT_RATE_PER_IP applies")
     device_persistence_grpc_targets: tuple[str, ...] = env(
         "DEVICE_PERSISTENCE_GRPC_TARGETS", ("localhost:50061",), parse=host_ports,
         fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
