@@ -228,6 +228,25 @@ def test_will_v3_at_once_on_a_lost_connection_not_after_disconnect():
     assert c.of(ScheduleWill) == [] and c.of(ReportDisconnect)[0].graceful   # [MQTT-3.1.2-10]
 
 
+def test_connection_request_carries_the_will_for_the_registry_and_the_disconnect_does_not():
+    # the registry publishes it should this connector die [MQTT-3.1.2-8] (docs/session-registry.md)
+    will = Will(topic="w/dev", payload=b"bye", qos=1, retain=True,
+                properties=Properties(will_delay_interval=30, content_type="text/plain"))
+    c = Client(5)
+    c.connect(answer(sei=60), will=will, properties=Properties(session_expiry_interval=60))
+    assert c.request.HasField("will") and c.request.will_delay == 30
+    w = c.request.will
+    assert (w.topic, w.payload, w.qos, w.retain, w.content_type, w.publisher_id) == (
+        "w/dev", b"bye", 1, True, "text/plain", "dev")
+    c.send(Disconnect())
+    (report,) = c.of(ReportDisconnect)
+    assert not report.session.HasField("will")
+
+    c = Client(4)
+    c.connect()
+    assert not c.request.HasField("will") and c.request.will_delay == 0
+
+
 @pytest.mark.parametrize("reason,sei,delay", [(RC.DISCONNECT_WITH_WILL_MESSAGE, 60, 30), (None, 10, 10),
                                               (None, 0, 0)])
 def test_will_delay_is_bounded_by_the_session(reason, sei, delay):

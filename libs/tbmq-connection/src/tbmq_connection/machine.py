@@ -59,8 +59,9 @@ from tbmq_mqtt import (
     server_error_response,
 )
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
+from tbmq_routing.wills import will_delay_seconds
 
-from .connect import ConnectRefused, plan_connect, will_delay_seconds
+from .connect import ConnectRefused, plan_connect
 from .convert import outbound_publish, publish_msg, topic_subscription
 from .effects import (
     AckApp,
@@ -595,7 +596,16 @@ class ConnectionMachine:
             keep_alive=plan.keep_alive, connected_at_ms=now, client_address=self.address,
             username=c.username or "")
         self.request_sent = True
-        self.effects.append(RequestSession(self.session))
+        request = self.session
+        if c.will is not None:
+            # the registry keeps the Will with the connected session and publishes it should this connector
+            # die [MQTT-3.1.2-8]; the DISCONNECTION_REQUEST (self.session) does not carry it
+            request = pb.SessionInfo()
+            request.CopyFrom(self.session)
+            request.will.CopyFrom(publish_msg(c.will, c.will.topic, publisher_id=self.client_id,
+                                              service_id=cfg.service_id, mqtt_version=self.level, now_ms=now))
+            request.will_delay = plan.will_delay
+        self.effects.append(RequestSession(request))
 
     def _accept(self) -> None:
         """CONNACK success, then the persistent session's stored messages / stream."""

@@ -14,6 +14,12 @@ After UNSUBACK (docs/connector.md, "Subscriptions take effect at SUBACK"): a liv
 connection only while one of its current subscriptions matches the message's topic, so a copy the router
 routed before the unsubscribe and still in flight on tbmq.msg.downlink.basic.<svc> is dropped once UNSUBACK
 is sent ([MQTT-3.10.4-2]: no new messages for the removed filters).
+Liveness (docs/connector.md, "Heartbeat"): each run of the connector has an incarnation id and sends a
+ConnectorHeartbeat (tbmq.connector.heartbeat, key = service id) every CONNECTOR_HEARTBEAT_INTERVAL_MS, the
+first before the MQTT listener opens; a graceful stop sends one with `stopped` after its connections were
+closed and their DISCONNECTION_REQUESTs and Wills acknowledged by Kafka, so the registry ends what is left at
+once. A run that goes silent is declared dead by the session registry, which ends its sessions and publishes
+its clients' Wills; a CONNECT of a run declared dead is refused (fencing).
 Retained at SUBSCRIBE: `retained_caught_up` (the retained view's barrier) before the retained messages are
 sent, so a retained PUBLISH acknowledged (on any connector) before the SUBSCRIBE arrived is among them.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 
@@ -36,6 +43,7 @@ from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (
     CLIENT_SESSION,
     CLIENT_SUBSCRIPTIONS,
+    CONNECTOR_HEARTBEAT,
     MSG_ALL,
     MSG_RETAINED,
     disconnect_topic,
@@ -48,6 +56,7 @@ from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection.convert import publish_msg
 from tbmq_routing import RetainedStore, subscribed_to
+from tbmq_routing.wills import publish_records
 
 from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
@@ -79,6 +88,7 @@ class ConnectorService(Service):
         super().__init__(settings)
         self.settings: ConnectorSettings = settings
         self.service_id = settings.instance_id
+        self.incarnation = uuid.uuid4().hex         # this run of the connector (fencing, heartbeats)
         self.retained = RetainedStore()
         self._subs_raw: dict[str, bytes] = {}
         self.wills = Wills(self._publish_will)
@@ -126,7 +136,7 @@ class ConnectorService(Service):
                             layout=s.topic_layout)
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
-        self.sessions = SessionEvents(self.producer)
+        self.sessions = SessionEvents(self.producer, self.incarnation)
         # the three compacted views on one consumer (tbmq_platform.compacted)
         self.views = CompactedViews(bootstrap, client_id=f"{self.service_id}-views")
         self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
@@ -151,6 +161,8 @@ class ConnectorService(Service):
         self.device.start_forwarding(self.service_id, on_batch=self._on_forwards,
                                      on_open=self._on_forward_link, on_close=self._on_forward_link)
         self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
+        await self._heartbeat()                 # known to the registry before any CONNECT of this run
+        self.spawn(self._heartbeat_loop(), "heartbeat")
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")
         loop = asyncio.get_running_loop()
@@ -175,6 +187,11 @@ class ConnectorService(Service):
             except Exception:
                 log.exception("producer flush failed")
         await self.cancel_tasks()
+        if self.producer is not None and self._server is not None:
+            try:   # after the DISCONNECTION_REQUESTs and Wills (flushed): no false "dead", no timeout wait
+                await asyncio.wait_for(self._heartbeat(stopped=True), 10)
+            except Exception:
+                log.exception("stopped heartbeat not sent (the registry declares this run dead after its timeout)")
         for part in (self.control, self.data, self.views):
             if part is None:
                 continue
@@ -272,14 +289,14 @@ class ConnectorService(Service):
         or None). Never waits for the acknowledgement. `headers` default: the current trace context."""
         if headers is None:
             headers = kafka_headers()
-        key = topic.encode("utf-8")
-        value = msg.SerializeToString()
-        fut = await self.producer.send(MSG_ALL, value, key=key, headers=headers)
+        # msg.topic == topic and msg.retain == retain (tbmq_connection.convert.publish_msg); the retained copy
+        # (an empty payload deletes it [MQTT-3.3.1-6/-7]): tbmq_routing.wills.publish_records, also the registry's
+        records = publish_records(msg, MSG_ALL, MSG_RETAINED)
+        fut = await self.producer.send(records[0][0], records[0][2], key=records[0][1], headers=headers)
         fut2 = None
-        if retain:
-            # the connector owns retained storage: an empty payload deletes it [MQTT-3.3.1-6/-7]
-            fut2 = await self.producer.send(MSG_RETAINED, value if msg.payload else None, key=key,
-                                            headers=headers)
+        if len(records) > 1:
+            t, key, value = records[1]
+            fut2 = await self.producer.send(t, value, key=key, headers=headers)
         return fut, fut2
 
     async def produce_subscriptions(self, client_id: str, subs, client_type: int) -> None:
@@ -302,6 +319,23 @@ class ConnectorService(Service):
             if fut2 is not None:
                 await fut2
         self.spawn_bg(go())
+
+    async def _heartbeat(self, stopped: bool = False) -> None:
+        hb = pb.ConnectorHeartbeat(service_id=self.service_id, incarnation=self.incarnation,
+                                   sent_at_ms=int(time.time() * 1000), stopped=stopped)
+        fut = await self.producer.send(CONNECTOR_HEARTBEAT, hb.SerializeToString(),
+                                       key=self.service_id.encode("utf-8"))
+        await fut
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.wait_for(self._heartbeat(), interval * 2)
+            except Exception as exc:   # Kafka unreachable: the registry may declare this run dead
+                self.stats["heartbeats_failed"] += 1
+                log.warning("heartbeat not sent: %r", exc)
 
     # ------------------------------------------------------------------------------------ views
     def _apply_retained(self, key: bytes | None, value: bytes | None) -> None:

@@ -23,6 +23,8 @@ class SessionEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_EVENT_DISCONNECTION_REQUEST: _ClassVar[SessionEventType]
     SESSION_EVENT_CLEAR_SESSION_REQUEST: _ClassVar[SessionEventType]
     SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST: _ClassVar[SessionEventType]
+    SESSION_EVENT_CONNECTOR_GONE_REQUEST: _ClassVar[SessionEventType]
+    SESSION_EVENT_WILL_DUE_REQUEST: _ClassVar[SessionEventType]
 
 class SessionFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +53,8 @@ SESSION_EVENT_CONNECTION_REQUEST: SessionEventType
 SESSION_EVENT_DISCONNECTION_REQUEST: SessionEventType
 SESSION_EVENT_CLEAR_SESSION_REQUEST: SessionEventType
 SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST: SessionEventType
+SESSION_EVENT_CONNECTOR_GONE_REQUEST: SessionEventType
+SESSION_EVENT_WILL_DUE_REQUEST: SessionEventType
 SESSION_FAILURE_NONE: SessionFailure
 SESSION_FAILURE_UNSPECIFIED_ERROR: SessionFailure
 SESSION_FAILURE_QUOTA_EXCEEDED: SessionFailure
@@ -148,7 +152,7 @@ class DevicePublishMsg(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel")
+    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +169,9 @@ class SessionInfo(_message.Message):
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     LAST_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WILL_FIELD_NUMBER: _ClassVar[int]
+    WILL_DELAY_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
@@ -181,7 +188,10 @@ class SessionInfo(_message.Message):
     username: str
     last_request_id: str
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
+    connector_incarnation: str
+    will: PublishMsg
+    will_delay: int
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., connector_incarnation: _Optional[str] = ..., will: _Optional[_Union[PublishMsg, _Mapping]] = ..., will_delay: _Optional[int] = ...) -> None: ...
 
 class SessionEventRequest(_message.Message):
     __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful", "awaiting_pubrel")
@@ -224,6 +234,18 @@ class SessionEventResponse(_message.Message):
     persistent: bool
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ConnectorHeartbeat(_message.Message):
+    __slots__ = ("service_id", "incarnation", "sent_at_ms", "stopped")
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    service_id: str
+    incarnation: str
+    sent_at_ms: int
+    stopped: bool
+    def __init__(self, service_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., stopped: _Optional[bool] = ...) -> None: ...
 
 class DisconnectCommand(_message.Message):
     __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason")
