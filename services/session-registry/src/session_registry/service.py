@@ -128,7 +128,7 @@ class SessionRegistry(Service):
         # .device_clear_deferrable) that still has to be done; retried by the expiry loop under self._lock
         self._deferred_clears: dict[str, float] = {}
         self.stats = {"requests": 0, "transactions": 0, "aborted": 0, "connectors_declared_dead": 0,
-                      "wills_published": 0, "connector_topics_deleted": 0}
+                      "wills_published": 0, "connector_topics_deleted": 0, "connector_scans": 0}
         self.retention: RetentionWatch | None = None
         self._app_groups: dict[str, str] = {}
 
@@ -551,7 +551,9 @@ class SessionRegistry(Service):
             if logic.will_due(s, now):
                 return WILL_DUE
             return None
-        return await self._scan("connector", select, max(2.0, 3 * self._liveness_period()))
+        sent = await self._scan("connector", select, max(2.0, 3 * self._liveness_period()))
+        self.stats["connector_scans"] += 1     # a round done (tests wait for one after a declaration)
+        return sent
 
     async def _scan(self, what: str, select, resend_after: float) -> int:
         """Send `select(session, now)`'s request (a type, or None) for every stored session of the owned
@@ -594,13 +596,13 @@ class SessionRegistry(Service):
         except Exception:
             log.error("unreadable connector heartbeat of %r: skipped", key)
             return
-        self._declared(self.liveness.observe(hb, now_ms()), "stopped or replaced")
+        self._declared(self.liveness.observe(hb, now_ms()), "stopped or replaced", logging.INFO)
 
-    def _declared(self, runs: list[tuple[str, str]], why: str) -> None:
+    def _declared(self, runs: list[tuple[str, str]], why: str, level: int = logging.WARNING) -> None:
         for svc, inc in runs:
             self.stats["connectors_declared_dead"] += 1
-            log.warning("connector %s (run %s) declared dead (%s): its sessions end, its clients' Wills go",
-                        svc, inc or "?", why)
+            log.log(level, "connector %s (run %s) declared dead (%s): what is left of its sessions ends, with "
+                    "their Wills", svc, inc or "?", why)
         if runs:
             self._liveness_wake.set()
 

@@ -1,0 +1,132 @@
+"""Dead connectors end to end (docs/session-registry.md, "Dead connectors"): two connectors + router +
+session-registry + device-persistence (+ Redis), paho-mqtt 3.1.1 and 5.0 clients. Connector 2 is SIGKILLed
+with a persistent, a non-persistent and two Will clients (one with a Will Delay) on it: the registry, told
+nothing, declares it dead after TBMQ_CONNECTOR_TIMEOUT_MS (short here), ends the sessions, publishes the
+Wills (the delayed one after its delay) and, later, deletes its topics; the persistent client resumes its
+session on connector 1 with the messages queued meanwhile. A graceful stop publishes no Will of a client
+that sent DISCONNECT (a marker behind the registry's scan closes that check)."""
+
+from __future__ import annotations
+
+import pytest
+from connector_helpers import needs_device_persistence, two_connector_suite
+from kafka_views import SessionTable
+from mqtt_clients import BOUND, Client, payloads, routed, run, wait_until, watcher_and_prober
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from tbmq_launcher.services import readyz
+
+pytestmark = [pytest.mark.e2e, needs_device_persistence]
+
+TIMEOUT_MS = 1500
+
+
+@pytest.fixture(scope="module")
+async def dc(kafka, tmp_path_factory):
+    # short timeouts (docs/testing.md: shorten the setting, wait for the effect)
+    env = {"session-registry": {"TBMQ_CONNECTOR_TIMEOUT_MS": str(TIMEOUT_MS),
+                                "TBMQ_CONNECTOR_TOPICS_RETENTION_MS": "1000",
+                                "TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS": "300"},
+           "connector": {"CONNECTOR_HEARTBEAT_INTERVAL_MS": "300"}}
+    async with two_connector_suite(kafka, tmp_path_factory.mktemp("suite-dead"),
+                                   ["session-registry", "device-persistence", "router", "connector"],
+                                   service_env=env) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+async def table(kafka):
+    async with SessionTable(kafka.bootstrap_servers) as t:
+        yield t
+
+
+async def registry_stat(suite, name: str) -> int:
+    return (await readyz(suite.health_port("session-registry"))).get(name, 0)
+
+
+def will_delay(seconds: int) -> Properties:
+    p = Properties(PacketTypes.WILLMESSAGE)
+    p.WillDelayInterval = seconds
+    return p
+
+
+async def test_sigkilled_connector_sessions_end_and_wills_are_published(dc, table, unique):
+    u = unique("dead")
+    live, doomed = dc.mqtt_ports
+    watcher, prober = await watcher_and_prober(u, [live, live])    # both on the connector that stays
+
+    persistent = Client(u + "P", clean=False, session_expiry=300)             # v5, outlives its connection
+    await run(persistent.connect, doomed)
+    await run(persistent.subscribe, f"{u}/q", 1)
+    await routed(prober, persistent, f"{u}/q", 1)
+    plain = Client(u + "N", v5=False, clean=True)                              # 3.1.1, ends with it
+    await run(plain.connect, doomed, will=(f"{u}/will/n", b"n-gone", 1, False))
+    await run(plain.subscribe, f"{u}/n", 1)
+    delayed = Client(u + "D", clean=True, session_expiry=60)                   # v5, Will Delay 2 s
+    await run(delayed.connect, doomed, will=(f"{u}/will/d", b"d-gone", 1, False, will_delay(2)))
+    clients = (persistent, plain, delayed)
+    await wait_until(lambda: all(table.get(c.c._client_id.decode()) is not None
+                                 and table.get(c.c._client_id.decode()).connected for c in clients),
+                     BOUND, "the three sessions recorded connected")
+    assert table.get(u + "D").HasField("will") and table.get(u + "D").will_delay == 2
+
+    assert await dc.kill_service("connector", 2) is not None
+    for c in clients:
+        c.c.loop_stop()            # no reconnect attempts to the dead port
+
+    # declared dead after the timeout: sessions end as on a lost connection
+    await wait_until(lambda: table.removed(u + "N"), BOUND, "the non-persistent session removed")
+    await wait_until(lambda: table.offline(u + "P") and table.offline(u + "D"), BOUND,
+                     "the persistent sessions disconnected")
+    p = table.get(u + "P")
+    assert p is not None and p.persistent and p.session_expiry_interval == 300 and p.disconnected_at_ms > 0
+    # the Wills reach a subscriber on the other connector; the delayed one after its delay [MQTT-3.1.3-9]
+    assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/will/n") == [b"n-gone"])
+    assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/will/d") == [b"d-gone"])
+    await wait_until(lambda: not table.get(u + "D").HasField("will"), BOUND, "the delayed Will dropped once sent")
+
+    # queued while offline, delivered when the persistent client resumes on connector 1
+    await run(prober.publish, f"{u}/q", b"queued-1", 1)
+    again = Client(u + "P", clean=False, session_expiry=300)
+    flags, _, _ = await run(again.connect, live)
+    assert flags.session_present
+    assert await run(again.wait, lambda: b"queued-1" in payloads(again, f"{u}/q"))
+
+    # the dead connector's topics go once it has stayed dead TBMQ_CONNECTOR_TOPICS_RETENTION_MS
+    await wait_until(lambda: registry_stat(dc, "connector_topics_deleted"), BOUND, "the dead connector's topics deleted")
+    for c in (again, watcher, prober):
+        await run(c.close)
+
+
+async def test_graceful_stop_sends_no_will_after_disconnect(dc, table, unique):
+    u = unique("stop")
+    await dc.start_service("connector", 2)      # a new run of the killed connector (its topics made again)
+    live, stopping = dc.mqtt_ports
+    watcher, prober = await watcher_and_prober(u, [live, live])
+
+    polite = Client(u + "G", clean=True, session_expiry=60)
+    await run(polite.connect, stopping, will=(f"{u}/will/g", b"g-must-not", 1, False))
+    n = table.updates.get(u + "G", 0)
+    await run(polite.close, wait=True)          # DISCONNECT 0x00: no Will [MQTT-3.1.2-10]
+    await wait_until(lambda: table.updates.get(u + "G", 0) > n and table.offline(u + "G"), BOUND,
+                     "the registry to record the DISCONNECT")
+
+    declared = await registry_stat(dc, "connectors_declared_dead")
+    assert await dc.stop_service("connector", 2) == 0
+    # the stopped heartbeat declares it at once; then a whole scan round must pass after that
+    await wait_until(lambda: _above(dc, "connectors_declared_dead", declared), BOUND, "the stopped run declared")
+    scans = await registry_stat(dc, "connector_scans")
+    await wait_until(lambda: _above(dc, "connector_scans", scans), BOUND, "a dead connector scan after it")
+    # marker: a CONNECT behind any request that scan wrote (one request partition in the tests), then a
+    # PUBLISH on the Will's topic behind any Will that request would have published (same key, same partition)
+    marker = Client(u + "m")
+    await run(marker.connect, live)
+    await run(marker.publish, f"{u}/will/g", b"marker", 1)
+    assert await run(watcher.wait, lambda: b"marker" in payloads(watcher, f"{u}/will/g"))
+    assert payloads(watcher, f"{u}/will/g") == [b"marker"]
+    for c in (marker, watcher, prober):
+        await run(c.close)
+
+
+async def _above(suite, name: str, value: int) -> bool:
+    return await registry_stat(suite, name) > value
