@@ -4,12 +4,17 @@ with a persistent, a non-persistent and two Will clients (one with a Will Delay)
 nothing, declares it dead after TBMQ_CONNECTOR_TIMEOUT_MS (short here), ends the sessions, publishes the
 Wills (the delayed one after its delay) and, later, deletes its topics; the persistent client resumes its
 session on connector 1 with the messages queued meanwhile. A graceful stop publishes no Will of a client
-that sent DISCONNECT (a marker behind the registry's scan closes that check)."""
+that sent DISCONNECT (a marker behind the registry's scan closes that check). A connector paused (SIGSTOP)
+until it is declared dead comes back fenced: its connection is closed (v5 0x98) without a Will of its own,
+and a CONNECT to it is refused (Server unavailable)."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
-from connector_helpers import needs_device_persistence, two_connector_suite
+from connector_helpers import connector_health, needs_device_persistence, two_connector_suite
 from kafka_views import SessionTable
 from mqtt_clients import BOUND, Client, payloads, routed, run, wait_until, watcher_and_prober
 from paho.mqtt.packettypes import PacketTypes
@@ -25,7 +30,8 @@ TIMEOUT_MS = 1500
 async def dc(kafka, tmp_path_factory):
     # short timeouts (docs/testing.md: shorten the setting, wait for the effect)
     env = {"session-registry": {"TBMQ_CONNECTOR_TIMEOUT_MS": str(TIMEOUT_MS),
-                                "TBMQ_CONNECTOR_TOPICS_RETENTION_MS": "1000",
+                                # long enough for a paused run to read its DisconnectCommand after SIGCONT
+                                "TBMQ_CONNECTOR_TOPICS_RETENTION_MS": "5000",
                                 "TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS": "300"},
            "connector": {"CONNECTOR_HEARTBEAT_INTERVAL_MS": "300"}}
     async with two_connector_suite(kafka, tmp_path_factory.mktemp("suite-dead"),
@@ -130,3 +136,37 @@ async def test_graceful_stop_sends_no_will_after_disconnect(dc, table, unique):
 
 async def _above(suite, name: str, value: int) -> bool:
     return await registry_stat(suite, name) > value
+
+
+async def test_paused_connector_comes_back_fenced(dc, table, unique):
+    u = unique("zombie")
+    await dc.start_service("connector", 2)      # a new run
+    live, paused = dc.mqtt_ports
+    watcher, prober = await watcher_and_prober(u, [live, live])
+    z = Client(u + "Z")
+    await run(z.connect, paused, will=(f"{u}/will/z", b"z-gone", 1, False))
+    await wait_until(lambda: table.get(u + "Z") is not None and table.get(u + "Z").connected, BOUND,
+                     "the session recorded connected")
+    sent_before = (await connector_health(dc, 2))["wills_sent"]
+
+    pid = dc.instance("connector", 2).pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await wait_until(lambda: table.offline(u + "Z"), BOUND, "the paused run declared dead, its session ended")
+        assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/will/z") == [b"z-gone"])   # the registry's
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # back: the registry's DisconnectCommand closes the connection (0x98) without the connector's own Will
+    assert await run(z.wait, lambda: z.disconnected is not None)
+    z.c.loop_stop()
+    assert int(z.disconnected.value) == 0x98
+    assert (await connector_health(dc, 2))["wills_sent"] == sent_before    # counted when published, before 0x98
+    # and it cannot start sessions any more
+    late = Client(u + "L")
+    _, rc, _ = await run(late.connect, paused, expect_ok=False)
+    late.c.loop_stop()
+    assert rc.is_failure and int(rc.value) == 0x88
+    assert payloads(watcher, f"{u}/will/z") == [b"z-gone"]
+    await dc.stop_service("connector", 2)
+    for c in (watcher, prober):
+        await run(c.close)

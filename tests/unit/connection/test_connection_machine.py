@@ -177,6 +177,21 @@ def test_takeover_closes_without_reporting_and_decides_the_will(clean_start, exp
         assert [w.delay for w in wills] == [expected_delay]
 
 
+@pytest.mark.parametrize("level,delay", [(4, 0), (5, 0), (5, 30)])
+def test_fenced_connection_closes_without_will_or_report(level, delay):
+    # the registry declared this connector run dead, ended the session and owns its Will (published once)
+    c = Client(level)
+    will = Will(topic="w", payload=b"bye", qos=1, retain=False,
+                properties=Properties(will_delay_interval=delay) if level == 5 else Properties())
+    c.connect(answer(sei=60), will=will, properties=Properties(session_expiry_interval=60) if level == 5 else None)
+    c.take_effects()
+    c.call("take_over", pb.DisconnectCommand(session_id=c.m.session_id,
+                                             reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED))
+    if level == 5:
+        assert plain(c.take()) == [Disconnect(RC.ADMINISTRATIVE_ACTION)]
+    assert c.closed is not None and c.of(ReportDisconnect) == [] and c.of(ScheduleWill) == []
+
+
 # ------------------------------------------------------------------------------------------ keep alive
 @pytest.mark.parametrize("level", [4, 5])
 def test_keep_alive_timeout_after_one_and_a_half_periods(level):

@@ -119,6 +119,16 @@ def test_gone_non_persistent_session_is_removed_with_its_subscriptions(ctype):
     assert out.reset_app_offsets == ("c1" if ctype == APPLICATION else "")
 
 
+@pytest.mark.parametrize("sei", [0, 3600])
+def test_gone_closes_the_connection_should_the_run_still_be_alive(sei):
+    s = connected(sei=sei, w=will())
+    out = logic.decide(s, gone(s), RULES, NOW)
+    cmd = pb.DisconnectCommand(client_id="c1", session_id="s1", reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED)
+    assert out.disconnect == ("conn-1", cmd)                 # closed there without a Will of its own
+    if out.fallback is not None:
+        assert out.fallback.disconnect == out.disconnect
+
+
 def test_gone_is_stale_for_a_client_that_reconnected_or_ended():
     s = connected(sid="s1")
     req = gone(s)

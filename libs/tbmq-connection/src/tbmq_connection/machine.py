@@ -106,7 +106,8 @@ _SESSION_FAILURE = {pb.SESSION_FAILURE_QUOTA_EXCEEDED: RC.QUOTA_EXCEEDED,
                     pb.SESSION_FAILURE_UNSPECIFIED_ERROR: RC.UNSPECIFIED_ERROR}
 _TAKEOVER_REASON = {pb.DISCONNECT_REASON_SESSION_TAKEN_OVER: RC.SESSION_TAKEN_OVER,
                     pb.DISCONNECT_REASON_ADMINISTRATIVE: RC.ADMINISTRATIVE_ACTION,
-                    pb.DISCONNECT_REASON_SERVER_SHUTTING_DOWN: RC.SERVER_SHUTTING_DOWN}
+                    pb.DISCONNECT_REASON_SERVER_SHUTTING_DOWN: RC.SERVER_SHUTTING_DOWN,
+                    pb.DISCONNECT_REASON_CONNECTOR_FENCED: RC.ADMINISTRATIVE_ACTION}
 _TAKEOVER_TEXT = {RC.SESSION_TAKEN_OVER: "session taken over by a newer connection",
                   RC.ADMINISTRATIVE_ACTION: "disconnected by an administrator",
                   RC.SERVER_SHUTTING_DOWN: "server shutting down"}
@@ -527,6 +528,10 @@ class ConnectionMachine:
         """The registry gave the session to a newer connection: close without a DISCONNECTION_REQUEST."""
         self.taken_over = cmd
         rc = _TAKEOVER_REASON.get(cmd.reason, RC.SESSION_TAKEN_OVER)
+        if cmd.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED:
+            self._close("connector declared dead by the session registry", rc=rc,
+                        reason_string="connector declared dead", log_level=logging.WARNING)
+            return self.effects
         self._close(f"session taken over ({rc.name})", rc=rc, reason_string=_TAKEOVER_TEXT[rc])
         return self.effects
 
@@ -1093,7 +1098,9 @@ class ConnectionMachine:
         prior = self.state_before_close
         if self.request_sent:
             # the Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; v5 0x04 and every other end send it
-            if self.will is not None and not self.graceful and prior == CONNECTED:
+            # none when this run was fenced: the registry ended the session and owns its Will
+            fenced = self.taken_over is not None and self.taken_over.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED
+            if self.will is not None and not self.graceful and prior == CONNECTED and not fenced:
                 delay = will_delay_seconds(self.level, self.will_delay, self.session_expiry)
                 if self.taken_over is not None:
                     if delay and not self.taken_over.new_session_clean_start:

@@ -41,7 +41,9 @@ Dead connectors (docs/session-registry.md, "Dead connectors"; session_registry.l
     A connection that ends through its connector drops the stored Will: no Will after DISCONNECT 0x00
     [MQTT-3.1.2-10], and otherwise the connector sends it itself.
   * Fencing: a CONNECTION_REQUEST of a connector run (incarnation) declared dead is refused (`fenced`,
-    answered SERVER_UNAVAILABLE): a dead run cannot start sessions again. Its DISCONNECTION_REQUESTs are
+    answered SERVER_UNAVAILABLE): a dead run cannot start sessions again, and each CONNECTOR_GONE_REQUEST
+    also sends its connection a DisconnectCommand(CONNECTOR_FENCED) (closed without a Will, should the run
+    still be alive; a new run of the connector reads its disconnect topic from the end). Its DISCONNECTION_REQUESTs are
     applied (a gracefully stopped connector's last ones; one of a session already ended is stale).
 """
 
@@ -369,6 +371,11 @@ def decide_connector_gone(stored: pb.SessionInfo | None, req: pb.SessionEventReq
     delay = will_delay_seconds(stored.mqtt_version, stored.will_delay, sei) if has_will(stored) else 0
     out = _connection_ended(stored, req.request_id, sei, [], now_ms, ("connector-gone", "connector-gone-removed"),
                             keep_will=delay > 0)
+    # should the run still be alive (paused, cut off), its connection closes without a Will of its own
+    out.disconnect = (stored.service_id, pb.DisconnectCommand(
+        client_id=stored.client_id, session_id=stored.session_id, reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED))
+    if out.fallback is not None:
+        out.fallback.disconnect = out.disconnect
     if has_will(stored) and delay <= 0:
         out.publish = _will_to_publish(stored, now_ms)
         if out.fallback is not None:

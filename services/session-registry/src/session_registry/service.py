@@ -400,8 +400,14 @@ class SessionRegistry(Service):
                 sends.append((topics.SYS_APP_REMOVED, cid.encode(), out.app_removed.SerializeToString(), headers))
             if out.disconnect is not None:
                 svc, cmd = out.disconnect
-                await self._ensure_service_topics(svc)
-                sends.append((topics.disconnect_topic(svc), cid.encode(), cmd.SerializeToString(), headers))
+                name = topics.disconnect_topic(svc)
+                if cmd.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED:
+                    send = await self._topic_known(name)   # a dead run: never re-create its deleted topics
+                else:
+                    await self._ensure_service_topics(svc)
+                    send = True
+                if send:
+                    sends.append((name, cid.encode(), cmd.SerializeToString(), headers))
             if out.response is not None:
                 await self._ensure_service_topics(out.response_service_id)
                 sends.append((topics.response_topic(out.response_service_id), cid.encode(),
@@ -515,16 +521,20 @@ class SessionRegistry(Service):
             await self._wait_for_topics([name])
             self._app_topics.add(name)
 
+    async def _topic_known(self, name: str) -> bool:
+        """Whether the topic exists (the cluster metadata, refreshed once when it is not there)."""
+        assert self.meta is not None
+        if self.meta.partitions_for_topic(name):
+            return True
+        await self.meta._client.force_metadata_update()
+        return bool(self.meta.partitions_for_topic(name))
+
     async def _app_end_offset(self, client_id: str) -> tuple[TopicPartition, int] | None:
         """The end of a client's APPLICATION topic (None when the topic does not exist)."""
         assert self.meta is not None
         name = topics.app_topic_name(client_id)
-        parts = self.meta.partitions_for_topic(name)
-        if not parts:
-            await self.meta._client.force_metadata_update()
-            parts = self.meta.partitions_for_topic(name)
-            if not parts:
-                return None
+        if not await self._topic_known(name):
+            return None
         tp = TopicPartition(name, 0)
         ends = await self.meta.end_offsets([tp])
         return tp, ends[tp]

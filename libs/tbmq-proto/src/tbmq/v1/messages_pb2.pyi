@@ -39,6 +39,7 @@ class DisconnectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DISCONNECT_REASON_SESSION_TAKEN_OVER: _ClassVar[DisconnectReason]
     DISCONNECT_REASON_ADMINISTRATIVE: _ClassVar[DisconnectReason]
     DISCONNECT_REASON_SERVER_SHUTTING_DOWN: _ClassVar[DisconnectReason]
+    DISCONNECT_REASON_CONNECTOR_FENCED: _ClassVar[DisconnectReason]
 
 class RetainHandling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -63,6 +64,7 @@ SESSION_FAILURE_CLIENT_ID_NOT_VALID: SessionFailure
 DISCONNECT_REASON_SESSION_TAKEN_OVER: DisconnectReason
 DISCONNECT_REASON_ADMINISTRATIVE: DisconnectReason
 DISCONNECT_REASON_SERVER_SHUTTING_DOWN: DisconnectReason
+DISCONNECT_REASON_CONNECTOR_FENCED: DisconnectReason
 RETAIN_HANDLING_SEND: RetainHandling
 RETAIN_HANDLING_SEND_IF_NOT_EXISTS: RetainHandling
 RETAIN_HANDLING_DONT_SEND: RetainHandling
