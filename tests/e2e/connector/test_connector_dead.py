@@ -121,8 +121,8 @@ async def test_graceful_stop_sends_no_will_after_disconnect(dc, table, unique):
     assert await dc.stop_service("connector", 2) == 0
     # the stopped heartbeat declares it at once; then a whole scan round must pass after that
     await wait_until(lambda: _above(dc, "connectors_declared_dead", declared), BOUND, "the stopped run declared")
-    scans = await registry_stat(dc, "connector_scans")
-    await wait_until(lambda: _above(dc, "connector_scans", scans), BOUND, "a dead connector scan after it")
+    scans = await registry_stat(dc, "session_scans")
+    await wait_until(lambda: _above(dc, "session_scans", scans), BOUND, "a session scan after it")
     # marker: a CONNECT behind any request that scan wrote (one request partition in the tests), then a
     # PUBLISH on the Will's topic behind any Will that request would have published (same key, same partition)
     marker = Client(u + "m")

@@ -128,7 +128,7 @@ class SessionRegistry(Service):
         # .device_clear_deferrable) that still has to be done; retried by the expiry loop under self._lock
         self._deferred_clears: dict[str, float] = {}
         self.stats = {"requests": 0, "transactions": 0, "aborted": 0, "connectors_declared_dead": 0,
-                      "wills_published": 0, "connector_topics_deleted": 0, "connector_scans": 0}
+                      "wills_published": 0, "connector_topics_deleted": 0, "session_scans": 0}
         self.retention: RetentionWatch | None = None
         self._app_groups: dict[str, str] = {}
 
@@ -544,28 +544,29 @@ class SessionRegistry(Service):
         interval = self.s.expiry_check_interval_ms / 1000
         while not self._stopping:
             await asyncio.sleep(interval)
-            await _each_logged((self.scan_expired, "expiry scan"), (self.retry_deferred_clears, "deferred Clears"))
+            await _each_logged((self.scan_sessions, "session scan"), (self.retry_deferred_clears, "deferred Clears"))
 
-    async def scan_expired(self) -> int:
-        """Ask for the clean-up of every over session of the partitions this instance owns, through the
-        request topic so that it is serialised with the client's own events."""
-        return await self._scan("expiry", lambda s, now: CLEAR if logic.needs_cleanup(s, now) else None,
-                                max(10.0, 3 * self.s.expiry_check_interval_ms / 1000))
-
-    async def scan_connectors(self) -> int:
-        """End every session still connected on a dead connector run (CONNECTOR_GONE_REQUEST) and publish
-        every delayed Will that is due (WILL_DUE_REQUEST), for the partitions this instance owns."""
+    async def scan_sessions(self) -> int:
+        """One pass over the sessions of the partitions this instance owns (every
+        TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS, and at once when a connector run is declared dead): a
+        CONNECTOR_GONE_REQUEST for each still connected on a dead run, a CLEAR_SESSION_REQUEST for each that
+        is over, a WILL_DUE_REQUEST for each delayed Will that is due. Through the request topic, so each is
+        serialised with the client's own events."""
         def select(s: pb.SessionInfo, now: int) -> int | None:
-            if s.connected and self.liveness.gone(s.service_id, s.connector_incarnation, now):
-                return GONE
-            if logic.will_due(s, now):
-                return WILL_DUE
-            return None
-        sent = await self._scan("connector", select, max(2.0, 3 * self._liveness_period()))
-        self.stats["connector_scans"] += 1     # a round done (tests wait for one after a declaration)
+            if s.connected:
+                return GONE if self.liveness.gone(s.service_id, s.connector_incarnation, now) else None
+            if logic.needs_cleanup(s, now):
+                return CLEAR          # publishes a pending Will too: the session ends first [MQTT-3.1.2-8]
+            return WILL_DUE if logic.will_due(s, now) else None
+        sent = await self._scan(select, max(10.0, 3 * self.s.expiry_check_interval_ms / 1000))
+        self.stats["session_scans"] += 1     # a pass done (tests wait for one after a declaration)
         return sent
 
-    async def _scan(self, what: str, select, resend_after: float) -> int:
+    async def scan_expired(self) -> int:
+        """The session scan (the name the expiry tests know)."""
+        return await self.scan_sessions()
+
+    async def _scan(self, select, resend_after: float) -> int:
         """Send `select(session, now)`'s request (a type, or None) for every stored session of the owned
         partitions; the same request for the same session is sent again only after `resend_after` s."""
         assert self.consumer is not None and self.plain is not None
@@ -585,13 +586,14 @@ class SessionRegistry(Service):
             if asked is not None and asked[0] == s.session_id and t - asked[1] < resend_after:
                 continue
             self._asked[(cid, kind)] = (s.session_id, t)
+            what = _TYPE_NAMES.get(kind, "scan").lower()
             req = logic.scan_request(kind, s, f"{what}-{uuid.uuid4().hex}", now)
-            with tracer.start_as_current_span(f"session-registry {what}", attributes={"client_id": cid}):
+            with tracer.start_as_current_span(f"session-registry scan {what}", attributes={"client_id": cid}):
                 futures.append(await self.plain.send(REQUESTS, req.SerializeToString(), key=cid.encode(),
                                                      headers=kafka_headers()))
         if futures:
             await asyncio.gather(*futures)
-            log.info("%s scan: %d requests sent", what, len(futures))
+            log.info("session scan: %d requests sent", len(futures))
         for key in [k for k, (_, at) in self._asked.items() if t - at > max(resend_after, 60.0)]:
             del self._asked[key]
         return len(futures)
@@ -606,30 +608,33 @@ class SessionRegistry(Service):
         except Exception:
             log.error("unreadable connector heartbeat of %r: skipped", key)
             return
-        self._declared(self.liveness.observe(hb, now_ms()), "stopped or replaced", logging.INFO)
+        if self._declared(self.liveness.observe(hb, now_ms()), "stopped or replaced", logging.INFO):
+            self._liveness_wake.set()       # no timeout to wait for: its sessions are ended now
 
-    def _declared(self, runs: list[tuple[str, str]], why: str, level: int = logging.WARNING) -> None:
+    def _declared(self, runs: list[tuple[str, str]], why: str, level: int = logging.WARNING) -> bool:
         for svc, inc in runs:
             self.stats["connectors_declared_dead"] += 1
             log.log(level, "connector %s (run %s) declared dead (%s): what is left of its sessions ends, with "
                     "their Wills", svc, inc or "?", why)
-        if runs:
-            self._liveness_wake.set()
-
-    def _liveness_period(self) -> float:
-        return max(0.05, min(1.0, self.s.connector_timeout_ms / 5000))
+        return bool(runs)
 
     async def _liveness_loop(self) -> None:
-        period = self._liveness_period()
+        """Sweep for silent runs (cheap) every max(50 ms, min(1 s, TBMQ_CONNECTOR_TIMEOUT_MS / 5)); the
+        session scan runs at once after a declaration, otherwise at its own pace (_expiry_loop)."""
+        period = max(0.05, min(1.0, self.s.connector_timeout_ms / 5000))
         while not self._stopping:
+            woken = False
             try:
                 await asyncio.wait_for(self._liveness_wake.wait(), period)
+                woken = True
             except asyncio.TimeoutError:
                 pass
             self._liveness_wake.clear()
-            self._declared(self.liveness.sweep(now_ms()), "silent longer than TBMQ_CONNECTOR_TIMEOUT_MS")
-            await _each_logged((self.scan_connectors, "dead connector scan"),
-                               (self.delete_dead_connector_topics, "deleting dead connectors' topics"))
+            declared = self._declared(self.liveness.sweep(now_ms()), "silent longer than TBMQ_CONNECTOR_TIMEOUT_MS")
+            steps = [(self.delete_dead_connector_topics, "deleting dead connectors' topics")]
+            if woken or declared:
+                steps.insert(0, (self.scan_sessions, "session scan after a connector was declared dead"))
+            await _each_logged(*steps)
 
     async def delete_dead_connector_topics(self) -> list[str]:
         """The owner of request partition 0 deletes the per-connector topics of every connector dead for
