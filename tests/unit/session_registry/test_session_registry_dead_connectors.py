@@ -123,7 +123,8 @@ def test_gone_non_persistent_session_is_removed_with_its_subscriptions(ctype):
 def test_gone_closes_the_connection_should_the_run_still_be_alive(sei):
     s = connected(sei=sei, w=will())
     out = logic.decide(s, gone(s), RULES, NOW)
-    cmd = pb.DisconnectCommand(client_id="c1", session_id="s1", reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED)
+    cmd = pb.DisconnectCommand(client_id="c1", session_id="s1", reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED,
+                               connector_incarnation="run-a")
     assert out.disconnect == ("conn-1", cmd)                 # closed there without a Will of its own
     if out.fallback is not None:
         assert out.fallback.disconnect == out.disconnect
@@ -228,7 +229,7 @@ def test_fenced_connect_is_refused_and_disconnects_still_apply():
                                                         mqtt_version=5))
     out = logic.decide(None, req, RULES, NOW, fenced=True)
     assert out.kind == "fenced" and not out.write_session
-    assert not out.response.success and out.response.failure == pb.SESSION_FAILURE_SERVER_UNAVAILABLE
+    assert not out.response.success and out.response.failure == pb.SESSION_FAILURE_CONNECTOR_FENCED
     assert out.response_service_id == "conn-1"
     s = connected(sid="s1", w=will())
     d = pb.SessionEventRequest(request_id="d1", type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,

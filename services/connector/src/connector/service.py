@@ -19,7 +19,10 @@ ConnectorHeartbeat (tbmq.connector.heartbeat, key = service id) every CONNECTOR_
 first before the MQTT listener opens; a graceful stop sends one with `stopped` after its connections were
 closed and their DISCONNECTION_REQUESTs and Wills acknowledged by Kafka, so the registry ends what is left at
 once. A run that goes silent is declared dead by the session registry, which ends its sessions and publishes
-its clients' Wills; a CONNECT of a run declared dead is refused (fencing).
+its clients' Wills; a run declared dead that is still alive learns it from the registry (a CONNECT answered
+CONNECTOR_FENCED, or a DisconnectCommand CONNECTOR_FENCED) and stops itself (exit code 1, to be restarted as a
+new run), closing its connections without Wills and without DISCONNECTION_REQUESTs: the registry ended those
+sessions and owns their Wills.
 Retained at SUBSCRIBE: `retained_caught_up` (the retained view's barrier) before the retained messages are
 sent, so a retained PUBLISH acknowledged (on any connector) before the SUBSCRIBE arrived is among them.
 """
@@ -89,6 +92,7 @@ class ConnectorService(Service):
         self.settings: ConnectorSettings = settings
         self.service_id = settings.instance_id
         self.incarnation = uuid.uuid4().hex         # this run of the connector (fencing, heartbeats)
+        self.fenced = False                         # the registry declared this run dead: stopping
         self.retained = RetainedStore()
         self._subs_raw: dict[str, bytes] = {}
         self.wills = Wills(self._publish_will)
@@ -176,7 +180,11 @@ class ConnectorService(Service):
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            conn.shutdown()
+            if self.fenced:   # the registry ended these sessions and owns their Wills
+                conn.take_over(pb.DisconnectCommand(client_id=conn.client_id, session_id=conn.session_id,
+                                                    reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED))
+            else:
+                conn.shutdown()
         self.wills.stop(send=True)
         await asyncio.sleep(0)
         if self._bg:
@@ -187,7 +195,7 @@ class ConnectorService(Service):
             except Exception:
                 log.exception("producer flush failed")
         await self.cancel_tasks()
-        if self.producer is not None and self._server is not None:
+        if self.producer is not None and self._server is not None and not self.fenced:
             try:   # after the DISCONNECTION_REQUESTs and Wills (flushed): no false "dead", no timeout wait
                 await asyncio.wait_for(self._heartbeat(stopped=True), 10)
             except Exception:
@@ -265,7 +273,22 @@ class ConnectorService(Service):
             del self.by_store[store_id]
 
     async def request_session(self, session: pb.SessionInfo) -> pb.SessionEventResponse:
-        return await self.sessions.connect(session, self.settings.session_event_timeout_s)
+        resp = await self.sessions.connect(session, self.settings.session_event_timeout_s)
+        if resp.failure == pb.SESSION_FAILURE_CONNECTOR_FENCED:
+            self._on_fenced(f"CONNECT of {session.client_id!r} refused")
+        return resp
+
+    def _on_fenced(self, why: str) -> None:
+        """The registry declared this run dead (it was paused or cut off longer than TBMQ_CONNECTOR_TIMEOUT_MS):
+        its sessions are ended and their Wills published, so it must not serve on. Stop (exit code 1)."""
+        if self.fenced:
+            return
+        self.fenced = True
+        log.error("connector %s run %s was declared dead by the session registry (%s): stopping; restart it",
+                  self.service_id, self.incarnation, why)
+        fut = self.failed()
+        if not fut.done():
+            fut.set_exception(RuntimeError("connector run declared dead by the session registry (fenced)"))
 
     def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None,
                           awaiting_pubrel=()) -> None:
@@ -404,6 +427,8 @@ class ConnectorService(Service):
 
     def _on_disconnect_command(self, value: bytes) -> None:
         cmd = pb.DisconnectCommand.FromString(value)
+        if cmd.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED and cmd.connector_incarnation == self.incarnation:
+            self._on_fenced(f"connection of {cmd.client_id!r} closed")
         conn = self.by_session.get(cmd.session_id)
         if conn is None:
             log.debug("disconnect command for %r session %s: not here", cmd.client_id, cmd.session_id)

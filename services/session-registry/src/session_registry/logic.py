@@ -41,7 +41,7 @@ Dead connectors (docs/session-registry.md, "Dead connectors"; session_registry.l
     A connection that ends through its connector drops the stored Will: no Will after DISCONNECT 0x00
     [MQTT-3.1.2-10], and otherwise the connector sends it itself.
   * Fencing: a CONNECTION_REQUEST of a connector run (incarnation) declared dead is refused (`fenced`,
-    answered SERVER_UNAVAILABLE): a dead run cannot start sessions again, and each CONNECTOR_GONE_REQUEST
+    answered CONNECTOR_FENCED, CONNACK Server unavailable): a dead run cannot start sessions again, and each CONNECTOR_GONE_REQUEST
     also sends its connection a DisconnectCommand(CONNECTOR_FENCED) (closed without a Will, should the run
     still be alive; a new run of the connector reads its disconnect topic from the end). Its DISCONNECTION_REQUESTs are
     applied (a gracefully stopped connector's last ones; one of a session already ended is stale).
@@ -235,7 +235,7 @@ def decide(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, rules: Ru
     if req.type == pb.SESSION_EVENT_CONNECTION_REQUEST:
         if fenced:
             conn = req.session
-            return _failed("fenced", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE,
+            return _failed("fenced", req, pb.SESSION_FAILURE_CONNECTOR_FENCED,
                            rules.client_type(conn.client_id, conn.username))
         return decide_connect(stored, req, rules, now_ms, counts)
     if req.type == pb.SESSION_EVENT_DISCONNECTION_REQUEST:
@@ -373,7 +373,8 @@ def decide_connector_gone(stored: pb.SessionInfo | None, req: pb.SessionEventReq
                             keep_will=delay > 0)
     # should the run still be alive (paused, cut off), its connection closes without a Will of its own
     out.disconnect = (stored.service_id, pb.DisconnectCommand(
-        client_id=stored.client_id, session_id=stored.session_id, reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED))
+        client_id=stored.client_id, session_id=stored.session_id, reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED,
+        connector_incarnation=stored.connector_incarnation))
     if out.fallback is not None:
         out.fallback.disconnect = out.disconnect
     if has_will(stored) and delay <= 0:

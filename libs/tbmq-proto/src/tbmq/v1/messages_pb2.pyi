@@ -33,6 +33,7 @@ class SessionFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_FAILURE_QUOTA_EXCEEDED: _ClassVar[SessionFailure]
     SESSION_FAILURE_SERVER_UNAVAILABLE: _ClassVar[SessionFailure]
     SESSION_FAILURE_CLIENT_ID_NOT_VALID: _ClassVar[SessionFailure]
+    SESSION_FAILURE_CONNECTOR_FENCED: _ClassVar[SessionFailure]
 
 class DisconnectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +62,7 @@ SESSION_FAILURE_UNSPECIFIED_ERROR: SessionFailure
 SESSION_FAILURE_QUOTA_EXCEEDED: SessionFailure
 SESSION_FAILURE_SERVER_UNAVAILABLE: SessionFailure
 SESSION_FAILURE_CLIENT_ID_NOT_VALID: SessionFailure
+SESSION_FAILURE_CONNECTOR_FENCED: SessionFailure
 DISCONNECT_REASON_SESSION_TAKEN_OVER: DisconnectReason
 DISCONNECT_REASON_ADMINISTRATIVE: DisconnectReason
 DISCONNECT_REASON_SERVER_SHUTTING_DOWN: DisconnectReason
@@ -250,16 +252,18 @@ class ConnectorHeartbeat(_message.Message):
     def __init__(self, service_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., stopped: _Optional[bool] = ...) -> None: ...
 
 class DisconnectCommand(_message.Message):
-    __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason")
+    __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason", "connector_incarnation")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SESSION_CLEAN_START_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     session_id: str
     new_session_clean_start: bool
     reason: DisconnectReason
-    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., new_session_clean_start: _Optional[bool] = ..., reason: _Optional[_Union[DisconnectReason, str]] = ...) -> None: ...
+    connector_incarnation: str
+    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., new_session_clean_start: _Optional[bool] = ..., reason: _Optional[_Union[DisconnectReason, str]] = ..., connector_incarnation: _Optional[str] = ...) -> None: ...
 
 class TopicSubscription(_message.Message):
     __slots__ = ("topic_filter", "qos", "share_name", "no_local", "retain_as_published", "retain_handling", "subscription_id")
