@@ -236,3 +236,12 @@ def test_fenced_connect_is_refused_and_disconnects_still_apply():
                                session=pb.SessionInfo(client_id="c1", session_id="s1"), graceful=True)
     after = logic.decide(s, d, RULES, NOW, fenced=True)
     assert after.kind == "disconnected" and after.publish is None   # a stopped connector's last report
+
+
+def test_silent_lists_without_declaring():
+    lv = Liveness(TIMEOUT)
+    lv.observe(hb(), NOW)
+    assert lv.silent(NOW + TIMEOUT + 1) == ["conn-1"]
+    assert not lv.gone("conn-1", "run-a", NOW + TIMEOUT + 1)     # not declared until swept
+    lv.observe(hb(), NOW + TIMEOUT + 2)                           # a late-read heartbeat: alive after all
+    assert lv.sweep(NOW + TIMEOUT + 3) == []

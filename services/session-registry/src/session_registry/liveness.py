@@ -56,10 +56,15 @@ class Liveness:
             declared.append(self._declare(svc, run, now_ms))
         return declared
 
+    def silent(self, now_ms: int) -> list[str]:
+        """Services whose live run has been silent longer than the timeout (nothing declared yet: the caller
+        first makes sure it has read every heartbeat sent so far, then `sweep`s)."""
+        return [svc for svc, run in self.current.items()
+                if run.dead_since_ms is None and now_ms - run.last_seen_ms > self.timeout_ms]
+
     def sweep(self, now_ms: int) -> list[tuple[str, str]]:
         """Declare dead every run silent longer than the timeout; returns them."""
-        return [self._declare(svc, run, now_ms) for svc, run in self.current.items()
-                if run.dead_since_ms is None and now_ms - run.last_seen_ms > self.timeout_ms]
+        return [self._declare(svc, self.current[svc], now_ms) for svc in self.silent(now_ms)]
 
     def _declare(self, svc: str, run: Run, now_ms: int) -> tuple[str, str]:
         run.dead_since_ms = now_ms

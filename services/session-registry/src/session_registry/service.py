@@ -630,11 +630,25 @@ class SessionRegistry(Service):
             except asyncio.TimeoutError:
                 pass
             self._liveness_wake.clear()
-            declared = self._declared(self.liveness.sweep(now_ms()), "silent longer than TBMQ_CONNECTOR_TIMEOUT_MS")
+            declared = await self._sweep()
             steps = [(self.delete_dead_connector_topics, "deleting dead connectors' topics")]
             if woken or declared:
                 steps.insert(0, (self.scan_sessions, "session scan after a connector was declared dead"))
             await _each_logged(*steps)
+
+    async def _sweep(self) -> bool:
+        """Declare the silent runs dead, only once the heartbeat view has read everything sent so far: a
+        registry that fell behind (a busy loop, a slow fetch) must not take its own lag for dead connectors,
+        and one that cannot reach Kafka declares nobody."""
+        if not self.liveness.silent(now_ms()):
+            return False
+        try:
+            await self.heartbeats.wait_caught_up(timeout=max(1.0, self.s.connector_timeout_ms / 1000))
+        except Exception as exc:
+            log.warning("connectors look silent but the heartbeats cannot be read up to date (%r): nobody is "
+                        "declared dead now", exc)
+            return False
+        return self._declared(self.liveness.sweep(now_ms()), "silent longer than TBMQ_CONNECTOR_TIMEOUT_MS")
 
     async def delete_dead_connector_topics(self) -> list[str]:
         """The owner of request partition 0 deletes the per-connector topics of every connector dead for
