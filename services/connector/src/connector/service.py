@@ -136,10 +136,14 @@ class ConnectorService(Service):
     async def start(self) -> None:
         s = self.settings
         bootstrap = s.bootstrap
-        await ensure_topics(bootstrap, [*static_topics(), *service_topics(self.service_id)],
-                            layout=s.topic_layout)
+        await ensure_topics(bootstrap, static_topics(), layout=s.topic_layout)
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
+        await self.producer.start()
+        # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
+        # a service whose latest run is dead, never those of a service that came back; and before any CONNECT
+        await self._heartbeat()
+        await ensure_topics(bootstrap, service_topics(self.service_id), layout=s.topic_layout)
         self.sessions = SessionEvents(self.producer, self.incarnation)
         # the three compacted views on one consumer (tbmq_platform.compacted)
         self.views = CompactedViews(bootstrap, client_id=f"{self.service_id}-views")
@@ -152,7 +156,6 @@ class ConnectorService(Service):
                                      read_committed=True, long_poll=True)
         self.data = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-downlink",
                                   max_poll_records=5000, long_poll=True)
-        await self.producer.start()
         await self.control.start()
         await assign_at_end(self.control, [self._topics["response"], self._topics["disconnect"]])
         await self.data.start()
@@ -165,7 +168,6 @@ class ConnectorService(Service):
         self.device.start_forwarding(self.service_id, on_batch=self._on_forwards,
                                      on_open=self._on_forward_link, on_close=self._on_forward_link)
         self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
-        await self._heartbeat()                 # known to the registry before any CONNECT of this run
         self.spawn(self._heartbeat_loop(), "heartbeat")
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")

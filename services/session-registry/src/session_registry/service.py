@@ -655,8 +655,11 @@ class SessionRegistry(Service):
         TBMQ_CONNECTOR_TOPICS_RETENTION_MS (nothing reads them any more; a connector that comes back under
         the same service id creates them again at start-up)."""
         retention = self.s.connector_topics_retention_ms
-        if not retention or 0 not in self.owned:
+        if not retention or 0 not in self.owned or not self.liveness.dead_services(now_ms(), retention):
             return []
+        # a run that started again meanwhile is alive in the view once it caught up (its first heartbeat goes
+        # before it makes its topics again)
+        await self.heartbeats.wait_caught_up(timeout=10)
         done = []
         for svc in self.liveness.dead_services(now_ms(), retention):
             names = [t.name for t in topics.service_topics(svc)]
