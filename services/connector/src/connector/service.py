@@ -143,6 +143,8 @@ class ConnectorService(Service):
         # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
         # a service whose latest run is dead, never those of a service that came back; and before any CONNECT
         await self._heartbeat()
+        # from now on: rebuilding the views below may take longer than the registry's timeout
+        self.spawn(self._heartbeat_loop(), "heartbeat")
         await ensure_topics(bootstrap, service_topics(self.service_id), layout=s.topic_layout)
         self.sessions = SessionEvents(self.producer, self.incarnation)
         # the three compacted views on one consumer (tbmq_platform.compacted)
@@ -168,7 +170,6 @@ class ConnectorService(Service):
         self.device.start_forwarding(self.service_id, on_batch=self._on_forwards,
                                      on_open=self._on_forward_link, on_close=self._on_forward_link)
         self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
-        self.spawn(self._heartbeat_loop(), "heartbeat")
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")
         loop = asyncio.get_running_loop()

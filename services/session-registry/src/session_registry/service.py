@@ -562,10 +562,6 @@ class SessionRegistry(Service):
         self.stats["session_scans"] += 1     # a pass done (tests wait for one after a declaration)
         return sent
 
-    async def scan_expired(self) -> int:
-        """The session scan (the name the expiry tests know)."""
-        return await self.scan_sessions()
-
     async def _scan(self, select, resend_after: float) -> int:
         """Send `select(session, now)`'s request (a type, or None) for every stored session of the owned
         partitions; the same request for the same session is sent again only after `resend_after` s."""
@@ -594,7 +590,7 @@ class SessionRegistry(Service):
         if futures:
             await asyncio.gather(*futures)
             log.info("session scan: %d requests sent", len(futures))
-        for key in [k for k, (_, at) in self._asked.items() if t - at > max(resend_after, 60.0)]:
+        for key in [k for k, (_, at) in self._asked.items() if t - at > resend_after]:
             del self._asked[key]
         return len(futures)
 
