@@ -56,6 +56,40 @@ def will_delay(seconds: int) -> Properties:
     return p
 
 
+async def new_run_watched(dc, u: str) -> tuple[Client, Client, int, int]:
+    """A new run of connector 2 (the previous test stopped or killed it: tests of this module run in order),
+    and a watcher of `<u>/#` with its
+    prober on connector 1: (watcher, prober, port of connector 1, port of connector 2)."""
+    await dc.start_service("connector", 2)
+    one, two = dc.mqtt_ports
+    watcher, prober = await watcher_and_prober(u, [one, one])
+    return watcher, prober, one, two
+
+
+async def connected_with_will(table, client: Client, client_id: str, port: int, topic: str, payload: bytes) -> None:
+    """`client` connected with a Will (QoS 1) and recorded connected by the registry."""
+    await run(client.connect, port, will=(topic, payload, 1, False))
+    await wait_until(lambda: table.get(client_id) is not None and table.get(client_id).connected, BOUND,
+                     f"the session of {client_id} recorded connected")
+
+
+async def will_client_to_take_over(dc, table, u: str, on: int):
+    """new_run_watched, and a 3.1.1 client `<u>T` with the Will `<u>/will/t` = b"t-gone" on connector `on` (1
+    or 2): (watcher, prober, port of connector 1, port of connector 2, the client)."""
+    watcher, prober, one, two = await new_run_watched(dc, u)
+    first = Client(u + "T", v5=False, clean=True)
+    await connected_with_will(table, first, u + "T", (one, two)[on - 1], f"{u}/will/t", b"t-gone")
+    return watcher, prober, one, two, first
+
+
+async def wills_after_marker(prober: Client, watcher: Client, topic: str) -> list[bytes]:
+    """What `watcher` got on `topic` up to a marker `prober` publishes there now: anything produced on that
+    topic before (same key, same partition of tbmq.msg.all) arrived before the marker."""
+    await run(prober.publish, topic, b"marker", 1)
+    assert await run(watcher.wait, lambda: b"marker" in payloads(watcher, topic))
+    return payloads(watcher, topic)
+
+
 async def test_sigkilled_connector_sessions_end_and_wills_are_published(dc, table, unique):
     u = unique("dead")
     live, doomed = dc.mqtt_ports
@@ -106,12 +140,10 @@ async def test_sigkilled_connector_sessions_end_and_wills_are_published(dc, tabl
 
 async def test_graceful_stop_sends_no_will_after_disconnect(dc, table, unique):
     u = unique("stop")
-    await dc.start_service("connector", 2)      # a new run of the killed connector (its topics made again)
-    live, stopping = dc.mqtt_ports
-    watcher, prober = await watcher_and_prober(u, [live, live])
+    watcher, prober, live, stopping = await new_run_watched(dc, u)   # the killed connector's topics made again
 
     polite = Client(u + "G", clean=True, session_expiry=60)
-    await run(polite.connect, stopping, will=(f"{u}/will/g", b"g-must-not", 1, False))
+    await connected_with_will(table, polite, u + "G", stopping, f"{u}/will/g", b"g-must-not")
     n = table.updates.get(u + "G", 0)
     await run(polite.close, wait=True)          # DISCONNECT 0x00: no Will [MQTT-3.1.2-10]
     await wait_until(lambda: table.updates.get(u + "G", 0) > n and table.offline(u + "G"), BOUND,
@@ -127,9 +159,7 @@ async def test_graceful_stop_sends_no_will_after_disconnect(dc, table, unique):
     # PUBLISH on the Will's topic behind any Will that request would have published (same key, same partition)
     marker = Client(u + "m")
     await run(marker.connect, live)
-    await run(marker.publish, f"{u}/will/g", b"marker", 1)
-    assert await run(watcher.wait, lambda: b"marker" in payloads(watcher, f"{u}/will/g"))
-    assert payloads(watcher, f"{u}/will/g") == [b"marker"]
+    assert await wills_after_marker(marker, watcher, f"{u}/will/g") == [b"marker"]
     for c in (marker, watcher, prober):
         await run(c.close)
 
@@ -140,13 +170,9 @@ async def _above(suite, name: str, value: int) -> bool:
 
 async def test_paused_connector_comes_back_fenced(dc, table, unique):
     u = unique("zombie")
-    await dc.start_service("connector", 2)      # a new run
-    live, paused = dc.mqtt_ports
-    watcher, prober = await watcher_and_prober(u, [live, live])
+    watcher, prober, live, paused = await new_run_watched(dc, u)
     z = Client(u + "Z")
-    await run(z.connect, paused, will=(f"{u}/will/z", b"z-gone", 1, False))
-    await wait_until(lambda: table.get(u + "Z") is not None and table.get(u + "Z").connected, BOUND,
-                     "the session recorded connected")
+    await connected_with_will(table, z, u + "Z", paused, f"{u}/will/z", b"z-gone")
 
     pid = dc.instance("connector", 2).pid
     os.kill(pid, signal.SIGSTOP)
@@ -164,8 +190,38 @@ async def test_paused_connector_comes_back_fenced(dc, table, unique):
     assert await dc.stop_service("connector", 2) == 1
     # no Will of its own: a marker behind anything it produced (it flushed before exiting; same topic, same
     # partition of tbmq.msg.all)
-    await run(prober.publish, f"{u}/will/z", b"marker", 1)
-    assert await run(watcher.wait, lambda: b"marker" in payloads(watcher, f"{u}/will/z"))
-    assert payloads(watcher, f"{u}/will/z") == [b"z-gone", b"marker"]
+    assert await wills_after_marker(prober, watcher, f"{u}/will/z") == [b"z-gone", b"marker"]
     for c in (watcher, prober):
+        await run(c.close)
+
+
+async def test_will_of_a_client_that_reconnected_before_the_dead_connector_was_declared(dc, table, unique):
+    u = unique("fast")
+    watcher, prober, live, _, first = await will_client_to_take_over(dc, table, u, on=2)
+    await dc.kill_service("connector", 2)
+    first.c.loop_stop()
+    again = Client(u + "T", v5=False, clean=True)        # back at once, before the timeout: a takeover
+    await run(again.connect, live)
+    # the dead connector never sends it; the registry does once the connector is declared dead [MQTT-3.1.4-3]
+    assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/will/t") == [b"t-gone"])
+    await wait_until(lambda: not table.get(u + "T").HasField("taken_over_will"), BOUND, "the taken over Will settled")
+    assert table.get(u + "T").connected
+    for c in (again, watcher, prober):
+        await run(c.close)
+
+
+async def test_takeover_on_a_live_connector_sends_the_will_once(dc, table, unique):
+    u = unique("live")
+    watcher, prober, _, two, first = await will_client_to_take_over(dc, table, u, on=1)
+    second = Client(u + "T", v5=False, clean=True)
+    await run(second.connect, two)                      # connector 1 is alive: it sends the Will itself
+    assert await run(first.wait, lambda: first.disconnected is not None)
+    first.c.loop_stop()
+    # the registry drops its copy once a heartbeat of connector 1 is read after the takeover
+    await wait_until(lambda: table.get(u + "T").connected and not table.get(u + "T").HasField("taken_over_will"),
+                     BOUND, "the taken over Will settled")
+    # marker behind a second copy (it would be in the transaction that settled it; same topic, same partition)
+    assert await wills_after_marker(prober, watcher, f"{u}/will/t") == [b"t-gone", b"marker"]
+    await dc.stop_service("connector", 2)
+    for c in (second, watcher, prober):
         await run(c.close)

@@ -245,3 +245,75 @@ def test_silent_lists_without_declaring():
     assert not lv.gone("conn-1", "run-a", NOW + TIMEOUT + 1)     # not declared until swept
     lv.observe(hb(), NOW + TIMEOUT + 2)                           # a late-read heartbeat: alive after all
     assert lv.sweep(NOW + TIMEOUT + 3) == []
+
+
+# -- a takeover before the old connector is declared dead ----------------------------------------------
+
+def reconnect(*, clean: bool, sid="s2", svc="conn-2"):
+    return pb.SessionEventRequest(request_id="r2", type=pb.SESSION_EVENT_CONNECTION_REQUEST, request_time_ms=NOW,
+                                  session=pb.SessionInfo(client_id="c1", service_id=svc, session_id=sid,
+                                                         clean_start=clean, mqtt_version=5,
+                                                         session_expiry_interval=3600))
+
+
+@pytest.mark.parametrize("v,delay,clean,kept", [
+    (4, 0, False, True),     # 3.1.1: the Will goes at the takeover [MQTT-3.1.4-3]
+    (5, 0, False, True),
+    (5, 30, True, True),     # the old session ended: at once [MQTT-3.1.2-8]
+    (5, 30, False, False),   # resumed before the delay passed: cancelled [MQTT-3.1.3-9]
+])
+def test_takeover_keeps_the_old_connections_will_until_its_fate_is_known(v, delay, clean, kept):
+    old = connected(v=v, sei=3600, w=will(), delay=delay)
+    out = logic.decide(old, reconnect(clean=clean), RULES, NOW + 100)
+    assert out.kind == "connected" and out.disconnect[1].reason == pb.DISCONNECT_REASON_SESSION_TAKEN_OVER
+    assert out.publish is None                               # not now: its connector sends it if alive
+    assert out.session.HasField("taken_over_will") is kept
+    if kept:
+        t = out.session.taken_over_will
+        assert (t.will, t.service_id, t.connector_incarnation, t.taken_over_at_ms) == (
+            will(), "conn-1", "run-a", NOW + 100)
+
+
+@pytest.mark.parametrize("publish", [True, False])
+def test_taken_over_will_is_published_or_dropped_once(publish):
+    new = logic.decide(connected(v=4, w=will()), reconnect(clean=True), RULES, NOW).session
+    req = logic.scan_request(pb.SESSION_EVENT_TAKEN_OVER_WILL_REQUEST, new, "t1", NOW + 20_000)
+    req.publish_will = publish
+    out = logic.decide(new, req, RULES, NOW + 20_000)
+    assert out.write_session and not out.session.HasField("taken_over_will") and out.session.connected
+    assert (out.publish is not None) is publish
+    if publish:
+        assert out.publish.topic == "wills/c1" and out.publish.created_at_ms == NOW + 20_000
+    assert logic.decide(out.session, req, RULES, NOW + 20_001).kind in ("duplicate", "ignored")
+    other = pb.SessionEventRequest()
+    other.CopyFrom(req)
+    other.session.session_id = "s9"                          # reconnected again since: not this record's
+    other.request_id = "t2"
+    assert logic.decide(new, other, RULES, NOW).kind == "ignored"
+
+
+def test_taken_over_will_survives_a_further_connect_and_disconnect():
+    new = logic.decide(connected(v=4, w=will()), reconnect(clean=False), RULES, NOW).session
+    d = pb.SessionEventRequest(request_id="d2", type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,
+                               session=pb.SessionInfo(client_id="c1", session_id="s2"))
+    off = logic.decide(new, d, RULES, NOW + 1).session
+    assert off.HasField("taken_over_will")
+    again = logic.decide(off, reconnect(clean=False, sid="s3"), RULES, NOW + 2).session
+    assert again.taken_over_will == new.taken_over_will
+
+
+def test_taken_over_will_fate_from_heartbeats():
+    lv = Liveness(TIMEOUT)
+    lv.observe(hb(), NOW)
+    at = NOW + 1000                                          # the takeover, no heartbeat read since
+    assert lv.taken_over_will_fate("conn-1", "run-a", at, at) is None
+    lv.sweep(NOW + TIMEOUT + 1)                              # died before the takeover: nobody sent it
+    assert lv.taken_over_will_fate("conn-1", "run-a", at, NOW + TIMEOUT + 1) is True
+
+    lv = Liveness(TIMEOUT)
+    lv.observe(hb(), NOW)
+    lv.observe(hb(), at + 1)                                 # alive after the takeover: it sent the Will
+    assert lv.taken_over_will_fate("conn-1", "run-a", at, at + 1) is False
+    lv.sweep(at + 1 + TIMEOUT + 1)
+    assert lv.taken_over_will_fate("conn-1", "run-a", at, at + 1 + TIMEOUT + 1) is False
+    assert lv.taken_over_will_fate("conn-9", "x", at, at + 10 * TIMEOUT) is None   # never heard of

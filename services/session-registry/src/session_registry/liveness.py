@@ -34,6 +34,7 @@ class Liveness:
         self.timeout_ms = timeout_ms
         self.current: dict[str, Run] = {}                     # service id -> its latest run
         self.dead: dict[tuple[str, str], int] = {}            # (service id, incarnation) -> declared at
+        self.last_seen_dead: dict[tuple[str, str], int] = {}  # (service id, incarnation) -> its last heartbeat
 
     def observe(self, hb: pb.ConnectorHeartbeat, now_ms: int) -> list[tuple[str, str]]:
         """A heartbeat read; returns the runs this declares dead [(service id, incarnation)]."""
@@ -69,6 +70,7 @@ class Liveness:
     def _declare(self, svc: str, run: Run, now_ms: int) -> tuple[str, str]:
         run.dead_since_ms = now_ms
         self.dead[(svc, run.incarnation)] = now_ms
+        self.last_seen_dead[(svc, run.incarnation)] = run.last_seen_ms
         return svc, run.incarnation
 
     def fenced(self, service_id: str, incarnation: str) -> bool:
@@ -90,6 +92,24 @@ class Liveness:
         # heard for a whole timeout since the service's latest change
         changed = cur.dead_since_ms if cur.dead_since_ms is not None else cur.first_seen_ms
         return now_ms - changed > self.timeout_ms
+
+    def taken_over_will_fate(self, service_id: str, incarnation: str, taken_over_at_ms: int,
+                             now_ms: int) -> bool | None:
+        """What becomes of the Will of a connection taken over at `taken_over_at_ms` while its connector run
+        may have been dead (SessionInfo.taken_over_will): False (drop) once a heartbeat of the run was read
+        after the takeover (it was alive then and sent the Will on the takeover command); True (publish) once
+        the run is dead without one (it died before the takeover: nobody sent it); None: not known yet. A run
+        that dies within one heartbeat interval after a takeover it handled has its Will sent twice."""
+        cur = self.current.get(service_id)
+        if cur is not None and cur.incarnation == incarnation:
+            last = cur.last_seen_ms
+        else:
+            last = self.last_seen_dead.get((service_id, incarnation))
+        if last is not None and last > taken_over_at_ms:
+            return False
+        if self.gone(service_id, incarnation, now_ms):
+            return True
+        return None
 
     def dead_services(self, now_ms: int, for_ms: int) -> list[str]:
         """Services whose latest run has been dead at least `for_ms` (their per-connector topics can go)."""

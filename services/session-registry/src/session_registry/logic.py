@@ -40,6 +40,11 @@ Dead connectors (docs/session-registry.md, "Dead connectors"; session_registry.l
     client (the old session ended); dropped when a connect resumes the session first [MQTT-3.1.3-9].
     A connection that ends through its connector drops the stored Will: no Will after DISCONNECT 0x00
     [MQTT-3.1.2-10], and otherwise the connector sends it itself.
+  * A takeover of a connection whose Will must go [MQTT-3.1.4-3] (no delay, or the new connection starts
+    clean) keeps that Will in the new record (`taken_over_will`): its connector sends it when alive, but a
+    client often reconnects elsewhere before its dead connector is declared dead. A TAKEN_OVER_WILL_REQUEST
+    (the scan, session_registry.liveness.taken_over_will_fate) then publishes it (the run died before the
+    takeover) or drops it (a heartbeat after the takeover: the run sent it).
   * Fencing: a CONNECTION_REQUEST of a connector run (incarnation) declared dead is refused (`fenced`,
     answered CONNECTOR_FENCED, CONNACK Server unavailable): a dead run cannot start sessions again, and each CONNECTOR_GONE_REQUEST
     also sends its connection a DisconnectCommand(CONNECTOR_FENCED) (closed without a Will, should the run
@@ -214,10 +219,10 @@ def will_due(s: pb.SessionInfo, now_ms: int) -> bool:
     return at is not None and at <= now_ms
 
 
-def _will_to_publish(s: pb.SessionInfo, now_ms: int) -> pb.PublishMsg:
-    """The stored Will as published now (its Message Expiry counts from now)."""
+def _published_now(will: pb.PublishMsg, now_ms: int) -> pb.PublishMsg:
+    """A stored Will as published now (its Message Expiry counts from now)."""
     msg = pb.PublishMsg()
-    msg.CopyFrom(s.will)
+    msg.CopyFrom(will)
     msg.created_at_ms = now_ms
     return msg
 
@@ -246,6 +251,8 @@ def decide(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, rules: Ru
         return decide_connector_gone(stored, req, now_ms)
     if req.type == pb.SESSION_EVENT_WILL_DUE_REQUEST:
         return decide_will_due(stored, req, now_ms)
+    if req.type == pb.SESSION_EVENT_TAKEN_OVER_WILL_REQUEST:
+        return decide_taken_over_will(stored, req, now_ms)
     if req.type == pb.SESSION_EVENT_CLEAR_SESSION_REQUEST:
         return decide_clear(stored, req, now_ms)
     if req.type == pb.SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST:
@@ -288,7 +295,7 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
         if session_present:
             out.notes.append("pending Will cancelled: session resumed")
         else:
-            out.publish = _will_to_publish(stored, now_ms)
+            out.publish = _published_now(stored.will, now_ms)
     out.retry_side_effects = True
     out.fallback = _failed("unavailable", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE, client_type, sei)
 
@@ -331,6 +338,16 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
     if conn.HasField("will"):
         out.session.will.CopyFrom(conn.will)
         out.session.will_delay = conn.will_delay
+    if stored is not None and stored.HasField("taken_over_will"):
+        out.session.taken_over_will.CopyFrom(stored.taken_over_will)   # still undecided: kept
+    elif stored is not None and stored.connected and has_will(stored):
+        delay = will_delay_seconds(stored.mqtt_version, stored.will_delay, stored.session_expiry_interval)
+        if delay <= 0 or conn.clean_start:
+            # the taken over connection's Will goes now [MQTT-3.1.4-3, MQTT-3.1.2-8] (with a delay, a resumed
+            # session cancels it [MQTT-3.1.3-9]): its connector sends it if alive; kept until that is known
+            out.session.taken_over_will.CopyFrom(pb.TakenOverWill(
+                will=stored.will, service_id=stored.service_id,
+                connector_incarnation=stored.connector_incarnation, taken_over_at_ms=now_ms))
     out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei,
                            persistent=persistent)
     out.response.awaiting_pubrel.extend(resumed_awaiting_pubrel(stored, session_present))
@@ -378,7 +395,7 @@ def decide_connector_gone(stored: pb.SessionInfo | None, req: pb.SessionEventReq
     if out.fallback is not None:
         out.fallback.disconnect = out.disconnect
     if has_will(stored) and delay <= 0:
-        out.publish = _will_to_publish(stored, now_ms)
+        out.publish = _published_now(stored.will, now_ms)
         if out.fallback is not None:
             out.fallback.publish = out.publish
     return out
@@ -392,7 +409,22 @@ def decide_will_due(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, 
     s.CopyFrom(stored)
     _without_will(s)
     s.last_request_id = req.request_id
-    return Outcome("will-sent", write_session=True, session=s, publish=_will_to_publish(stored, now_ms))
+    return Outcome("will-sent", write_session=True, session=s, publish=_published_now(stored.will, now_ms))
+
+
+def decide_taken_over_will(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now_ms: int) -> Outcome:
+    """The fate of the taken over connection's Will is known (the request's publish_will): publish or drop."""
+    if stored is None or stored.session_id != req.session.session_id or not stored.HasField("taken_over_will"):
+        return Outcome("ignored")
+    s = pb.SessionInfo()
+    s.CopyFrom(stored)
+    s.ClearField("taken_over_will")
+    s.last_request_id = req.request_id
+    out = Outcome("taken-over-will-dropped", write_session=True, session=s)
+    if req.publish_will:
+        out.kind = "taken-over-will-sent"
+        out.publish = _published_now(stored.taken_over_will.will, now_ms)
+    return out
 
 
 def _connection_ended(stored: pb.SessionInfo, request_id: str, sei: int, pubrel: list[int], now_ms: int,
@@ -440,7 +472,7 @@ def decide_clear(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now
         return Outcome("ignored")
     out = _removal("cleared", stored, now_ms)
     if not stored.connected and has_will(stored):
-        out.publish = _will_to_publish(stored, now_ms)   # the session ends before the Will Delay [MQTT-3.1.2-8]
+        out.publish = _published_now(stored.will, now_ms)   # the session ends before the Will Delay [MQTT-3.1.2-8]
     if stored.client_type == APPLICATION:
         out.app_removed = _app_removed(stored.client_id, now_ms)
     if stored.connected:

@@ -64,6 +64,7 @@ _ROUTINE = {"connected", "disconnected", "removed", "duplicate", "stale", "ignor
 GONE = pb.SESSION_EVENT_CONNECTOR_GONE_REQUEST
 WILL_DUE = pb.SESSION_EVENT_WILL_DUE_REQUEST
 CLEAR = pb.SESSION_EVENT_CLEAR_SESSION_REQUEST
+TAKEN_OVER_WILL = pb.SESSION_EVENT_TAKEN_OVER_WILL_REQUEST
 
 
 def now_ms() -> int:
@@ -550,21 +551,30 @@ class SessionRegistry(Service):
         """One pass over the sessions of the partitions this instance owns (every
         TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS, and at once when a connector run is declared dead): a
         CONNECTOR_GONE_REQUEST for each still connected on a dead run, a CLEAR_SESSION_REQUEST for each that
-        is over, a WILL_DUE_REQUEST for each delayed Will that is due. Through the request topic, so each is
-        serialised with the client's own events."""
-        def select(s: pb.SessionInfo, now: int) -> int | None:
+        is over, a WILL_DUE_REQUEST for each delayed Will that is due, a TAKEN_OVER_WILL_REQUEST for each
+        taken over connection's Will whose fate is known. Through the request topic, so each is serialised
+        with the client's own events."""
+        def select(s: pb.SessionInfo, now: int) -> tuple[int, bool] | None:
+            if s.connected and self.liveness.gone(s.service_id, s.connector_incarnation, now):
+                return GONE, False
+            if s.HasField("taken_over_will"):
+                t = s.taken_over_will
+                fate = self.liveness.taken_over_will_fate(t.service_id, t.connector_incarnation,
+                                                          t.taken_over_at_ms, now)
+                if fate is not None:
+                    return TAKEN_OVER_WILL, fate
             if s.connected:
-                return GONE if self.liveness.gone(s.service_id, s.connector_incarnation, now) else None
+                return None
             if logic.needs_cleanup(s, now):
-                return CLEAR          # publishes a pending Will too: the session ends first [MQTT-3.1.2-8]
-            return WILL_DUE if logic.will_due(s, now) else None
+                return CLEAR, False   # publishes a pending Will too: the session ends first [MQTT-3.1.2-8]
+            return (WILL_DUE, False) if logic.will_due(s, now) else None
         sent = await self._scan(select, max(10.0, 3 * self.s.expiry_check_interval_ms / 1000))
         self.stats["session_scans"] += 1     # a pass done (tests wait for one after a declaration)
         return sent
 
     async def _scan(self, select, resend_after: float) -> int:
-        """Send `select(session, now)`'s request (a type, or None) for every stored session of the owned
-        partitions; the same request for the same session is sent again only after `resend_after` s."""
+        """Send `select(session, now)`'s request ((type, publish_will), or None) for every stored session of
+        the owned partitions; the same request for the same session is sent again only after `resend_after` s."""
         assert self.consumer is not None and self.plain is not None
         owned = set(self.owned)
         parts = self.consumer.partitions_for_topic(REQUESTS)
@@ -575,15 +585,17 @@ class SessionRegistry(Service):
         t = time.monotonic()
         futures = []
         for cid, s in self.store.items():
-            kind = select(s, now)
-            if kind is None or partition_of(cid, n_parts) not in owned:
+            chosen = select(s, now)
+            if chosen is None or partition_of(cid, n_parts) not in owned:
                 continue
+            kind, publish_will = chosen
             asked = self._asked.get((cid, kind))
             if asked is not None and asked[0] == s.session_id and t - asked[1] < resend_after:
                 continue
             self._asked[(cid, kind)] = (s.session_id, t)
             what = _TYPE_NAMES.get(kind, "scan").lower()
             req = logic.scan_request(kind, s, f"{what}-{uuid.uuid4().hex}", now)
+            req.publish_will = publish_will
             with tracer.start_as_current_span(f"session-registry scan {what}", attributes={"client_id": cid}):
                 futures.append(await self.plain.send(REQUESTS, req.SerializeToString(), key=cid.encode(),
                                                      headers=kafka_headers()))

@@ -25,6 +25,7 @@ class SessionEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST: _ClassVar[SessionEventType]
     SESSION_EVENT_CONNECTOR_GONE_REQUEST: _ClassVar[SessionEventType]
     SESSION_EVENT_WILL_DUE_REQUEST: _ClassVar[SessionEventType]
+    SESSION_EVENT_TAKEN_OVER_WILL_REQUEST: _ClassVar[SessionEventType]
 
 class SessionFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ SESSION_EVENT_CLEAR_SESSION_REQUEST: SessionEventType
 SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST: SessionEventType
 SESSION_EVENT_CONNECTOR_GONE_REQUEST: SessionEventType
 SESSION_EVENT_WILL_DUE_REQUEST: SessionEventType
+SESSION_EVENT_TAKEN_OVER_WILL_REQUEST: SessionEventType
 SESSION_FAILURE_NONE: SessionFailure
 SESSION_FAILURE_UNSPECIFIED_ERROR: SessionFailure
 SESSION_FAILURE_QUOTA_EXCEEDED: SessionFailure
@@ -156,7 +158,7 @@ class DevicePublishMsg(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay")
+    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay", "taken_over_will")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +178,7 @@ class SessionInfo(_message.Message):
     CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     WILL_FIELD_NUMBER: _ClassVar[int]
     WILL_DELAY_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_OVER_WILL_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
@@ -195,10 +198,23 @@ class SessionInfo(_message.Message):
     connector_incarnation: str
     will: PublishMsg
     will_delay: int
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., connector_incarnation: _Optional[str] = ..., will: _Optional[_Union[PublishMsg, _Mapping]] = ..., will_delay: _Optional[int] = ...) -> None: ...
+    taken_over_will: TakenOverWill
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., connector_incarnation: _Optional[str] = ..., will: _Optional[_Union[PublishMsg, _Mapping]] = ..., will_delay: _Optional[int] = ..., taken_over_will: _Optional[_Union[TakenOverWill, _Mapping]] = ...) -> None: ...
+
+class TakenOverWill(_message.Message):
+    __slots__ = ("will", "service_id", "connector_incarnation", "taken_over_at_ms")
+    WILL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_OVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    will: PublishMsg
+    service_id: str
+    connector_incarnation: str
+    taken_over_at_ms: int
+    def __init__(self, will: _Optional[_Union[PublishMsg, _Mapping]] = ..., service_id: _Optional[str] = ..., connector_incarnation: _Optional[str] = ..., taken_over_at_ms: _Optional[int] = ...) -> None: ...
 
 class SessionEventRequest(_message.Message):
-    __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful", "awaiting_pubrel")
+    __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful", "awaiting_pubrel", "publish_will")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +223,7 @@ class SessionEventRequest(_message.Message):
     FORCE_CLEANUP_FIELD_NUMBER: _ClassVar[int]
     GRACEFUL_FIELD_NUMBER: _ClassVar[int]
     AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_WILL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     type: SessionEventType
     session: SessionInfo
@@ -215,7 +232,8 @@ class SessionEventRequest(_message.Message):
     force_cleanup: bool
     graceful: bool
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
+    publish_will: bool
+    def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., publish_will: _Optional[bool] = ...) -> None: ...
 
 class SessionEventResponse(_message.Message):
     __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent", "awaiting_pubrel")
