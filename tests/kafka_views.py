@@ -54,6 +54,12 @@ class SessionTable:
     async def stop(self):
         await self.view.stop()
 
+    async def __aenter__(self) -> "SessionTable":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
 
 async def committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
     """The offsets `group` has committed, per partition (empty when the group has none or does not exist)."""

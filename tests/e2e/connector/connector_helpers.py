@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from kafka_views import partitions_of
 from mqtt_clients import BOUND
@@ -26,6 +28,11 @@ from waits import wait_until
 
 
 RULES = Rules()  # the registry's defaults
+
+# modules whose suite runs device-persistence are skipped (with this reason) while it has no entry point
+needs_device_persistence = pytest.mark.skipif(
+    importlib.util.find_spec("device_persistence.__main__") is None,
+    reason="device-persistence has no entry point yet (services/device-persistence)")
 
 
 @contextlib.asynccontextmanager

@@ -76,11 +76,8 @@ def session(port: int, client_id: str, *, clean_start: bool, sei: int | None, di
 @pytest.fixture(scope="module")
 async def table(kafka):
     """tbmq.client.session as the registry writes it: tests wait for its records, not for time."""
-    t = await SessionTable(kafka.bootstrap_servers).start()
-    try:
+    async with SessionTable(kafka.bootstrap_servers) as t:
         yield t
-    finally:
-        await t.stop()
 
 
 async def offline(table: SessionTable, cid: str, since: int) -> None:

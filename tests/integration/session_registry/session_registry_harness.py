@@ -88,6 +88,7 @@ class FakeConnector:
     def __init__(self, bootstrap: str, service_id: str):
         self.bootstrap = bootstrap
         self.service_id = service_id
+        self.incarnation = ""      # the run its requests and heartbeats name (set a new one to "restart")
         self.producer = make_producer(bootstrap, client_id=f"fake-{service_id}")
         self.responses: list[pb.SessionEventResponse] = []
         self.disconnects: list[pb.DisconnectCommand] = []
@@ -125,20 +126,33 @@ class FakeConnector:
         n = len(await self.producer.partitions_for(topics.SESSION_EVENT_REQUEST))
         return _PARTITIONER.hash(client_id.encode()) % n, n
 
+    async def heartbeat(self, *, stopped: bool = False) -> None:
+        """A ConnectorHeartbeat of this run (tbmq.connector.heartbeat)."""
+        hb = pb.ConnectorHeartbeat(service_id=self.service_id, incarnation=self.incarnation,
+                                   sent_at_ms=int(time.time() * 1000), stopped=stopped)
+        await self.producer.send_and_wait(topics.CONNECTOR_HEARTBEAT, hb.SerializeToString(),
+                                          key=self.service_id.encode())
+
     async def send(self, req: pb.SessionEventRequest) -> None:
         await self.producer.send_and_wait(topics.SESSION_EVENT_REQUEST, req.SerializeToString(),
                                           key=req.session.client_id.encode())
 
     def connect_request(self, client_id: str, *, session_id: str | None = None, clean_start: bool = False,
                         sei: int = 0, version: int = 5, username: str = "", keep_alive: int = 30,
-                        request_id: str | None = None) -> pb.SessionEventRequest:
-        return pb.SessionEventRequest(
+                        request_id: str | None = None, will: pb.PublishMsg | None = None,
+                        will_delay: int = 0) -> pb.SessionEventRequest:
+        req = pb.SessionEventRequest(
             request_id=request_id or uuid.uuid4().hex, type=pb.SESSION_EVENT_CONNECTION_REQUEST,
             request_time_ms=int(time.time() * 1000),
             session=pb.SessionInfo(client_id=client_id, service_id=self.service_id,
                                    session_id=session_id or uuid.uuid4().hex, clean_start=clean_start,
                                    session_expiry_interval=sei, mqtt_version=version, keep_alive=keep_alive,
-                                   username=username, client_address="127.0.0.1:40000"))
+                                   username=username, client_address="127.0.0.1:40000",
+                                   connector_incarnation=self.incarnation))
+        if will is not None:
+            req.session.will.CopyFrom(will)
+            req.session.will_delay = will_delay
+        return req
 
     async def connect(self, client_id: str, timeout: float = 20.0, **kw) -> tuple[pb.SessionEventResponse, str]:
         """CONNECTION_REQUEST and its answer; returns (response, session id)."""

@@ -177,6 +177,21 @@ def test_takeover_closes_without_reporting_and_decides_the_will(clean_start, exp
         assert [w.delay for w in wills] == [expected_delay]
 
 
+@pytest.mark.parametrize("level,delay", [(4, 0), (5, 0), (5, 30)])
+def test_fenced_connection_closes_without_will_or_report(level, delay):
+    # the registry declared this connector run dead, ended the session and owns its Will (published once)
+    c = Client(level)
+    will = Will(topic="w", payload=b"bye", qos=1, retain=False,
+                properties=Properties(will_delay_interval=delay) if level == 5 else Properties())
+    c.connect(answer(sei=60), will=will, properties=Properties(session_expiry_interval=60) if level == 5 else None)
+    c.take_effects()
+    c.call("take_over", pb.DisconnectCommand(session_id=c.m.session_id,
+                                             reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED))
+    if level == 5:
+        assert plain(c.take()) == [Disconnect(RC.ADMINISTRATIVE_ACTION)]
+    assert c.closed is not None and c.of(ReportDisconnect) == [] and c.of(ScheduleWill) == []
+
+
 # ------------------------------------------------------------------------------------------ keep alive
 @pytest.mark.parametrize("level", [4, 5])
 def test_keep_alive_timeout_after_one_and_a_half_periods(level):
@@ -226,6 +241,25 @@ def test_will_v3_at_once_on_a_lost_connection_not_after_disconnect():
     c.connect(will=will)
     c.send(Disconnect())
     assert c.of(ScheduleWill) == [] and c.of(ReportDisconnect)[0].graceful   # [MQTT-3.1.2-10]
+
+
+def test_connection_request_carries_the_will_for_the_registry_and_the_disconnect_does_not():
+    # the registry publishes it should this connector die [MQTT-3.1.2-8] (docs/session-registry.md)
+    will = Will(topic="w/dev", payload=b"bye", qos=1, retain=True,
+                properties=Properties(will_delay_interval=30, content_type="text/plain"))
+    c = Client(5)
+    c.connect(answer(sei=60), will=will, properties=Properties(session_expiry_interval=60))
+    assert c.request.HasField("will") and c.request.will_delay == 30
+    w = c.request.will
+    assert (w.topic, w.payload, w.qos, w.retain, w.content_type, w.publisher_id) == (
+        "w/dev", b"bye", 1, True, "text/plain", "dev")
+    c.send(Disconnect())
+    (report,) = c.of(ReportDisconnect)
+    assert not report.session.HasField("will")
+
+    c = Client(4)
+    c.connect()
+    assert not c.request.HasField("will") and c.request.will_delay == 0
 
 
 @pytest.mark.parametrize("reason,sei,delay", [(RC.DISCONNECT_WITH_WILL_MESSAGE, 60, 30), (None, 10, 10),

@@ -4,7 +4,8 @@ validation, Kafka payload conversion, settings, Will scheduling."""
 from __future__ import annotations
 
 import pytest
-from tbmq_connection.connect import ConnectRefused, plan_connect, will_delay_seconds
+from tbmq_connection.connect import ConnectRefused, plan_connect
+from tbmq_routing.wills import will_delay_seconds
 from tbmq_connection.convert import outbound_publish, publish_msg
 from tbmq_connection.flow import (
     AWAIT_PUBCOMP,

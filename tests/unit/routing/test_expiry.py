@@ -58,3 +58,18 @@ def test_unknown_creation_time_counts_as_not_waited():
     assert not expired(0, 1, T0)
     assert forwarded_interval(0, 3, T0) == 3
     assert store_ttl_ms(-1, 3, T0) == 3000
+
+
+def test_will_rules_publish_records_and_delay():
+    """tbmq_routing.wills: what a PUBLISH / Will writes, and when a Will goes (connector and registry)."""
+    from tbmq.v1 import messages_pb2 as pb
+    from tbmq_routing.wills import publish_records, will_delay_seconds
+
+    plain_msg = pb.PublishMsg(topic="a/b", payload=b"x", retain=False)
+    assert publish_records(plain_msg, "all", "ret") == [("all", b"a/b", plain_msg.SerializeToString())]
+    kept = pb.PublishMsg(topic="a/b", payload=b"x", retain=True)
+    assert [t for t, _k, _v in publish_records(kept, "all", "ret")] == ["all", "ret"]
+    assert publish_records(kept, "all", "ret")[1][2] == kept.SerializeToString()
+    empty = pb.PublishMsg(topic="a/b", payload=b"", retain=True)
+    assert publish_records(empty, "all", "ret")[1] == ("ret", b"a/b", None)   # deletes [MQTT-3.3.1-6/-7]
+    assert will_delay_seconds(5, 30, 10) == 10 and will_delay_seconds(4, 30, 100) == 0

@@ -109,12 +109,3 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
                                      if v5 and props.request_problem_information is not None else True),
         request_response_information=bool(v5 and props.request_response_information),
     )
-
-
-def will_delay_seconds(protocol_level: int, will_delay: int, session_expiry: int) -> int:
-    """When the Will goes out after an ungraceful close: v5 Will Delay, but no later than the end of the
-    session [MQTT-3.1.2-8], i.e. `session_expiry` (the registry's interval, or the DISCONNECT's) after the
-    close; a session that ends at disconnect (0, a resumed one included) sends it at once."""
-    if protocol_level != MQTT_5:
-        return 0
-    return min(will_delay, session_expiry)

@@ -59,8 +59,9 @@ from tbmq_mqtt import (
     server_error_response,
 )
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
+from tbmq_routing.wills import will_delay_seconds
 
-from .connect import ConnectRefused, plan_connect, will_delay_seconds
+from .connect import ConnectRefused, plan_connect
 from .convert import outbound_publish, publish_msg, topic_subscription
 from .effects import (
     AckApp,
@@ -102,11 +103,13 @@ RC = ReasonCode
 _MSGS_IN = ("msgs_in_qos0", "msgs_in_qos1", "msgs_in_qos2")  # stats keys (Prometheus tbmq_messages_received)
 _SESSION_FAILURE = {pb.SESSION_FAILURE_QUOTA_EXCEEDED: RC.QUOTA_EXCEEDED,
                     pb.SESSION_FAILURE_SERVER_UNAVAILABLE: RC.SERVER_UNAVAILABLE,
+                    pb.SESSION_FAILURE_CONNECTOR_FENCED: RC.SERVER_UNAVAILABLE,
                     pb.SESSION_FAILURE_CLIENT_ID_NOT_VALID: RC.CLIENT_IDENTIFIER_NOT_VALID,
                     pb.SESSION_FAILURE_UNSPECIFIED_ERROR: RC.UNSPECIFIED_ERROR}
 _TAKEOVER_REASON = {pb.DISCONNECT_REASON_SESSION_TAKEN_OVER: RC.SESSION_TAKEN_OVER,
                     pb.DISCONNECT_REASON_ADMINISTRATIVE: RC.ADMINISTRATIVE_ACTION,
-                    pb.DISCONNECT_REASON_SERVER_SHUTTING_DOWN: RC.SERVER_SHUTTING_DOWN}
+                    pb.DISCONNECT_REASON_SERVER_SHUTTING_DOWN: RC.SERVER_SHUTTING_DOWN,
+                    pb.DISCONNECT_REASON_CONNECTOR_FENCED: RC.ADMINISTRATIVE_ACTION}
 _TAKEOVER_TEXT = {RC.SESSION_TAKEN_OVER: "session taken over by a newer connection",
                   RC.ADMINISTRATIVE_ACTION: "disconnected by an administrator",
                   RC.SERVER_SHUTTING_DOWN: "server shutting down"}
@@ -527,6 +530,10 @@ class ConnectionMachine:
         """The registry gave the session to a newer connection: close without a DISCONNECTION_REQUEST."""
         self.taken_over = cmd
         rc = _TAKEOVER_REASON.get(cmd.reason, RC.SESSION_TAKEN_OVER)
+        if cmd.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED:
+            self._close("connector declared dead by the session registry", rc=rc,
+                        reason_string="connector declared dead", log_level=logging.WARNING)
+            return self.effects
         self._close(f"session taken over ({rc.name})", rc=rc, reason_string=_TAKEOVER_TEXT[rc])
         return self.effects
 
@@ -596,7 +603,16 @@ class ConnectionMachine:
             keep_alive=plan.keep_alive, connected_at_ms=now, client_address=self.address,
             username=c.username or "")
         self.request_sent = True
-        self.effects.append(RequestSession(self.session))
+        request = self.session
+        if c.will is not None:
+            # the registry keeps the Will with the connected session and publishes it should this connector
+            # die [MQTT-3.1.2-8]; the DISCONNECTION_REQUEST (self.session) does not carry it
+            request = pb.SessionInfo()
+            request.CopyFrom(self.session)
+            request.will.CopyFrom(publish_msg(c.will, c.will.topic, publisher_id=self.client_id,
+                                              service_id=cfg.service_id, mqtt_version=self.level, now_ms=now))
+            request.will_delay = plan.will_delay
+        self.effects.append(RequestSession(request))
 
     def _accept(self) -> None:
         """CONNACK success, then the persistent session's stored messages / stream."""
@@ -1088,7 +1104,9 @@ class ConnectionMachine:
         prior = self.state_before_close
         if self.request_sent:
             # the Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; v5 0x04 and every other end send it
-            if self.will is not None and not self.graceful and prior == CONNECTED:
+            # none when this run was fenced: the registry ended the session and owns its Will
+            fenced = self.taken_over is not None and self.taken_over.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED
+            if self.will is not None and not self.graceful and prior == CONNECTED and not fenced:
                 delay = will_delay_seconds(self.level, self.will_delay, self.session_expiry)
                 if self.taken_over is not None:
                     if delay and not self.taken_over.new_session_clean_start:

@@ -60,6 +60,7 @@ SESSION_EVENT_REQUEST = "tbmq.client.session.event.request"
 SESSION_EVENT_RESPONSE_PREFIX = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT_PREFIX = "tbmq.client.disconnect."
 DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
+CONNECTOR_HEARTBEAT = "tbmq.connector.heartbeat"
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
 
@@ -129,6 +130,8 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               "connector <svc>"),
     TopicSpec(DOWNLINK_BASIC_PREFIX + "<svc>", "MQTT topic", "BasicDownlink", 12, "router",
               "connector <svc>", single_node_partitions=1),
+    _compacted(CONNECTOR_HEARTBEAT, "service id", "ConnectorHeartbeat (last one per connector)", "connector",
+               "session-registry (every instance, from the beginning)"),
     TopicSpec(SYS_APP_REMOVED, "client id", "ApplicationRemovedEvent", 1, "session-registry",
               "app-delivery (deletes the topic)"),
     TopicSpec(SYS_HISTORICAL_DATA, "window start", "UsageStats", 1, "spark stats job", "operators"),

@@ -14,6 +14,15 @@ After UNSUBACK (docs/connector.md, "Subscriptions take effect at SUBACK"): a liv
 connection only while one of its current subscriptions matches the message's topic, so a copy the router
 routed before the unsubscribe and still in flight on tbmq.msg.downlink.basic.<svc> is dropped once UNSUBACK
 is sent ([MQTT-3.10.4-2]: no new messages for the removed filters).
+Liveness (docs/connector.md, "Heartbeat"): each run of the connector has an incarnation id and sends a
+ConnectorHeartbeat (tbmq.connector.heartbeat, key = service id) every CONNECTOR_HEARTBEAT_INTERVAL_MS, the
+first before the MQTT listener opens; a graceful stop sends one with `stopped` after its connections were
+closed and their DISCONNECTION_REQUESTs and Wills acknowledged by Kafka, so the registry ends what is left at
+once. A run that goes silent is declared dead by the session registry, which ends its sessions and publishes
+its clients' Wills; a run declared dead that is still alive learns it from the registry (a CONNECT answered
+CONNECTOR_FENCED, or a DisconnectCommand CONNECTOR_FENCED) and stops itself (exit code 1, to be restarted as a
+new run), closing its connections without Wills and without DISCONNECTION_REQUESTs: the registry ended those
+sessions and owns their Wills.
 Retained at SUBSCRIBE: `retained_caught_up` (the retained view's barrier) before the retained messages are
 sent, so a retained PUBLISH acknowledged (on any connector) before the SUBSCRIBE arrived is among them.
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 
@@ -36,6 +46,7 @@ from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (
     CLIENT_SESSION,
     CLIENT_SUBSCRIPTIONS,
+    CONNECTOR_HEARTBEAT,
     MSG_ALL,
     MSG_RETAINED,
     disconnect_topic,
@@ -49,6 +60,7 @@ from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection.limits import Admission
 from tbmq_connection.convert import publish_msg
 from tbmq_routing import RetainedStore, subscribed_to
+from tbmq_routing.wills import publish_records
 
 from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
@@ -81,6 +93,8 @@ class ConnectorService(Service):
         super().__init__(settings)
         self.settings: ConnectorSettings = settings
         self.service_id = settings.instance_id
+        self.incarnation = uuid.uuid4().hex         # this run of the connector (fencing, heartbeats)
+        self.fenced = False                         # the registry declared this run dead: stopping
         self.retained = RetainedStore()
         self._subs_raw: dict[str, bytes] = {}
         self.wills = Wills(self._publish_will)
@@ -127,11 +141,17 @@ class ConnectorService(Service):
     async def start(self) -> None:
         s = self.settings
         bootstrap = s.bootstrap
-        await ensure_topics(bootstrap, [*static_topics(), *service_topics(self.service_id)],
-                            layout=s.topic_layout)
+        await ensure_topics(bootstrap, static_topics(), layout=s.topic_layout)
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
-        self.sessions = SessionEvents(self.producer)
+        await self.producer.start()
+        # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
+        # a service whose latest run is dead, never those of a service that came back; and before any CONNECT
+        await self._heartbeat()
+        # from now on: rebuilding the views below may take longer than the registry's timeout
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+        await ensure_topics(bootstrap, service_topics(self.service_id), layout=s.topic_layout)
+        self.sessions = SessionEvents(self.producer, self.incarnation)
         # the three compacted views on one consumer (tbmq_platform.compacted)
         self.views = CompactedViews(bootstrap, client_id=f"{self.service_id}-views")
         self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
@@ -143,7 +163,6 @@ class ConnectorService(Service):
                                      read_committed=True, long_poll=True)
         self.data = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-downlink",
                                   max_poll_records=5000, long_poll=True)
-        await self.producer.start()
         await self.control.start()
         await assign_at_end(self.control, [self._topics["response"], self._topics["disconnect"]])
         await self.data.start()
@@ -211,7 +230,11 @@ class ConnectorService(Service):
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
-            conn.shutdown()
+            if self.fenced:   # the registry ended these sessions and owns their Wills
+                conn.take_over(pb.DisconnectCommand(client_id=conn.client_id, session_id=conn.session_id,
+                                                    reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED))
+            else:
+                conn.shutdown()
         self.wills.stop(send=True)
         await asyncio.sleep(0)
         if self._bg:
@@ -222,6 +245,11 @@ class ConnectorService(Service):
             except Exception:
                 log.exception("producer flush failed")
         await self.cancel_tasks()
+        if self.producer is not None and self._servers and not self.fenced:
+            try:   # after the DISCONNECTION_REQUESTs and Wills (flushed): no false "dead", no timeout wait
+                await asyncio.wait_for(self._heartbeat(stopped=True), 10)
+            except Exception:
+                log.exception("stopped heartbeat not sent (the registry declares this run dead after its timeout)")
         for part in (self.control, self.data, self.views):
             if part is None:
                 continue
@@ -303,7 +331,22 @@ class ConnectorService(Service):
             del self.by_store[store_id]
 
     async def request_session(self, session: pb.SessionInfo) -> pb.SessionEventResponse:
-        return await self.sessions.connect(session, self.settings.session_event_timeout_s)
+        resp = await self.sessions.connect(session, self.settings.session_event_timeout_s)
+        if resp.failure == pb.SESSION_FAILURE_CONNECTOR_FENCED:
+            self._on_fenced(f"CONNECT of {session.client_id!r} refused")
+        return resp
+
+    def _on_fenced(self, why: str) -> None:
+        """The registry declared this run dead (it was paused or cut off longer than TBMQ_CONNECTOR_TIMEOUT_MS):
+        its sessions are ended and their Wills published, so it must not serve on. Stop (exit code 1)."""
+        if self.fenced:
+            return
+        self.fenced = True
+        log.error("connector %s run %s was declared dead by the session registry (%s): stopping; restart it",
+                  self.service_id, self.incarnation, why)
+        fut = self.failed()
+        if not fut.done():
+            fut.set_exception(RuntimeError("connector run declared dead by the session registry (fenced)"))
 
     def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None,
                           awaiting_pubrel=()) -> None:
@@ -327,14 +370,14 @@ class ConnectorService(Service):
         or None). Never waits for the acknowledgement. `headers` default: the current trace context."""
         if headers is None:
             headers = kafka_headers()
-        key = topic.encode("utf-8")
-        value = msg.SerializeToString()
-        fut = await self.producer.send(MSG_ALL, value, key=key, headers=headers)
+        # msg.topic == topic and msg.retain == retain (tbmq_connection.convert.publish_msg); the retained copy
+        # (an empty payload deletes it [MQTT-3.3.1-6/-7]): tbmq_routing.wills.publish_records, also the registry's
+        records = publish_records(msg, MSG_ALL, MSG_RETAINED)
+        fut = await self.producer.send(records[0][0], records[0][2], key=records[0][1], headers=headers)
         fut2 = None
-        if retain:
-            # the connector owns retained storage: an empty payload deletes it [MQTT-3.3.1-6/-7]
-            fut2 = await self.producer.send(MSG_RETAINED, value if msg.payload else None, key=key,
-                                            headers=headers)
+        if len(records) > 1:
+            t, key, value = records[1]
+            fut2 = await self.producer.send(t, value, key=key, headers=headers)
         return fut, fut2
 
     async def produce_subscriptions(self, client_id: str, subs, client_type: int) -> None:
@@ -357,6 +400,23 @@ class ConnectorService(Service):
             if fut2 is not None:
                 await fut2
         self.spawn_bg(go())
+
+    async def _heartbeat(self, stopped: bool = False) -> None:
+        hb = pb.ConnectorHeartbeat(service_id=self.service_id, incarnation=self.incarnation,
+                                   sent_at_ms=int(time.time() * 1000), stopped=stopped)
+        fut = await self.producer.send(CONNECTOR_HEARTBEAT, hb.SerializeToString(),
+                                       key=self.service_id.encode("utf-8"))
+        await fut
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.wait_for(self._heartbeat(), interval * 2)
+            except Exception as exc:   # Kafka unreachable: the registry may declare this run dead
+                self.stats["heartbeats_failed"] += 1
+                log.warning("heartbeat not sent: %r", exc)
 
     # ------------------------------------------------------------------------------------ views
     def _apply_retained(self, key: bytes | None, value: bytes | None) -> None:
@@ -425,6 +485,8 @@ class ConnectorService(Service):
 
     def _on_disconnect_command(self, value: bytes) -> None:
         cmd = pb.DisconnectCommand.FromString(value)
+        if cmd.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED and cmd.connector_incarnation == self.incarnation:
+            self._on_fenced(f"connection of {cmd.client_id!r} closed")
         conn = self.by_session.get(cmd.session_id)
         if conn is None:
             log.debug("disconnect command for %r session %s: not here", cmd.client_id, cmd.session_id)

@@ -27,8 +27,11 @@ log = logging.getLogger(__name__)
 
 
 class SessionEvents:
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    def __init__(self, producer: AIOKafkaProducer, incarnation: str = "") -> None:
         self._producer = producer
+        # this connector run (ConnectorHeartbeat.incarnation): stamped on every request, so that the registry
+        # refuses the CONNECTs of a run it declared dead (fencing)
+        self._incarnation = incarnation
         self._pending: dict[str, asyncio.Future] = {}
 
     @property
@@ -38,6 +41,7 @@ class SessionEvents:
     async def connect(self, session: pb.SessionInfo, timeout: float) -> pb.SessionEventResponse:
         """Ask the registry; raises asyncio.TimeoutError when no answer comes in `timeout` seconds."""
         request_id = uuid.uuid4().hex
+        session.connector_incarnation = self._incarnation
         fut = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:
@@ -55,6 +59,7 @@ class SessionEvents:
                          awaiting_pubrel: Iterable[int] = ()) -> asyncio.Future:
         """Produce a DISCONNECTION_REQUEST; returns the delivery future (nobody needs to wait for the
         answer)."""
+        session.connector_incarnation = self._incarnation
         req = pb.SessionEventRequest(request_id=uuid.uuid4().hex, type=pb.SESSION_EVENT_DISCONNECTION_REQUEST,
                                      session=session, request_time_ms=int(time.time() * 1000),
                                      graceful=graceful, awaiting_pubrel=awaiting_pubrel)

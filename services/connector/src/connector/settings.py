@@ -139,6 +139,10 @@ class ConnectorSettings(CommonSettings):
         "CONNECTOR_RETAINED_WAIT_MS", 5000.0, parse=number(0),
         doc="at SUBSCRIBE, how long the retained view may take to reach tbmq.msg.retained's end before the "
             "retained messages are sent (then logged, and sent from what it holds); 0 = do not wait")
+    heartbeat_interval_ms: int = env(
+        "CONNECTOR_HEARTBEAT_INTERVAL_MS", 3000, parse=integer(50),
+        doc="period of this connector's heartbeat on tbmq.connector.heartbeat; the session registry declares a "
+            "connector dead after TBMQ_CONNECTOR_TIMEOUT_MS without one (keep this a third of it at most)")
     trace_spans: bool = env(
         "CONNECTOR_TRACE_SPANS", False, parse=boolean,
         doc="create the per-message spans (mqtt.publish, mqtt.deliver*) even without an OTLP endpoint")

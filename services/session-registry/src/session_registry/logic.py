@@ -25,6 +25,31 @@ answer (SessionEventResponse.session_expiry_interval and .persistent) and decide
   * A stored session is *alive* (`is_alive`) when it outlives its connection (persistent and SEI > 0) and
     is connected or not expired (disconnected_at + SEI > now). A connected session with SEI 0 ends when it
     is taken over; a dead one is cleared by the next connect or by the expiry scan.
+
+Dead connectors (docs/session-registry.md, "Dead connectors"; session_registry.liveness decides which are):
+  * A CONNECTOR_GONE_REQUEST (one per session still connected on a connector declared dead, written by the
+    scan of the partition's owner) ends the session exactly as a connection lost without DISCONNECT:
+    a persistent one is kept disconnected and starts its expiry, a non-persistent one is removed with its
+    subscriptions. Only the connection it names (session id) is ended: a client that reconnected since is
+    left alone.
+  * The Will of a dead connector's client (stored with the connected session from its CONNECTION_REQUEST)
+    is published by the registry, inside the transaction that ends the session (exactly once): at once
+    when its delay is 0 (`will_delay_seconds`, tbmq_routing.wills: v5 Will Delay, capped by the session's
+    end [MQTT-3.1.2-8]); otherwise kept with the disconnected record and published by a WILL_DUE_REQUEST
+    once the delay ends, by the session's clean-up when it ends first, or by a clean-start connect of the
+    client (the old session ended); dropped when a connect resumes the session first [MQTT-3.1.3-9].
+    A connection that ends through its connector drops the stored Will: no Will after DISCONNECT 0x00
+    [MQTT-3.1.2-10], and otherwise the connector sends it itself.
+  * A takeover of a connection whose Will must go [MQTT-3.1.4-3] (no delay, or the new connection starts
+    clean) keeps that Will in the new record (`taken_over_will`): its connector sends it when alive, but a
+    client often reconnects elsewhere before its dead connector is declared dead. A TAKEN_OVER_WILL_REQUEST
+    (the scan, session_registry.liveness.taken_over_will_fate) then publishes it (the run died before the
+    takeover) or drops it (a heartbeat after the takeover: the run sent it).
+  * Fencing: a CONNECTION_REQUEST of a connector run (incarnation) declared dead is refused (`fenced`,
+    answered CONNECTOR_FENCED, CONNACK Server unavailable): a dead run cannot start sessions again, and each CONNECTOR_GONE_REQUEST
+    also sends its connection a DisconnectCommand(CONNECTOR_FENCED) (closed without a Will, should the run
+    still be alive; a new run of the connector reads its disconnect topic from the end). Its DISCONNECTION_REQUESTs are
+    applied (a gracefully stopped connector's last ones; one of a session already ended is stale).
 """
 
 from __future__ import annotations
@@ -35,6 +60,7 @@ from dataclasses import dataclass, field
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_routing import is_reserved_client_id
+from tbmq_routing.wills import will_delay_seconds
 
 NEVER_EXPIRES = 0xFFFFFFFF
 DEVICE = pb.CLIENT_TYPE_DEVICE
@@ -103,6 +129,7 @@ class Outcome:
     # the Clear must not hold up the answer: the new session never reads the device store (see decide_connect)
     device_clear_deferrable: bool = False
     ensure_app_topic: str = ""                  # client id whose APPLICATION topic must exist
+    publish: pb.PublishMsg | None = None        # a Will the registry publishes (tbmq.msg.all) in the transaction
     fallback: "Outcome | None" = None           # used when a side effect fails
     retry_side_effects: bool = False            # retry the side effects for a bounded time first
     notes: list[str] = field(default_factory=list)
@@ -177,14 +204,56 @@ def _failed(kind: str, req: pb.SessionEventRequest, failure: int, client_type: i
                    response_service_id=req.session.service_id)
 
 
+def has_will(s: pb.SessionInfo | None) -> bool:
+    return s is not None and s.HasField("will")
+
+
+def will_due_at_ms(s: pb.SessionInfo) -> int | None:
+    """When the Will kept with a disconnected record (its connector died during the Will Delay) is due."""
+    if s.connected or not s.HasField("will"):
+        return None
+    return s.disconnected_at_ms + 1000 * will_delay_seconds(s.mqtt_version, s.will_delay, s.session_expiry_interval)
+
+
+def will_due(s: pb.SessionInfo, now_ms: int) -> bool:
+    at = will_due_at_ms(s)
+    return at is not None and at <= now_ms
+
+
+def _published_now(will: pb.PublishMsg, now_ms: int) -> pb.PublishMsg:
+    """A stored Will as published now (its Message Expiry counts from now)."""
+    msg = pb.PublishMsg()
+    msg.CopyFrom(will)
+    msg.created_at_ms = now_ms
+    return msg
+
+
+def _without_will(s: pb.SessionInfo) -> None:
+    s.ClearField("will")
+    s.will_delay = 0
+
+
 def decide(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, rules: Rules, now_ms: int,
-           counts: Counts = Counts()) -> Outcome:
+           counts: Counts = Counts(), fenced: bool = False) -> Outcome:
+    """`fenced`: the request comes from a connector run declared dead (session_registry.liveness)."""
     if stored is not None and req.request_id and stored.last_request_id == req.request_id:
         return Outcome("duplicate")  # already applied (and answered) in a committed transaction
     if req.type == pb.SESSION_EVENT_CONNECTION_REQUEST:
+        if fenced:
+            conn = req.session
+            return _failed("fenced", req, pb.SESSION_FAILURE_CONNECTOR_FENCED,
+                           rules.client_type(conn.client_id, conn.username))
         return decide_connect(stored, req, rules, now_ms, counts)
     if req.type == pb.SESSION_EVENT_DISCONNECTION_REQUEST:
+        # applied even from a dead run: a stopped connector's last reports are read after its `stopped`
+        # heartbeat, and one of a session already ended is stale anyway
         return decide_disconnect(stored, req, rules, now_ms)
+    if req.type == pb.SESSION_EVENT_CONNECTOR_GONE_REQUEST:
+        return decide_connector_gone(stored, req, now_ms)
+    if req.type == pb.SESSION_EVENT_WILL_DUE_REQUEST:
+        return decide_will_due(stored, req, now_ms)
+    if req.type == pb.SESSION_EVENT_TAKEN_OVER_WILL_REQUEST:
+        return decide_taken_over_will(stored, req, now_ms)
     if req.type == pb.SESSION_EVENT_CLEAR_SESSION_REQUEST:
         return decide_clear(stored, req, now_ms)
     if req.type == pb.SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST:
@@ -221,6 +290,13 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
     session_present = prior and not conn.clean_start
     persistent = is_persistent(sei, session_present)
     out = Outcome("connected", write_session=True, response_service_id=conn.service_id)
+    if stored is not None and not stored.connected and has_will(stored):
+        # a Will left by a dead connector, its delay still running: a resumed session cancels it
+        # [MQTT-3.1.3-9]; otherwise the old session ended, and its Will goes now [MQTT-3.1.2-8]
+        if session_present:
+            out.notes.append("pending Will cancelled: session resumed")
+        else:
+            out.publish = _published_now(stored.will, now_ms)
     out.retry_side_effects = True
     out.fallback = _failed("unavailable", req, pb.SESSION_FAILURE_SERVER_UNAVAILABLE, client_type, sei)
 
@@ -259,7 +335,20 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
         connected=True, clean_start=conn.clean_start, persistent=persistent, session_expiry_interval=sei,
         mqtt_version=conn.mqtt_version, keep_alive=conn.keep_alive, connected_at_ms=now_ms,
         disconnected_at_ms=0, client_address=conn.client_address, username=conn.username,
-        last_request_id=req.request_id)
+        last_request_id=req.request_id, connector_incarnation=conn.connector_incarnation)
+    if conn.HasField("will"):
+        out.session.will.CopyFrom(conn.will)
+        out.session.will_delay = conn.will_delay
+    if stored is not None and stored.HasField("taken_over_will"):
+        out.session.taken_over_will.CopyFrom(stored.taken_over_will)   # still undecided: kept
+    elif stored is not None and stored.connected and has_will(stored):
+        delay = will_delay_seconds(stored.mqtt_version, stored.will_delay, stored.session_expiry_interval)
+        if delay <= 0 or conn.clean_start:
+            # the taken over connection's Will goes now [MQTT-3.1.4-3, MQTT-3.1.2-8] (with a delay, a resumed
+            # session cancels it [MQTT-3.1.3-9]): its connector sends it if alive; kept until that is known
+            out.session.taken_over_will.CopyFrom(pb.TakenOverWill(
+                will=stored.will, service_id=stored.service_id,
+                connector_incarnation=stored.connector_incarnation, taken_over_at_ms=now_ms))
     out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei,
                            persistent=persistent)
     out.response.awaiting_pubrel.extend(resumed_awaiting_pubrel(stored, session_present))
@@ -285,6 +374,63 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
         # section 3.14.2.2.2 (no id): a session that was 0 at CONNECT cannot be given an interval at DISCONNECT
         if sei > 0:
             sei = rules.cap(req.disconnect_session_expiry_interval)
+    # the connector owns the Will of a connection that ends through it: none after DISCONNECT 0x00
+    # [MQTT-3.1.2-10], otherwise it sends it itself; the stored copy goes
+    return _connection_ended(stored, req.request_id, sei, awaiting_pubrel(req.awaiting_pubrel), now_ms,
+                             ("disconnected", "removed"))
+
+
+def decide_connector_gone(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now_ms: int) -> Outcome:
+    """The connection's connector was declared dead: the session ends as on a connection lost without
+    DISCONNECT, and its Will (if any) is published now or kept for its delay [MQTT-3.1.2-8, MQTT-3.1.3-9]."""
+    if stored is None or stored.session_id != req.session.session_id or not stored.connected:
+        return Outcome("stale")        # ended, or reconnected since the request was made
+    sei = stored.session_expiry_interval
+    delay = will_delay_seconds(stored.mqtt_version, stored.will_delay, sei) if has_will(stored) else 0
+    out = _connection_ended(stored, req.request_id, sei, [], now_ms, ("connector-gone", "connector-gone-removed"),
+                            keep_will=delay > 0)
+    # should the run still be alive (paused, cut off), its connection closes without a Will of its own
+    out.disconnect = (stored.service_id, pb.DisconnectCommand(
+        client_id=stored.client_id, session_id=stored.session_id, reason=pb.DISCONNECT_REASON_CONNECTOR_FENCED,
+        connector_incarnation=stored.connector_incarnation))
+    if out.fallback is not None:
+        out.fallback.disconnect = out.disconnect
+    if has_will(stored) and delay <= 0:
+        out.publish = _published_now(stored.will, now_ms)
+        if out.fallback is not None:
+            out.fallback.publish = out.publish
+    return out
+
+
+def decide_will_due(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now_ms: int) -> Outcome:
+    """The Will Delay of a dead connector's client ended before the session did [MQTT-3.1.3-9]: publish it."""
+    if (stored is None or stored.session_id != req.session.session_id or not will_due(stored, now_ms)):
+        return Outcome("ignored")      # resumed, ended (Will already sent) or not due yet
+    s = pb.SessionInfo()
+    s.CopyFrom(stored)
+    _without_will(s)
+    s.last_request_id = req.request_id
+    return Outcome("will-sent", write_session=True, session=s, publish=_published_now(stored.will, now_ms))
+
+
+def decide_taken_over_will(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now_ms: int) -> Outcome:
+    """The fate of the taken over connection's Will is known (the request's publish_will): publish or drop."""
+    if stored is None or stored.session_id != req.session.session_id or not stored.HasField("taken_over_will"):
+        return Outcome("ignored")
+    s = pb.SessionInfo()
+    s.CopyFrom(stored)
+    s.ClearField("taken_over_will")
+    s.last_request_id = req.request_id
+    out = Outcome("taken-over-will-dropped", write_session=True, session=s)
+    if req.publish_will:
+        out.kind = "taken-over-will-sent"
+        out.publish = _published_now(stored.taken_over_will.will, now_ms)
+    return out
+
+
+def _connection_ended(stored: pb.SessionInfo, request_id: str, sei: int, pubrel: list[int], now_ms: int,
+                      kinds: tuple[str, str], keep_will: bool = False) -> Outcome:
+    """The connected `stored` session's connection ended; `sei` governs what follows."""
     # the interval governs what happens after the connection: 0 ends the session now, also one that was
     # persistent for the connection because it resumed an existing session [MQTT-3.1.2-23]
     persistent = sei > 0
@@ -295,10 +441,12 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
         s.disconnected_at_ms = now_ms
         s.session_expiry_interval = sei
         s.persistent = True
-        s.last_request_id = req.request_id
-        s.awaiting_pubrel[:] = awaiting_pubrel(req.awaiting_pubrel)
-        return Outcome("disconnected", write_session=True, session=s)
-    out = _removal("removed", stored, now_ms)
+        s.last_request_id = request_id
+        s.awaiting_pubrel[:] = pubrel
+        if not keep_will:
+            _without_will(s)
+        return Outcome(kinds[0], write_session=True, session=s)
+    out = _removal(kinds[1], stored, now_ms)
     if stored.client_type == APPLICATION:
         out.reset_app_offsets = stored.client_id   # the backlog of a session that ended
     # if Clear fails: keep a dead record (disconnected, not persistent) for the expiry scan to retry
@@ -308,8 +456,9 @@ def decide_disconnect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest
     dead.persistent = False
     dead.disconnected_at_ms = now_ms
     dead.session_expiry_interval = 0
-    dead.last_request_id = req.request_id
+    dead.last_request_id = request_id
     del dead.awaiting_pubrel[:]
+    _without_will(dead)
     out.fallback = Outcome("removal-deferred", write_session=True, session=dead,
                            clear_subscriptions=out.clear_subscriptions, reset_app_offsets=out.reset_app_offsets)
     return out
@@ -323,6 +472,8 @@ def decide_clear(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now
     if stored.connected and not req.force_cleanup:
         return Outcome("ignored")
     out = _removal("cleared", stored, now_ms)
+    if not stored.connected and has_will(stored):
+        out.publish = _published_now(stored.will, now_ms)   # the session ends before the Will Delay [MQTT-3.1.2-8]
     if stored.client_type == APPLICATION:
         out.app_removed = _app_removed(stored.client_id, now_ms)
     if stored.connected:
@@ -333,8 +484,15 @@ def decide_clear(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, now
     return out
 
 
+def scan_request(kind: int, stored: pb.SessionInfo, request_id: str, now_ms: int) -> pb.SessionEventRequest:
+    """A request the registry's own scans send for a stored session (CLEAR_SESSION for an expired one,
+    CONNECTOR_GONE for one connected on a dead connector, WILL_DUE for a delayed Will that is due): through
+    the request topic, so it is serialised with the client's own events and applied by the partition's owner."""
+    s = pb.SessionInfo(client_id=stored.client_id, service_id=stored.service_id, session_id=stored.session_id,
+                       connector_incarnation=stored.connector_incarnation)
+    return pb.SessionEventRequest(request_id=request_id, type=kind, session=s, request_time_ms=now_ms)
+
+
 def clear_request(stored: pb.SessionInfo, request_id: str, now_ms: int) -> pb.SessionEventRequest:
     """The CLEAR_SESSION_REQUEST the expiry scan sends for an expired session."""
-    s = pb.SessionInfo(client_id=stored.client_id, service_id=stored.service_id, session_id=stored.session_id)
-    return pb.SessionEventRequest(request_id=request_id, type=pb.SESSION_EVENT_CLEAR_SESSION_REQUEST,
-                                  session=s, request_time_ms=now_ms)
+    return scan_request(pb.SESSION_EVENT_CLEAR_SESSION_REQUEST, stored, request_id, now_ms)

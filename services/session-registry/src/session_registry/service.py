@@ -10,6 +10,13 @@ transactional id: whoever owns partition p after a rebalance or a restart initia
 `<prefix>-p<p>`, which aborts the previous owner's open transaction and fences it (ProducerFenced) should it
 still be alive. Revocation waits for the in-flight batch to finish; assignment initialises the producers
 of the new partitions and then waits for the session view to catch up before any request is processed.
+
+Dead connectors (docs/session-registry.md, "Dead connectors"): every instance follows tbmq.connector.heartbeat
+(session_registry.liveness) and, for the request partitions it owns, writes one CONNECTOR_GONE_REQUEST per
+session still connected on a dead connector run, and one WILL_DUE_REQUEST per delayed Will that is due, into
+the request topic (like the expiry scan), so the partition's owner applies them in its transaction: a dead
+connector's Wills are published exactly once, in the transaction that ends the session. The owner of request
+partition 0 deletes the per-connector topics of a connector dead for TBMQ_CONNECTOR_TOPICS_RETENTION_MS.
 """
 
 from __future__ import annotations
@@ -26,14 +33,23 @@ from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedTopicView
-from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, KeyPartitioner, ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import (
+    IDLE_FETCH_WAIT_MS,
+    KeyPartitioner,
+    delete_topics,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+)
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_routing.naming import app_client_group
+from tbmq_routing.wills import publish_records
 
 from . import logic
 from .device import ClearFailed, DeviceClearer
+from .liveness import Liveness
 from .settings import Settings
 from .state import Batch, SessionStore
 
@@ -45,6 +61,10 @@ SEND_TIMEOUT_S = 10.0
 DEFERRED_CLEAR_MAX_S = 600.0   # a deferred Clear is retried this long, then left to the session's removal
 _TYPE_NAMES = {v: k.removeprefix("SESSION_EVENT_") for k, v in pb.SessionEventType.items()}
 _ROUTINE = {"connected", "disconnected", "removed", "duplicate", "stale", "ignored"}
+GONE = pb.SESSION_EVENT_CONNECTOR_GONE_REQUEST
+WILL_DUE = pb.SESSION_EVENT_WILL_DUE_REQUEST
+CLEAR = pb.SESSION_EVENT_CLEAR_SESSION_REQUEST
+TAKEN_OVER_WILL = pb.SESSION_EVENT_TAKEN_OVER_WILL_REQUEST
 
 
 def now_ms() -> int:
@@ -57,6 +77,15 @@ _KEYS = KeyPartitioner()
 def partition_of(client_id: str, partitions: int) -> int:
     """The request partition of a client id: Kafka's default key partitioner on the key bytes."""
     return _KEYS(client_id.encode("utf-8"), list(range(partitions)), [])
+
+
+async def _each_logged(*steps) -> None:
+    """Run each (coroutine function, what) of a periodic round; a failure is logged, the next step runs."""
+    for step, what in steps:
+        try:
+            await step()
+        except Exception:
+            log.exception("%s failed", what)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -90,11 +119,17 @@ class SessionRegistry(Service):
         self._stopping = False
         self._svc_topics: set[str] = set()
         self._app_topics: set[str] = set()
-        self._clear_asked: dict[str, tuple[str, float]] = {}
+        # (client id, request type) -> (session id, monotonic time) of a request a scan sent, not sent again
+        # for the same session before it is due again (resend_after)
+        self._asked: dict[tuple[str, int], tuple[str, float]] = {}
+        self.liveness = Liveness(settings.connector_timeout_ms)
+        self.heartbeats: CompactedTopicView | None = None
+        self._liveness_wake = asyncio.Event()
         # client id -> monotonic time of the first failure of a deferrable Clear (logic.Outcome
         # .device_clear_deferrable) that still has to be done; retried by the expiry loop under self._lock
         self._deferred_clears: dict[str, float] = {}
-        self.stats = {"requests": 0, "transactions": 0, "aborted": 0}
+        self.stats = {"requests": 0, "transactions": 0, "aborted": 0, "connectors_declared_dead": 0,
+                      "wills_published": 0, "connector_topics_deleted": 0, "session_scans": 0}
         self.retention: RetentionWatch | None = None
         self._app_groups: dict[str, str] = {}
 
@@ -102,13 +137,17 @@ class SessionRegistry(Service):
     async def start(self) -> None:
         s = self.s
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
-            REQUESTS, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.SYS_APP_REMOVED)],
+            REQUESTS, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.SYS_APP_REMOVED,
+            topics.CONNECTOR_HEARTBEAT, topics.MSG_ALL, topics.MSG_RETAINED)],
             layout=s.topic_layout)
         self.view = CompactedTopicView(s.bootstrap, topics.CLIENT_SESSION, self.store.apply_record,
                                        client_id=f"{s.instance_id}-sessions", read_committed=True)
         await self.view.start()
         log.info("session state rebuilt: %d sessions (%d APPLICATION)", self.store.sessions,
                  self.store.applications)
+        self.heartbeats = CompactedTopicView(s.bootstrap, topics.CONNECTOR_HEARTBEAT, self._on_heartbeat,
+                                             client_id=f"{s.instance_id}-heartbeats")
+        await self.heartbeats.start()
         self.meta = make_consumer(s.bootstrap, group_id=None, client_id=f"{s.instance_id}-meta")
         await self.meta.start()
         self.plain = make_producer(s.bootstrap, client_id=f"{s.instance_id}-scan")
@@ -123,6 +162,7 @@ class SessionRegistry(Service):
         self.consumer.subscribe([REQUESTS], listener=_Listener(self))
         self.spawn(self._consume(), "consume session requests")
         self.spawn(self._expiry_loop(), "session expiry scan")
+        self.spawn(self._liveness_loop(), "dead connector scan")
         # the backlog of every APPLICATION session (offline ones too: that is where retention bites) against
         # its topic's retention; each registry instance watches them all
         self.retention = await RetentionWatch.started(s, self._app_group_of, self._watched_app_topics)
@@ -151,7 +191,7 @@ class SessionRegistry(Service):
             await self.consumer.stop()
         await asyncio.gather(*(p.stop() for p in self.producers.values()), return_exceptions=True)
         self.producers.clear()
-        for c in (self.plain, self.meta, self.view):
+        for c in (self.plain, self.meta, self.view, self.heartbeats):
             if c is not None:
                 await c.stop()
         await self.device.close()
@@ -362,7 +402,9 @@ class SessionRegistry(Service):
         with span_from_kafka(tracer, f"session-registry {kind}", record.headers, client_id=cid,
                              request_id=req.request_id):
             stored = batch.get(cid)
-            out = logic.decide(stored, req, self.rules, now_ms(), batch.counts())
+            fenced = (req.type == pb.SESSION_EVENT_CONNECTION_REQUEST
+                      and self.liveness.fenced(req.session.service_id, req.session.connector_incarnation))
+            out = logic.decide(stored, req, self.rules, now_ms(), batch.counts(), fenced=fenced)
             out = await self._side_effects(out)
             headers = kafka_headers()
             if out.write_session:
@@ -376,12 +418,25 @@ class SessionRegistry(Service):
                 sends.append((topics.SYS_APP_REMOVED, cid.encode(), out.app_removed.SerializeToString(), headers))
             if out.disconnect is not None:
                 svc, cmd = out.disconnect
-                await self._ensure_service_topics(svc)
-                sends.append((topics.disconnect_topic(svc), cid.encode(), cmd.SerializeToString(), headers))
+                name = topics.disconnect_topic(svc)
+                if cmd.reason == pb.DISCONNECT_REASON_CONNECTOR_FENCED:
+                    send = await self._topic_known(name)   # a dead run: never re-create its deleted topics
+                else:
+                    await self._ensure_service_topics(svc)
+                    send = True
+                if send:
+                    sends.append((name, cid.encode(), cmd.SerializeToString(), headers))
             if out.response is not None:
                 await self._ensure_service_topics(out.response_service_id)
                 sends.append((topics.response_topic(out.response_service_id), cid.encode(),
                               out.response.SerializeToString(), headers))
+            if out.publish is not None:
+                # a dead connector's Will, in this transaction: published exactly once [MQTT-3.1.2-8]
+                sends.extend((topic, key, value, headers) for topic, key, value
+                             in publish_records(out.publish, topics.MSG_ALL, topics.MSG_RETAINED))
+                self.stats["wills_published"] += 1
+                log.info("publishing the Will of %r on %r (its connector %s died)", cid, out.publish.topic,
+                         stored.service_id if stored is not None else "?")
             if out.reset_app_offsets:
                 reset = await self._app_end_offset(out.reset_app_offsets)
                 if reset is not None:
@@ -484,16 +539,20 @@ class SessionRegistry(Service):
             await self._wait_for_topics([name])
             self._app_topics.add(name)
 
+    async def _topic_known(self, name: str) -> bool:
+        """Whether the topic exists (the cluster metadata, refreshed once when it is not there)."""
+        assert self.meta is not None
+        if self.meta.partitions_for_topic(name):
+            return True
+        await self.meta._client.force_metadata_update()
+        return bool(self.meta.partitions_for_topic(name))
+
     async def _app_end_offset(self, client_id: str) -> tuple[TopicPartition, int] | None:
         """The end of a client's APPLICATION topic (None when the topic does not exist)."""
         assert self.meta is not None
         name = topics.app_topic_name(client_id)
-        parts = self.meta.partitions_for_topic(name)
-        if not parts:
-            await self.meta._client.force_metadata_update()
-            parts = self.meta.partitions_for_topic(name)
-            if not parts:
-                return None
+        if not await self._topic_known(name):
+            return None
         tp = TopicPartition(name, 0)
         ends = await self.meta.end_offsets([tp])
         return tp, ends[tp]
@@ -503,18 +562,36 @@ class SessionRegistry(Service):
         interval = self.s.expiry_check_interval_ms / 1000
         while not self._stopping:
             await asyncio.sleep(interval)
-            try:
-                await self.scan_expired()
-            except Exception:
-                log.exception("expiry scan failed")
-            try:
-                await self.retry_deferred_clears()
-            except Exception:
-                log.exception("deferred Clears failed")
+            await _each_logged((self.scan_sessions, "session scan"), (self.retry_deferred_clears, "deferred Clears"))
 
-    async def scan_expired(self) -> int:
-        """Ask for the clean-up of every over session of the partitions this instance owns, through the
-        request topic so that it is serialised with the client's own events."""
+    async def scan_sessions(self) -> int:
+        """One pass over the sessions of the partitions this instance owns (every
+        TBMQ_SESSION_EXPIRY_CHECK_INTERVAL_MS, and at once when a connector run is declared dead): a
+        CONNECTOR_GONE_REQUEST for each still connected on a dead run, a CLEAR_SESSION_REQUEST for each that
+        is over, a WILL_DUE_REQUEST for each delayed Will that is due, a TAKEN_OVER_WILL_REQUEST for each
+        taken over connection's Will whose fate is known. Through the request topic, so each is serialised
+        with the client's own events."""
+        def select(s: pb.SessionInfo, now: int) -> tuple[int, bool] | None:
+            if s.connected and self.liveness.gone(s.service_id, s.connector_incarnation, now):
+                return GONE, False
+            if s.HasField("taken_over_will"):
+                t = s.taken_over_will
+                fate = self.liveness.taken_over_will_fate(t.service_id, t.connector_incarnation,
+                                                          t.taken_over_at_ms, now)
+                if fate is not None:
+                    return TAKEN_OVER_WILL, fate
+            if s.connected:
+                return None
+            if logic.needs_cleanup(s, now):
+                return CLEAR, False   # publishes a pending Will too: the session ends first [MQTT-3.1.2-8]
+            return (WILL_DUE, False) if logic.will_due(s, now) else None
+        sent = await self._scan(select, max(10.0, 3 * self.s.expiry_check_interval_ms / 1000))
+        self.stats["session_scans"] += 1     # a pass done (tests wait for one after a declaration)
+        return sent
+
+    async def _scan(self, select, resend_after: float) -> int:
+        """Send `select(session, now)`'s request ((type, publish_will), or None) for every stored session of
+        the owned partitions; the same request for the same session is sent again only after `resend_after` s."""
         assert self.consumer is not None and self.plain is not None
         owned = set(self.owned)
         parts = self.consumer.partitions_for_topic(REQUESTS)
@@ -523,22 +600,98 @@ class SessionRegistry(Service):
         n_parts = len(parts)
         now = now_ms()
         t = time.monotonic()
-        resend_after = max(10.0, 3 * self.s.expiry_check_interval_ms / 1000)
         futures = []
         for cid, s in self.store.items():
-            if not logic.needs_cleanup(s, now) or partition_of(cid, n_parts) not in owned:
+            chosen = select(s, now)
+            if chosen is None or partition_of(cid, n_parts) not in owned:
                 continue
-            asked = self._clear_asked.get(cid)
+            kind, publish_will = chosen
+            asked = self._asked.get((cid, kind))
             if asked is not None and asked[0] == s.session_id and t - asked[1] < resend_after:
                 continue
-            self._clear_asked[cid] = (s.session_id, t)
-            req = logic.clear_request(s, f"expiry-{uuid.uuid4().hex}", now)
-            with tracer.start_as_current_span("session-registry expiry", attributes={"client_id": cid}):
+            self._asked[(cid, kind)] = (s.session_id, t)
+            what = _TYPE_NAMES.get(kind, "scan").lower()
+            req = logic.scan_request(kind, s, f"{what}-{uuid.uuid4().hex}", now)
+            req.publish_will = publish_will
+            with tracer.start_as_current_span(f"session-registry scan {what}", attributes={"client_id": cid}):
                 futures.append(await self.plain.send(REQUESTS, req.SerializeToString(), key=cid.encode(),
                                                      headers=kafka_headers()))
         if futures:
             await asyncio.gather(*futures)
-            log.info("expiry scan: clean-up asked for %d sessions", len(futures))
-        for cid in [c for c, (_, at) in self._clear_asked.items() if t - at > resend_after]:
-            del self._clear_asked[cid]
+            log.info("session scan: %d requests sent", len(futures))
+        for key in [k for k, (_, at) in self._asked.items() if t - at > resend_after]:
+            del self._asked[key]
         return len(futures)
+
+    # -- dead connectors ----------------------------------------------------------------------------
+    def _on_heartbeat(self, key: bytes | None, value: bytes | None) -> None:
+        """CompactedTopicView callback of tbmq.connector.heartbeat."""
+        if not value:
+            return
+        try:
+            hb = pb.ConnectorHeartbeat.FromString(value)
+        except Exception:
+            log.error("unreadable connector heartbeat of %r: skipped", key)
+            return
+        if self._declared(self.liveness.observe(hb, now_ms()), "stopped or replaced", logging.INFO):
+            self._liveness_wake.set()       # no timeout to wait for: its sessions are ended now
+
+    def _declared(self, runs: list[tuple[str, str]], why: str, level: int = logging.WARNING) -> bool:
+        for svc, inc in runs:
+            self.stats["connectors_declared_dead"] += 1
+            log.log(level, "connector %s (run %s) declared dead (%s): what is left of its sessions ends, with "
+                    "their Wills", svc, inc or "?", why)
+        return bool(runs)
+
+    async def _liveness_loop(self) -> None:
+        """Sweep for silent runs (cheap) every max(50 ms, min(1 s, TBMQ_CONNECTOR_TIMEOUT_MS / 5)); the
+        session scan runs at once after a declaration, otherwise at its own pace (_expiry_loop)."""
+        period = max(0.05, min(1.0, self.s.connector_timeout_ms / 5000))
+        while not self._stopping:
+            woken = False
+            try:
+                await asyncio.wait_for(self._liveness_wake.wait(), period)
+                woken = True
+            except asyncio.TimeoutError:
+                pass
+            self._liveness_wake.clear()
+            declared = await self._sweep()
+            steps = [(self.delete_dead_connector_topics, "deleting dead connectors' topics")]
+            if woken or declared:
+                steps.insert(0, (self.scan_sessions, "session scan after a connector was declared dead"))
+            await _each_logged(*steps)
+
+    async def _sweep(self) -> bool:
+        """Declare the silent runs dead, only once the heartbeat view has read everything sent so far: a
+        registry that fell behind (a busy loop, a slow fetch) must not take its own lag for dead connectors,
+        and one that cannot reach Kafka declares nobody."""
+        if not self.liveness.silent(now_ms()):
+            return False
+        try:
+            await self.heartbeats.wait_caught_up(timeout=max(1.0, self.s.connector_timeout_ms / 1000))
+        except Exception as exc:
+            log.warning("connectors look silent but the heartbeats cannot be read up to date (%r): nobody is "
+                        "declared dead now", exc)
+            return False
+        return self._declared(self.liveness.sweep(now_ms()), "silent longer than TBMQ_CONNECTOR_TIMEOUT_MS")
+
+    async def delete_dead_connector_topics(self) -> list[str]:
+        """The owner of request partition 0 deletes the per-connector topics of every connector dead for
+        TBMQ_CONNECTOR_TOPICS_RETENTION_MS (nothing reads them any more; a connector that comes back under
+        the same service id creates them again at start-up)."""
+        retention = self.s.connector_topics_retention_ms
+        if not retention or 0 not in self.owned or not self.liveness.dead_services(now_ms(), retention):
+            return []
+        # a run that started again meanwhile is alive in the view once it caught up (its first heartbeat goes
+        # before it makes its topics again)
+        await self.heartbeats.wait_caught_up(timeout=10)
+        done = []
+        for svc in self.liveness.dead_services(now_ms(), retention):
+            names = [t.name for t in topics.service_topics(svc)]
+            await delete_topics(self.s.bootstrap, names)
+            self.liveness.forget(svc)
+            self._svc_topics.discard(svc)
+            self.stats["connector_topics_deleted"] += len(names)
+            log.info("connector %s dead for %d ms: deleted %s", svc, retention, ", ".join(names))
+            done.append(svc)
+        return done

@@ -54,5 +54,14 @@ class Settings(CommonSettings):
     transactional_id_prefix: str = env(
         "TBMQ_SESSION_REGISTRY_TRANSACTIONAL_ID_PREFIX", "session-registry", parse=nonempty,
         doc="transactional ids are <prefix>-p<request partition>: stable per partition, shared by instances")
+    connector_timeout_ms: int = env(
+        "TBMQ_CONNECTOR_TIMEOUT_MS", 15000, parse=integer(100),
+        doc="a connector silent (no heartbeat on tbmq.connector.heartbeat) this long is declared dead: its "
+            "sessions end as on a lost connection and its clients' Wills are published; keep it well above "
+            "the connectors' CONNECTOR_HEARTBEAT_INTERVAL_MS (3 x at least)")
+    connector_topics_retention_ms: int = env(
+        "TBMQ_CONNECTOR_TOPICS_RETENTION_MS", 3_600_000, parse=integer(0),
+        doc="the per-connector topics (tbmq.client.session.event.response/.client.disconnect/"
+            ".msg.downlink.basic.<svc>) of a connector dead this long are deleted (0 = never)")
     group_id: str = env("TBMQ_SESSION_REGISTRY_GROUP_ID", "session-registry", parse=nonempty,
                         doc="consumer group of tbmq.client.session.event.request")

@@ -23,6 +23,9 @@ class SessionEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_EVENT_DISCONNECTION_REQUEST: _ClassVar[SessionEventType]
     SESSION_EVENT_CLEAR_SESSION_REQUEST: _ClassVar[SessionEventType]
     SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST: _ClassVar[SessionEventType]
+    SESSION_EVENT_CONNECTOR_GONE_REQUEST: _ClassVar[SessionEventType]
+    SESSION_EVENT_WILL_DUE_REQUEST: _ClassVar[SessionEventType]
+    SESSION_EVENT_TAKEN_OVER_WILL_REQUEST: _ClassVar[SessionEventType]
 
 class SessionFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -31,12 +34,14 @@ class SessionFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_FAILURE_QUOTA_EXCEEDED: _ClassVar[SessionFailure]
     SESSION_FAILURE_SERVER_UNAVAILABLE: _ClassVar[SessionFailure]
     SESSION_FAILURE_CLIENT_ID_NOT_VALID: _ClassVar[SessionFailure]
+    SESSION_FAILURE_CONNECTOR_FENCED: _ClassVar[SessionFailure]
 
 class DisconnectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DISCONNECT_REASON_SESSION_TAKEN_OVER: _ClassVar[DisconnectReason]
     DISCONNECT_REASON_ADMINISTRATIVE: _ClassVar[DisconnectReason]
     DISCONNECT_REASON_SERVER_SHUTTING_DOWN: _ClassVar[DisconnectReason]
+    DISCONNECT_REASON_CONNECTOR_FENCED: _ClassVar[DisconnectReason]
 
 class RetainHandling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,14 +56,19 @@ SESSION_EVENT_CONNECTION_REQUEST: SessionEventType
 SESSION_EVENT_DISCONNECTION_REQUEST: SessionEventType
 SESSION_EVENT_CLEAR_SESSION_REQUEST: SessionEventType
 SESSION_EVENT_REMOVE_APPLICATION_TOPIC_REQUEST: SessionEventType
+SESSION_EVENT_CONNECTOR_GONE_REQUEST: SessionEventType
+SESSION_EVENT_WILL_DUE_REQUEST: SessionEventType
+SESSION_EVENT_TAKEN_OVER_WILL_REQUEST: SessionEventType
 SESSION_FAILURE_NONE: SessionFailure
 SESSION_FAILURE_UNSPECIFIED_ERROR: SessionFailure
 SESSION_FAILURE_QUOTA_EXCEEDED: SessionFailure
 SESSION_FAILURE_SERVER_UNAVAILABLE: SessionFailure
 SESSION_FAILURE_CLIENT_ID_NOT_VALID: SessionFailure
+SESSION_FAILURE_CONNECTOR_FENCED: SessionFailure
 DISCONNECT_REASON_SESSION_TAKEN_OVER: DisconnectReason
 DISCONNECT_REASON_ADMINISTRATIVE: DisconnectReason
 DISCONNECT_REASON_SERVER_SHUTTING_DOWN: DisconnectReason
+DISCONNECT_REASON_CONNECTOR_FENCED: DisconnectReason
 RETAIN_HANDLING_SEND: RetainHandling
 RETAIN_HANDLING_SEND_IF_NOT_EXISTS: RetainHandling
 RETAIN_HANDLING_DONT_SEND: RetainHandling
@@ -148,7 +158,7 @@ class DevicePublishMsg(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel")
+    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay", "taken_over_will")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +175,10 @@ class SessionInfo(_message.Message):
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     LAST_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WILL_FIELD_NUMBER: _ClassVar[int]
+    WILL_DELAY_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_OVER_WILL_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
@@ -181,10 +195,26 @@ class SessionInfo(_message.Message):
     username: str
     last_request_id: str
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
+    connector_incarnation: str
+    will: PublishMsg
+    will_delay: int
+    taken_over_will: TakenOverWill
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., connector_incarnation: _Optional[str] = ..., will: _Optional[_Union[PublishMsg, _Mapping]] = ..., will_delay: _Optional[int] = ..., taken_over_will: _Optional[_Union[TakenOverWill, _Mapping]] = ...) -> None: ...
+
+class TakenOverWill(_message.Message):
+    __slots__ = ("will", "service_id", "connector_incarnation", "taken_over_at_ms")
+    WILL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_OVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    will: PublishMsg
+    service_id: str
+    connector_incarnation: str
+    taken_over_at_ms: int
+    def __init__(self, will: _Optional[_Union[PublishMsg, _Mapping]] = ..., service_id: _Optional[str] = ..., connector_incarnation: _Optional[str] = ..., taken_over_at_ms: _Optional[int] = ...) -> None: ...
 
 class SessionEventRequest(_message.Message):
-    __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful", "awaiting_pubrel")
+    __slots__ = ("request_id", "type", "session", "request_time_ms", "disconnect_session_expiry_interval", "force_cleanup", "graceful", "awaiting_pubrel", "publish_will")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +223,7 @@ class SessionEventRequest(_message.Message):
     FORCE_CLEANUP_FIELD_NUMBER: _ClassVar[int]
     GRACEFUL_FIELD_NUMBER: _ClassVar[int]
     AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_WILL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     type: SessionEventType
     session: SessionInfo
@@ -201,7 +232,8 @@ class SessionEventRequest(_message.Message):
     force_cleanup: bool
     graceful: bool
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
+    publish_will: bool
+    def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., publish_will: _Optional[bool] = ...) -> None: ...
 
 class SessionEventResponse(_message.Message):
     __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent", "awaiting_pubrel")
@@ -225,17 +257,31 @@ class SessionEventResponse(_message.Message):
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ConnectorHeartbeat(_message.Message):
+    __slots__ = ("service_id", "incarnation", "sent_at_ms", "stopped")
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    service_id: str
+    incarnation: str
+    sent_at_ms: int
+    stopped: bool
+    def __init__(self, service_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., stopped: _Optional[bool] = ...) -> None: ...
+
 class DisconnectCommand(_message.Message):
-    __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason")
+    __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason", "connector_incarnation")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SESSION_CLEAN_START_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     session_id: str
     new_session_clean_start: bool
     reason: DisconnectReason
-    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., new_session_clean_start: _Optional[bool] = ..., reason: _Optional[_Union[DisconnectReason, str]] = ...) -> None: ...
+    connector_incarnation: str
+    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., new_session_clean_start: _Optional[bool] = ..., reason: _Optional[_Union[DisconnectReason, str]] = ..., connector_incarnation: _Optional[str] = ...) -> None: ...
 
 class TopicSubscription(_message.Message):
     __slots__ = ("topic_filter", "qos", "share_name", "no_local", "retain_as_published", "retain_handling", "subscription_id")
