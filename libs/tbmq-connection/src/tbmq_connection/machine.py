@@ -58,6 +58,7 @@ from tbmq_mqtt import (
     encode,
     server_error_response,
 )
+from tbmq_auth import AuthRequest, AuthResult, Authorizer, Identity
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
 
 from .connect import ConnectRefused, plan_connect, will_delay_seconds
@@ -65,6 +66,7 @@ from .convert import outbound_publish, publish_msg, topic_subscription
 from .effects import (
     AckApp,
     AckStored,
+    Authenticate,
     CancelTimer,
     CatchUpRetained,
     Close,
@@ -138,8 +140,15 @@ class ConnectionMachine:
     """The state of one MQTT connection, from the first byte to the end of the transport."""
 
     def __init__(self, config: MachineConfig, *, stats: Counter | None = None,
-                 retained: Callable[[str], Iterable] | None = None, address: str = "") -> None:
+                 retained: Callable[[str], Iterable] | None = None, address: str = "",
+                 auth: Authorizer | None = None, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> None:
         self.cfg = config
+        # authentication / authorization (tbmq_auth; None: everyone may do everything)
+        self.auth = auth
+        self.peer_ip = peer_ip
+        self.cert_names = cert_names     # the verified client certificate's CN and SANs
+        self.identity: Identity | None = None
+        self._acl = False                # a credential's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
         self.address = address
@@ -594,8 +603,28 @@ class ConnectionMachine:
             session_expiry_interval=plan.requested_session_expiry, mqtt_version=self.level,
             keep_alive=plan.keep_alive, connected_at_ms=now, client_address=self.address,
             username=c.username or "")
+        if self.auth is not None:
+            self.effects.append(Authenticate(AuthRequest(
+                client_id=self.client_id, username=c.username, password=c.password, ip=self.peer_ip,
+                cert_names=self.cert_names, will_topic=c.will.topic if c.will is not None else None)))
+            return
         self.request_sent = True
         self.effects.append(RequestSession(self.session))
+
+    def authenticated(self, result: AuthResult, now: int) -> deque:
+        """The answer of `Authenticate`: CONNACK refusal (0x86 / 0x87 / 0x8A; 3.x 4 / 5), or on to the
+        session registry."""
+        if self.state != CONNECTING or self.request_sent:
+            return self.effects
+        if not result.ok:
+            self.stats["connect_refused_auth"] += 1
+            self._refuse(result.reason_code, result.reason)
+            return self.effects
+        self.identity = result.identity
+        self._acl = result.identity is not None and result.identity.credential is not None
+        self.request_sent = True
+        self.effects.append(RequestSession(self.session))
+        return self.effects
 
     def _accept(self) -> None:
         """CONNACK success, then the persistent session's stored messages / stream."""
@@ -654,6 +683,9 @@ class ConnectionMachine:
             # [MQTT-4.3.3-10]: a re-sent PUBLISH before PUBREL is not forwarded again; answer PUBREC
             self._queue_ack(ProducePublish(None, topic, False, 2, pid))
             return
+        if self._acl and not self.auth.may_publish(self.identity, self.client_id, topic):
+            self._publish_denied(topic, qos, pid)
+            return
         if qos and self.v5 and self.inbound.over_quota():
             # more than our Receive Maximum unacknowledged: DISCONNECT 0x93 (MQTT 5 section 3.3.4)
             raise MqttProtocolError(RC.RECEIVE_MAXIMUM_EXCEEDED,
@@ -668,6 +700,18 @@ class ConnectionMachine:
                 self.inbound.awaiting_pubrel.add(pid)
             self._queue_ack(eff)
         self.effects.append(eff)
+
+    def _publish_denied(self, topic: str, qos: int, pid: int | None) -> None:
+        """Not authorized: nothing produced. v5: PUBACK / PUBREC 0x87 (QoS 0: dropped). 3.1.1 has no way to
+        tell the client, and lets the server acknowledge as usual or close [MQTT-3.3.5-2]: acknowledged
+        (PUBACK, or PUBREC then PUBCOMP), as Mosquitto does, and logged."""
+        self.stats["publish_denied"] += 1
+        log.info("client %r: PUBLISH to %r not authorized (QoS %d): dropped", self.client_id, topic, qos)
+        if not qos:
+            return
+        if qos == 2 and not self.v5:
+            self.inbound.awaiting_pubrel.add(pid)
+        self._queue_ack(ProducePublish(None, topic, False, qos, pid, denied=self.v5))
 
     def _queue_ack(self, eff: ProducePublish) -> None:
         self.inbound.pending_acks += 1
@@ -700,6 +744,9 @@ class ConnectionMachine:
                 ack = PubAck(pid, RC.UNSPECIFIED_ERROR) if qos == 1 else PubRec(pid, RC.UNSPECIFIED_ERROR)
                 out.append(self._with_reason(ack, "the message was not stored") if self.problem_info
                            else encode(ack, MQTT_5))
+            elif e.denied:
+                ack = PubAck(pid, RC.NOT_AUTHORIZED) if qos == 1 else PubRec(pid, RC.NOT_AUTHORIZED)
+                out.append(self._with_reason(ack, "not authorized") if self.problem_info else encode(ack, MQTT_5))
             elif qos == 1:
                 out.append(encode(PubAck(pid), level))
             else:
@@ -943,6 +990,11 @@ class ConnectionMachine:
                 continue
             except InvalidTopicFilter:
                 codes.append(fail)
+                continue
+            if self._acl and not self.auth.may_subscribe(self.identity, self.client_id, pf.filter):
+                self.stats["subscribe_denied"] += 1
+                log.info("client %r: SUBSCRIBE to %r not authorized", self.client_id, s.filter)
+                codes.append(RC.NOT_AUTHORIZED if v5 else RC.UNSPECIFIED_ERROR)
                 continue
             qos = min(s.qos, 2)
             key = (pf.share_name, pf.filter)
