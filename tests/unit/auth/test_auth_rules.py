@@ -205,3 +205,12 @@ def test_will_is_a_publish():
     ("#", "$SYS/x", False), ("$SYS/#", "$SYS/x/#", True), ("+", "$x", False)])
 def test_filter_covers(pattern, topic_filter, covered):
     assert filter_covers(pattern, topic_filter) is covered
+
+
+def test_the_library_is_pure():
+    """No event loop, Kafka, sockets, threads or clock in tbmq_auth: the connector passes the time in."""
+    import tbmq_auth
+    from purity import assert_imports_none_of
+
+    assert_imports_none_of(tbmq_auth, {"asyncio", "aiokafka", "redis", "grpc", "socket", "time", "threading",
+                                       "tbmq_platform"})
