@@ -233,3 +233,41 @@ async def test_credentials_list_never_prints_hashes(sec, unique):
     assert "argon2" not in out and "very-secret" not in out and '"password": true' in line
     await run(tbmq, sec, "credentials", "delete", user)
     assert user not in await run(tbmq, sec, "credentials", "list")
+
+
+async def test_acl_change_drops_subscriptions_no_longer_allowed(sec, unique):
+    """The credential loses a subscribe pattern: the connected client's subscription under it is removed (its
+    set rewritten on tbmq.client.subscriptions, no UNSUBACK) and nothing published afterwards reaches it;
+    the one still allowed keeps working. Decided with a witness on the same connector and a round trip on the
+    client's own connection, no timing."""
+    from connector_helpers import Tail
+    from tbmq.v1 import messages_pb2 as pb
+    from tbmq_platform.topics import CLIENT_SUBSCRIPTIONS
+
+    user, pub_user, witness = unique("rev"), unique("revp"), unique("revw")
+    gone, kept = f"rev/{user}/t", f"keep/{user}/t"
+    await add_credential(sec, user, "pw", "--sub", "rev/%u/#", "--sub", "keep/%u/#", "--pub", "keep/%u/#")
+    await add_credential(sec, pub_user, "pw", "--pub", "rev/#")
+    await add_credential(sec, witness, "pw", "--sub", "rev/#")
+    port = sec.mqtt_ports[0]
+    c = await accepted_on(port, user + "-c", True, (user, "pw"))
+    w = await accepted_on(port, witness + "-w", True, (witness, "pw"))
+    p = await accepted_on(sec.mqtt_ports[1], pub_user + "-p", True, (pub_user, "pw"))
+    assert [rc.value for rc in await run(c.subscribe, [(gone, 1), (kept, 1)])] == [1, 1]
+    assert [rc.value for rc in await run(w.subscribe, gone, 1)] == [1]
+    async with Tail(sec.bootstrap_servers, CLIENT_SUBSCRIPTIONS) as tail:
+        await add_credential(sec, user, "pw", "--sub", "keep/%u/#", "--pub", "keep/%u/#")
+
+        def rewritten(r) -> bool:
+            if r.key != (user + "-c").encode() or not r.value:
+                return False
+            return [s.topic_filter for s in pb.ClientSubscriptions.FromString(r.value).subscriptions] == [kept]
+
+        await tail.wait_for(rewritten)
+    await run(p.publish, gone, b"late", 1)
+    assert await run(w.wait, lambda: payloads(w, gone) == [b"late"])
+    await run(c.publish, kept, b"marker", 1)               # behind any copy of "late" on c's connection
+    assert await run(c.wait, lambda: payloads(c, kept) == [b"marker"])
+    assert payloads(c, gone) == [] and c.disconnected is None
+    for x in (c, w, p):
+        await run(x.close)

@@ -122,3 +122,40 @@ def test_acl_change_applies_without_reconnecting():
     (eff,) = c.take_effects(ProducePublish)
     c.call("produced", eff, None)
     assert plain(c.take()) == [PubAck(2)]
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_acl_change_removes_subscriptions_no_longer_allowed_without_unsuback(level):
+    auth, tables = make_auth(Credential("dev", password_hash="hash:pw", sub=("a/#", "b/#")))
+    c = Client(level, auth=auth)
+    c.connect(client_id="dev-1", username="dev", password=b"pw")
+    c.send(Subscribe(1, [Subscription("a/x", 1), Subscription("b/x", 1)]))
+    c.take_effects(ProduceSubscriptions)
+    c.call("subscriptions_written", None)
+    c.call("retained_ready")
+    assert c.take() == [SubAck(1, [1, 1])]
+    c.call("acl_changed")                                   # nothing changed: nothing written
+    assert not c.take_effects(ProduceSubscriptions)
+    tables.apply_credential(b"dev", Credential("dev", password_hash="hash:pw", sub=("b/#",)).to_json())
+    c.call("acl_changed")
+    (eff,) = c.take_effects(ProduceSubscriptions)
+    assert [s.topic_filter for s in eff.subscriptions] == ["b/x"]
+    c.call("subscriptions_written", None)
+    assert c.take() == [] and set(c.m.subs) == {("", "b/x")}  # no UNSUBACK: the client asked nothing
+    assert c.m.stats["subscriptions_revoked"] == 1
+
+
+def test_a_resumed_sessions_subscriptions_are_checked_against_the_current_rules():
+    from connection_harness import answer
+    from tbmq_connection.convert import topic_subscription
+
+    auth, _ = make_auth(Credential("dev", password_hash="hash:pw", sub=("b/#",)))
+    c = Client(5, auth=auth)
+    stored = {("", f): topic_subscription("", f, 1) for f in ("a/x", "b/x")}
+    connack = c.connect(answer(present=True, sei=60), client_id="dev-1", username="dev", password=b"pw",
+                        subs=stored)
+    assert connack.session_present
+    (eff,) = c.take_effects(ProduceSubscriptions)
+    assert [s.topic_filter for s in eff.subscriptions] == ["b/x"]
+    c.call("subscriptions_written", None)
+    assert set(c.m.subs) == {("", "b/x")}

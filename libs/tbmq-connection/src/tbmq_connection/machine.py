@@ -321,6 +321,8 @@ class ConnectionMachine:
         if subs:
             self.subs = dict(subs)
         self._accept()
+        if self.subs and self._acl:
+            self.acl_changed(now)  # the resumed set, against the rules as they are now
         return self.effects
 
     def produced(self, eff: ProducePublish, error: BaseException | None, now: int) -> deque:
@@ -352,7 +354,7 @@ class ConnectionMachine:
         if error is not None:
             self._subscribing = None
             log.error("client %r: subscriptions not written to Kafka: %r", self.client_id, error)
-            if self.state != CLOSED:
+            if self.state != CLOSED and packet_id is not None:
                 codes = [RC.UNSPECIFIED_ERROR] * len(codes)
                 ack = UnsubAck(packet_id, codes if self.v5 else []) if unsubscribe else SubAck(packet_id, codes)
                 self._send(self._with_reason(ack, "the subscriptions were not stored")
@@ -366,10 +368,30 @@ class ConnectionMachine:
             self._subscribing = None
             for key in old_shared - {k for k in new_set if k[0]}:
                 self._detach_group(shared_store_id(*key))  # no longer a member of that group
-            if self.state != CLOSED:
+            if self.state != CLOSED and packet_id is not None:  # None: revoked by an ACL change
                 self._send(encode(UnsubAck(packet_id, codes if self.v5 else []), self.level))
         else:
             self._suback_when_ready(now)
+        return self.effects
+
+    def acl_changed(self, now: int) -> deque:
+        """The connection's credential changed or was deleted (fed in packet order, between packets): the
+        subscriptions its subscribe patterns no longer cover are removed, as by an UNSUBSCRIBE the client did
+        not send (the set is written, no UNSUBACK). PUBLISH / SUBSCRIBE need nothing: they read the rules
+        each time."""
+        if self.state != CONNECTED or not self._acl or self._subscribing is not None:
+            return self.effects
+        allowed = self.auth.may_subscribe
+        keep = {k: v for k, v in self.subs.items() if allowed(self.identity, self.client_id, k[1])}
+        if len(keep) == len(self.subs):
+            return self.effects
+        self.stats["subscriptions_revoked"] += len(self.subs) - len(keep)
+        log.info("client %r: %d subscription(s) no longer authorized, removed: %s", self.client_id,
+                 len(self.subs) - len(keep), sorted(k[1] for k in self.subs if k not in keep))
+        self._subscribing = (True, None, keep, [], None)
+        self._written = False
+        self._retained_ok = True
+        self.effects.append(ProduceSubscriptions(self.client_id, list(keep.values()), self.client_type))
         return self.effects
 
     def retained_ready(self, now: int) -> deque:

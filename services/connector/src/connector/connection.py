@@ -84,6 +84,13 @@ def certificate_names(cert) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+class _AclChanged:
+    """Queued with the packets (so it is handled between two of them, never during a SUBSCRIBE)."""
+
+
+ACL_CHANGED = _AclChanged()
+
+
 class Connection(asyncio.Protocol):
     def __init__(self, port: ConnectionPort) -> None:
         self.port = port
@@ -114,6 +121,21 @@ class Connection(asyncio.Protocol):
     @property
     def session_id(self) -> str:
         return self.m.session_id if self.m is not None else ""
+
+    @property
+    def credential(self) -> str | None:
+        """The name of the credential the client authenticated with (None: anonymous or not yet)."""
+        m = self.m
+        return m.identity.credential if m is not None and m.identity is not None else None
+
+    def acl_changed(self) -> None:
+        """Its credential changed: re-check its subscriptions (ConnectionMachine.acl_changed) in packet order."""
+        if self.m is None or self.m.state == CLOSED:
+            return
+        self.inq.append(ACL_CHANGED)
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
 
     @property
     def subs(self) -> dict:
@@ -248,6 +270,8 @@ class Connection(asyncio.Protocol):
                     while inq and inq[0].__class__ is PubAck:
                         run.append(inq.popleft())
                     m.pubacks(run, _now_ms())
+                elif packet is ACL_CHANGED:
+                    m.acl_changed(_now_ms())
                 else:
                     m.packet(packet, _now_ms())
                 if self._reading_paused and len(inq) < self.s.inbound_queue_max // 2:

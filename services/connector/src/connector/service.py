@@ -142,7 +142,7 @@ class ConnectorService(Service):
         self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
         self.subs_view = self.views.view(CLIENT_SUBSCRIPTIONS, self._apply_subscriptions)
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
-        self.views.view(SECURITY_CREDENTIALS, self.auth_tables.apply_credential)
+        self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
         self.views.view(SECURITY_BLOCKED, self.auth_tables.apply_blocked)
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
@@ -363,6 +363,17 @@ class ConnectorService(Service):
             self.retained.delete(topic)
         else:
             self.retained.set(topic, msg)
+
+    def _apply_credential(self, key: bytes | None, value: bytes | None) -> None:
+        """A credential written (or deleted): the table, then every connection authenticated with it re-checks
+        its subscriptions (one pass over the connections per change: changes are an operator's, rare)."""
+        if key is None:
+            return
+        self.auth_tables.apply_credential(key, value)
+        name = key.decode()
+        for conn in self.connections:
+            if conn.credential == name:
+                conn.acl_changed()
 
     def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
