@@ -12,6 +12,7 @@ from connector.connection import certificate_names
 from connector.settings import ConnectorSettings
 from tbmq_auth import Credential
 from tbmq_platform.cli import CliError, credential_from_args, parser, read_password, rule_from_args
+from tbmq_mqtt import ReasonCode
 from tbmq_platform.settings import load
 
 pytestmark = pytest.mark.unit
@@ -62,3 +63,37 @@ def test_cli_blocked_rule():
     with pytest.raises(CliError):
         rule_from_args(SimpleNamespace(client_id="a", username="b", ip=None, regex=None, target="client_id",
                                        expires_in=None, reason=""), 0)
+
+
+# ------------------------------------------------------------------------------------------------ the adapter
+def _port_with(*creds: Credential):
+    from connector_fakes import FakePort
+    from tbmq_auth import AuthTables, Authorizer
+
+    port = FakePort()
+    tables = AuthTables()
+    for c in creds:
+        tables.apply_credential(c.name.encode(), c.to_json())
+    port.auth = Authorizer(tables, verify=lambda stored, pw: stored == "hash:" + pw.decode())
+    return port, tables
+
+
+async def test_adapter_awaits_authentication_before_the_session_and_queues_acl_changes():
+    from connector_fakes import connected, until
+    from tbmq_mqtt import Connect, SubAck, Subscribe, Subscription, encode
+
+    port, tables = _port_with(Credential("dev", password_hash="hash:pw", sub=("a/#", "b/#")))
+    conn, transport, (connack,) = await connected(port, Connect(protocol_level=5, client_id="d1", clean_start=True,
+                                                                username="dev", password=b"bad"))
+    assert connack.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD and transport.closed
+    assert port.by_session == {}                                       # the registry was never asked
+    conn, transport, (connack,) = await connected(port, Connect(protocol_level=5, client_id="d1", clean_start=True,
+                                                                username="dev", password=b"pw"))
+    assert connack.reason_code == 0 and conn.credential == "dev"
+    conn.data_received(encode(Subscribe(1, [Subscription("a/x", 1), Subscription("b/x", 1)]), 5))
+    await until(lambda: bool(transport.data))
+    assert transport.packets(5) == [SubAck(1, [1, 1])]
+    tables.apply_credential(b"dev", Credential("dev", password_hash="hash:pw", sub=("b/#",)).to_json())
+    conn.acl_changed()
+    await until(lambda: set(conn.subs) == {("", "b/x")})
+    assert [t.topic_filter for t in port.subscription_sets[-1]] == ["b/x"] and transport.data == b""

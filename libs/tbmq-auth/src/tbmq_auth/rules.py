@@ -271,7 +271,8 @@ class Authorizer:
     def authenticate(self, req: AuthRequest, now_ms: int) -> AuthResult:
         rule = self.tables.blocked_by(req.client_id, req.username, req.ip, now_ms)
         if rule is not None:
-            return AuthResult(ReasonCode.BANNED, f"blocked ({rule.key})")
+            log.info("client %r (%s): blocked by rule %r", req.client_id, req.ip, rule.key)
+            return AuthResult(ReasonCode.BANNED, "banned")  # the rule is not told to the client
         identity = None
         for provider in self.providers:
             if provider == PASSWORD:

@@ -17,6 +17,10 @@ Guarantees kept here (each where the code enforces it):
   keep the store's packet ids; upstream acknowledgements (device-persistence, app-delivery) only after the
   client's PUBACK / PUBCOMP.
 * Keep alive [MQTT-3.1.2-22]: closed (v5: DISCONNECT 0x8D) when nothing arrived for 1.5 × the keep alive.
+* Authorization (with a `tbmq_auth.Authorizer`): nothing is asked of the registry before the CONNECT is
+  authenticated (`Authenticate` → `authenticated`); a PUBLISH, a Will or a SUBSCRIBE is checked against the
+  credential as it is at that moment, and a changed credential removes the subscriptions it no longer
+  allows (`acl_changed`).
 * Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; delayed by the v5 Will Delay Interval [MQTT-3.1.3-9] but
   not past the end of the session [MQTT-3.1.2-8].
 """
