@@ -34,18 +34,20 @@ def run(fn, *args, **kw):
 class Client:
     """A paho-mqtt client (callback API 2) on its own network thread. What its callbacks receive is kept under
     one Condition `cond`: `messages` (every PUBLISH, in arrival order), `connack` (flags, reason code,
-    properties), `suback` (mid, reason codes), `disconnected` (the reason code of the last disconnect) and
-    `disconnect_properties` (its v5 properties).
+    properties), `suback` (mid, reason codes), `pubacks` (mid -> the reason code of its PUBACK / PUBREC /
+    PUBCOMP), `disconnected` (the reason code of the last disconnect) and `disconnect_properties` (its v5
+    properties).
 
     v5: MQTT 5.0 (clean -> Clean Start, session_expiry -> Session Expiry Interval) or 3.1.1 (clean ->
     clean_session; session_expiry unused). max_inflight: paho's outgoing QoS>0 window (None: paho's 20).
     timeout: the default bound of this client's waits (connect, subscribe, publish, wait).
     websocket: MQTT over WebSocket (paho's transport="websockets", path `ws_path`). tls: paho's `tls_set`
-    arguments (ca_certs=..., certfile=..., keyfile=...): MQTT over TLS, or WSS with `websocket`."""
+    arguments (ca_certs=..., certfile=..., keyfile=...): MQTT over TLS, or WSS with `websocket`.
+    auth: (username, password) sent in CONNECT."""
 
     def __init__(self, client_id: str, *, v5: bool = True, clean: bool = True, session_expiry: int | None = None,
                  max_inflight: int | None = None, timeout: float = BOUND, websocket: bool = False,
-                 ws_path: str = "/mqtt", tls: dict | None = None) -> None:
+                 ws_path: str = "/mqtt", tls: dict | None = None, auth: tuple[str, str | None] | None = None) -> None:
         self.v5, self.clean, self.session_expiry, self.timeout = v5, clean, session_expiry, timeout
         kw = {} if v5 else {"clean_session": clean}
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -57,15 +59,19 @@ class Client:
             self.c.tls_set(**tls)
         if max_inflight is not None:
             self.c.max_inflight_messages_set(max_inflight)
+        if auth is not None:
+            self.c.username_pw_set(*auth)
         self.cond = threading.Condition()
         self.messages: list[mqtt.MQTTMessage] = []
         self.connack = None
         self.suback = None
+        self.pubacks: dict[int, object] = {}
         self.disconnected = None
         self.disconnect_properties = None
         self.c.on_message = self._on_message
         self.c.on_connect = self._on_connect
         self.c.on_subscribe = self._on_subscribe
+        self.c.on_publish = self._on_publish
         self.c.on_disconnect = self._on_disconnect
 
     def _on_message(self, client, userdata, msg):
@@ -81,6 +87,11 @@ class Client:
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties):
         with self.cond:
             self.suback = (mid, reason_codes)
+            self.cond.notify_all()
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties):
+        with self.cond:
+            self.pubacks[mid] = reason_code
             self.cond.notify_all()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):

@@ -207,8 +207,11 @@ async def test_port_plan_and_environment_of_the_real_services():
     assert env["MQTT_TLS_CA_FILE"] == "/tmp/unused/tls/ca.pem"
     assert s.listeners(2) == [("MQTT", "localhost:1884"), ("MQTT/TLS", "localhost:8884"),
                               ("WS", "ws://localhost:8183/mqtt"), ("WSS", "wss://localhost:8184/mqtt")]
-    # internal surfaces on the loopback
+    # internal surfaces on the loopback; MQTT too by default (anonymous clients allowed: docs/security.md)
     assert env["GRPC_HOST"] == "127.0.0.1" and env["HEALTH_HOST"] == "127.0.0.1"
+    assert env["MQTT_BIND_HOST"] == "127.0.0.1" and "MQTT_BIND_HOST" not in s.service_environment("router")
+    assert Suite(services=["connector"], run_dir="/tmp/unused", mqtt_host="0.0.0.0").service_environment(
+        "connector")["MQTT_BIND_HOST"] == "0.0.0.0"
     off = Suite(services=["connector"], ports="default", run_dir="/tmp/unused",
                 service_env={"connector": {"MQTT_WS_PORT": "0", "MQTT_WSS_PORT": ""}})
     assert off.ws_ports == [None] and off.wss_ports == [None] and off.tls_ports == [8883]

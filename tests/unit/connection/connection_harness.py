@@ -7,6 +7,7 @@ import dataclasses
 
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_connection import (
+    Authenticate,
     CancelTimer,
     Close,
     ConnectionMachine,
@@ -42,10 +43,11 @@ def answer(*, present: bool = False, sei: int = 0, persistent: bool = False,
 
 
 class Client:
-    def __init__(self, level: int = 4, *, retained=None, now: int = T0, **config) -> None:
+    def __init__(self, level: int = 4, *, retained=None, now: int = T0, auth=None, cert_names=(), **config) -> None:
         config.setdefault("service_id", "c-1")
         self.cfg = MachineConfig(**config)
-        self.m = ConnectionMachine(self.cfg, retained=retained, address="10.0.0.1:50000")
+        self.m = ConnectionMachine(self.cfg, retained=retained, address="10.0.0.1:50000", auth=auth,
+                                   peer_ip="10.0.0.1", cert_names=cert_names)
         self.now = now
         self.level = level
         self.decoder = MqttDecoder(level, role=Role.CLIENT)
@@ -110,10 +112,19 @@ class Client:
     # ---------------------------------------------------------------------------------- flows
     def connect(self, resp: pb.SessionEventResponse | None = None, *, client_id: str = "dev",
                 clean_start: bool = True, keep_alive: int = 0, will: Will | None = None,
-                properties: Properties | None = None, subs: dict | None = None) -> ConnAck:
-        """CONNECT, the registry's answer (and the stored subscriptions when present): the CONNACK."""
+                properties: Properties | None = None, subs: dict | None = None, username: str | None = None,
+                password: bytes | None = None) -> ConnAck:
+        """CONNECT, its authentication (when the machine has an authorizer), the registry's answer (and the
+        stored subscriptions when present): the CONNACK."""
         self.send(Connect(protocol_level=self.level, client_id=client_id, clean_start=clean_start,
-                          keep_alive=keep_alive, will=will, properties=properties or Properties()))
+                          keep_alive=keep_alive, will=will, properties=properties or Properties(),
+                          username=username, password=password))
+        for a in self.take_effects(Authenticate):
+            self.run(self.m.authenticated(self.m.auth.authenticate(a.request, self.now), self.now))
+            if self.closed is not None:
+                assert not self.of(RequestSession)
+                (connack,) = self.take()
+                return connack
         (req,) = self.take_effects(RequestSession)
         self.request = req.session
         self.run(self.m.session_answer(resp if resp is not None else answer(), self.now))

@@ -119,8 +119,14 @@ class FakePort:
         self.subscription_sets: list = []
         self.bg: list = []
 
-    def new_machine(self, address: str) -> ConnectionMachine:
-        return ConnectionMachine(MachineConfig(service_id="c-1"), stats=self.stats, address=address)
+    auth = None  # a tbmq_auth.Authorizer: CONNECT authenticated, PUBLISH / SUBSCRIBE authorized
+
+    def new_machine(self, address: str, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> ConnectionMachine:
+        return ConnectionMachine(MachineConfig(service_id="c-1"), stats=self.stats, address=address,
+                                 auth=self.auth, peer_ip=peer_ip, cert_names=cert_names)
+
+    async def authenticate(self, request):
+        return self.auth.authenticate(request, 0)
 
     def admit(self, ip: str):
         return self.admission.admit(len(self.connections), ip, self.clock)  # the service's rule, a fake clock

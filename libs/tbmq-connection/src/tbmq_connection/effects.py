@@ -53,6 +53,15 @@ class CancelTimer:
 
 
 @dataclass(slots=True)
+class Authenticate:
+    """Decide who the CONNECT is (tbmq_auth.Authorizer.authenticate: blocked rules, providers, client-id
+    pattern, Will); the runner awaits it (a password hash is verified off the event loop) and reports with
+    `authenticated`, before the session is requested."""
+
+    request: Any                   # tbmq_auth.AuthRequest
+
+
+@dataclass(slots=True)
 class RequestSession:
     """CONNECTION_REQUEST to the session registry (the runner routes disconnect commands for
     `session.session_id` to `take_over`)."""
@@ -96,6 +105,7 @@ class ProducePublish:
     packet_id: int | None
     pending: int = 0
     error: BaseException | None = None
+    denied: bool = False           # not authorized: v5 PUBACK/PUBREC 0x87, nothing produced
 
 
 @dataclass(slots=True)
@@ -201,7 +211,7 @@ class Finished:
 
 
 __all__ = [
-    "AckApp", "AckStored", "CancelTimer", "CatchUpRetained", "Close", "CloseAppStream", "DetachStore", "FetchStored", "Finished",
+    "AckApp", "AckStored", "Authenticate", "CancelTimer", "CatchUpRetained", "Close", "CloseAppStream", "DetachStore", "FetchStored", "Finished",
     "LoadSubscriptions", "Online", "OpenAppStream", "ProducePublish", "ProduceSubscriptions", "PubrecStored",
     "ReportDisconnect", "RequestSession", "ScheduleWill", "Send", "SessionStarted", "StartTimer", "WaitRetained",
 ]

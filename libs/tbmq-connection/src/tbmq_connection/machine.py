@@ -17,6 +17,10 @@ Guarantees kept here (each where the code enforces it):
   keep the store's packet ids; upstream acknowledgements (device-persistence, app-delivery) only after the
   client's PUBACK / PUBCOMP.
 * Keep alive [MQTT-3.1.2-22]: closed (v5: DISCONNECT 0x8D) when nothing arrived for 1.5 × the keep alive.
+* Authorization (with a `tbmq_auth.Authorizer`): nothing is asked of the registry before the CONNECT is
+  authenticated (`Authenticate` → `authenticated`); a PUBLISH, a Will or a SUBSCRIBE is checked against the
+  credential as it is at that moment, and a changed credential removes the subscriptions it no longer
+  allows (`acl_changed`).
 * Will: not after DISCONNECT 0x00 [MQTT-3.1.2-10]; delayed by the v5 Will Delay Interval [MQTT-3.1.3-9] but
   not past the end of the session [MQTT-3.1.2-8].
 """
@@ -58,6 +62,7 @@ from tbmq_mqtt import (
     encode,
     server_error_response,
 )
+from tbmq_auth import AuthRequest, AuthResult, Authorizer, Identity
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
 from tbmq_routing.wills import will_delay_seconds
 
@@ -66,6 +71,7 @@ from .convert import outbound_publish, publish_msg, topic_subscription
 from .effects import (
     AckApp,
     AckStored,
+    Authenticate,
     CancelTimer,
     CatchUpRetained,
     Close,
@@ -142,8 +148,15 @@ class ConnectionMachine:
     """The state of one MQTT connection, from the first byte to the end of the transport."""
 
     def __init__(self, config: MachineConfig, *, stats: Counter | None = None,
-                 retained: Callable[[str], Iterable] | None = None, address: str = "") -> None:
+                 retained: Callable[[str], Iterable] | None = None, address: str = "",
+                 auth: Authorizer | None = None, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> None:
         self.cfg = config
+        # authentication / authorization (tbmq_auth; None: everyone may do everything)
+        self.auth = auth
+        self.peer_ip = peer_ip
+        self.cert_names = cert_names     # the verified client certificate's CN and SANs
+        self.identity: Identity | None = None
+        self._acl = False                # a credential's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
         self.address = address
@@ -163,6 +176,7 @@ class ConnectionMachine:
         self.session_expiry = 0          # the registry's interval: how long the session outlives the connection
         self.connect_expiry = 0          # the CONNECT's interval as sent (v5 DISCONNECT may not raise it from 0)
         self.will = None
+        self._connect_request: pb.SessionInfo | None = None  # the CONNECTION_REQUEST (with the Will), once built
         self.will_delay = 0
         self.subs: dict[tuple[str, str], pb.TopicSubscription] = {}
         self._plan = None                # the CONNECT's plan while the registry answers
@@ -316,6 +330,8 @@ class ConnectionMachine:
         if subs:
             self.subs = dict(subs)
         self._accept()
+        if self.subs and self._acl:
+            self.acl_changed(now)  # the resumed set, against the rules as they are now
         return self.effects
 
     def produced(self, eff: ProducePublish, error: BaseException | None, now: int) -> deque:
@@ -347,7 +363,7 @@ class ConnectionMachine:
         if error is not None:
             self._subscribing = None
             log.error("client %r: subscriptions not written to Kafka: %r", self.client_id, error)
-            if self.state != CLOSED:
+            if self.state != CLOSED and packet_id is not None:
                 codes = [RC.UNSPECIFIED_ERROR] * len(codes)
                 ack = UnsubAck(packet_id, codes if self.v5 else []) if unsubscribe else SubAck(packet_id, codes)
                 self._send(self._with_reason(ack, "the subscriptions were not stored")
@@ -361,10 +377,30 @@ class ConnectionMachine:
             self._subscribing = None
             for key in old_shared - {k for k in new_set if k[0]}:
                 self._detach_group(shared_store_id(*key))  # no longer a member of that group
-            if self.state != CLOSED:
+            if self.state != CLOSED and packet_id is not None:  # None: revoked by an ACL change
                 self._send(encode(UnsubAck(packet_id, codes if self.v5 else []), self.level))
         else:
             self._suback_when_ready(now)
+        return self.effects
+
+    def acl_changed(self, now: int) -> deque:
+        """The connection's credential changed or was deleted (fed in packet order, between packets): the
+        subscriptions its subscribe patterns no longer cover are removed, as by an UNSUBSCRIBE the client did
+        not send (the set is written, no UNSUBACK). PUBLISH / SUBSCRIBE need nothing: they read the rules
+        each time."""
+        if self.state != CONNECTED or not self._acl or self._subscribing is not None:
+            return self.effects
+        allowed = self.auth.may_subscribe
+        keep = {k: v for k, v in self.subs.items() if allowed(self.identity, self.client_id, k[1])}
+        if len(keep) == len(self.subs):
+            return self.effects
+        self.stats["subscriptions_revoked"] += len(self.subs) - len(keep)
+        log.info("client %r: %d subscription(s) no longer authorized, removed: %s", self.client_id,
+                 len(self.subs) - len(keep), sorted(k[1] for k in self.subs if k not in keep))
+        self._subscribing = (True, None, keep, [], None)
+        self._written = False
+        self._retained_ok = True
+        self.effects.append(ProduceSubscriptions(self.client_id, list(keep.values()), self.client_type))
         return self.effects
 
     def retained_ready(self, now: int) -> deque:
@@ -602,7 +638,6 @@ class ConnectionMachine:
             session_expiry_interval=plan.requested_session_expiry, mqtt_version=self.level,
             keep_alive=plan.keep_alive, connected_at_ms=now, client_address=self.address,
             username=c.username or "")
-        self.request_sent = True
         request = self.session
         if c.will is not None:
             # the registry keeps the Will with the connected session and publishes it should this connector
@@ -612,7 +647,29 @@ class ConnectionMachine:
             request.will.CopyFrom(publish_msg(c.will, c.will.topic, publisher_id=self.client_id,
                                               service_id=cfg.service_id, mqtt_version=self.level, now_ms=now))
             request.will_delay = plan.will_delay
+        self._connect_request = request  # sent once authenticated (at once without authentication)
+        if self.auth is not None:
+            self.effects.append(Authenticate(AuthRequest(
+                client_id=self.client_id, username=c.username, password=c.password, ip=self.peer_ip,
+                cert_names=self.cert_names, will_topic=c.will.topic if c.will is not None else None)))
+            return
+        self.request_sent = True
         self.effects.append(RequestSession(request))
+
+    def authenticated(self, result: AuthResult, now: int) -> deque:
+        """The answer of `Authenticate`: CONNACK refusal (0x86 / 0x87 / 0x8A; 3.x 4 / 5), or on to the
+        session registry."""
+        if self.state != CONNECTING or self.request_sent:
+            return self.effects
+        if not result.ok:
+            self.stats["connect_refused_auth"] += 1
+            self._refuse(result.reason_code, result.reason)
+            return self.effects
+        self.identity = result.identity
+        self._acl = result.identity is not None and result.identity.credential is not None
+        self.request_sent = True
+        self.effects.append(RequestSession(self._connect_request))
+        return self.effects
 
     def _accept(self) -> None:
         """CONNACK success, then the persistent session's stored messages / stream."""
@@ -671,6 +728,9 @@ class ConnectionMachine:
             # [MQTT-4.3.3-10]: a re-sent PUBLISH before PUBREL is not forwarded again; answer PUBREC
             self._queue_ack(ProducePublish(None, topic, False, 2, pid))
             return
+        if self._acl and not self.auth.may_publish(self.identity, self.client_id, topic):
+            self._publish_denied(topic, qos, pid)
+            return
         if qos and self.v5 and self.inbound.over_quota():
             # more than our Receive Maximum unacknowledged: DISCONNECT 0x93 (MQTT 5 section 3.3.4)
             raise MqttProtocolError(RC.RECEIVE_MAXIMUM_EXCEEDED,
@@ -685,6 +745,18 @@ class ConnectionMachine:
                 self.inbound.awaiting_pubrel.add(pid)
             self._queue_ack(eff)
         self.effects.append(eff)
+
+    def _publish_denied(self, topic: str, qos: int, pid: int | None) -> None:
+        """Not authorized: nothing produced. v5: PUBACK / PUBREC 0x87 (QoS 0: dropped). 3.1.1 has no way to
+        tell the client, and lets the server acknowledge as usual or close [MQTT-3.3.5-2]: acknowledged
+        (PUBACK, or PUBREC then PUBCOMP), as Mosquitto does, and logged."""
+        self.stats["publish_denied"] += 1
+        log.info("client %r: PUBLISH to %r not authorized (QoS %d): dropped", self.client_id, topic, qos)
+        if not qos:
+            return
+        if qos == 2 and not self.v5:
+            self.inbound.awaiting_pubrel.add(pid)
+        self._queue_ack(ProducePublish(None, topic, False, qos, pid, denied=self.v5))
 
     def _queue_ack(self, eff: ProducePublish) -> None:
         self.inbound.pending_acks += 1
@@ -717,6 +789,9 @@ class ConnectionMachine:
                 ack = PubAck(pid, RC.UNSPECIFIED_ERROR) if qos == 1 else PubRec(pid, RC.UNSPECIFIED_ERROR)
                 out.append(self._with_reason(ack, "the message was not stored") if self.problem_info
                            else encode(ack, MQTT_5))
+            elif e.denied:
+                ack = PubAck(pid, RC.NOT_AUTHORIZED) if qos == 1 else PubRec(pid, RC.NOT_AUTHORIZED)
+                out.append(self._with_reason(ack, "not authorized") if self.problem_info else encode(ack, MQTT_5))
             elif qos == 1:
                 out.append(encode(PubAck(pid), level))
             else:
@@ -964,6 +1039,11 @@ class ConnectionMachine:
                 continue
             except InvalidTopicFilter:
                 codes.append(fail)
+                continue
+            if self._acl and not self.auth.may_subscribe(self.identity, self.client_id, pf.filter):
+                self.stats["subscribe_denied"] += 1
+                log.info("client %r: SUBSCRIBE to %r not authorized", self.client_id, s.filter)
+                codes.append(RC.NOT_AUTHORIZED if v5 else RC.UNSPECIFIED_ERROR)
                 continue
             qos = min(s.qos, 2)
             key = (pf.share_name, pf.filter)

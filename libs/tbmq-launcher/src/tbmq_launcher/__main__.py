@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--tls-port", type=int, help="MQTT/TLS port of connector 1 (default 8883; instance i: +i-1)")
     r.add_argument("--ws-port", type=int, help="WebSocket port of connector 1 (default 8083; instance i: +100(i-1))")
     r.add_argument("--wss-port", type=int, help="WSS port of connector 1 (default 8084; instance i: +100(i-1))")
+    r.add_argument("--mqtt-host", default="127.0.0.1",
+                   help="bind address of the connectors' MQTT listeners (default 127.0.0.1: anonymous clients "
+                        "allowed; another address refuses them unless --env MQTT_ALLOW_ANONYMOUS=true)")
     r.add_argument("--kafka-port", type=int, help="default 9092 (controller: --controller-port, 9093)")
     r.add_argument("--controller-port", type=int)
     r.add_argument("--redis-port", type=int, help="default 6380")
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster,
             redis_appendfsync=args.redis_appendfsync, redis_password=args.redis_password, env=env,
+            mqtt_host=args.mqtt_host,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),

@@ -75,6 +75,9 @@ class Suite:
                       MQTT_TLS_CERT_FILE; default <run_dir>/tls. The connectors get MQTT_TLS_CERT_FILE,
                       MQTT_TLS_KEY_FILE and MQTT_TLS_CA_FILE (the CA that client certificates are checked
                       against when MQTT_TLS_CLIENT_AUTH asks for them).
+      mqtt_host       MQTT_BIND_HOST of the connectors (default 127.0.0.1, as Mosquitto 2 without a
+                      configuration: reachable from this host only, so anonymous clients are allowed by
+                      default; any other address turns MQTT_ALLOW_ANONYMOUS off unless set: docs/security.md).
       internal_host   GRPC_HOST and HEALTH_HOST of every service (default 127.0.0.1: the gRPC and health
                       ports are not reachable from other hosts).
       redis_password  the own Redis runs with requirepass, and REDIS_URL carries the password.
@@ -129,6 +132,7 @@ class Suite:
         redis_password: str | None = None,
         tls_dir: str | os.PathLike | None = None,
         internal_host: str = "127.0.0.1",
+        mqtt_host: str = "127.0.0.1",
         env: Mapping[str, str] | None = None,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
         echo: TextIO | None = None,
@@ -168,6 +172,7 @@ class Suite:
         self.env = dict(env or {})
         self.service_env = {k: dict(v) for k, v in (service_env or {}).items()}
         self.internal_host = internal_host
+        self.mqtt_host = mqtt_host
         self.redis_password = redis_password
         configured = "MQTT_TLS_CERT_FILE" in {**self.env, **self.service_env.get("connector", {})}
         self.tls: DevCerts | None = None if configured else DevCerts(
@@ -371,6 +376,8 @@ class Suite:
             else f"localhost:{SERVICES['app-delivery'].grpc_port}")
         if p.grpc_port:
             env[p.sdef.grpc_port_env or "GRPC_PORT"] = str(p.grpc_port)
+        if name == "connector":
+            env["MQTT_BIND_HOST"] = self.mqtt_host
         for var, attr in LISTENER_PORTS:
             if getattr(p, attr):
                 env[var] = str(getattr(p, attr))

@@ -61,6 +61,8 @@ SESSION_EVENT_RESPONSE_PREFIX = "tbmq.client.session.event.response."
 CLIENT_DISCONNECT_PREFIX = "tbmq.client.disconnect."
 DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
 CONNECTOR_HEARTBEAT = "tbmq.connector.heartbeat"
+SECURITY_CREDENTIALS = "tbmq.security.credentials"
+SECURITY_BLOCKED = "tbmq.security.blocked"
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
 
@@ -122,6 +124,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
                "every service (from the beginning)"),
     _compacted(CLIENT_SUBSCRIPTIONS, "client id", "ClientSubscriptions (whole set)",
                "connector, session-registry", "router, connector (from the beginning)"),
+    _compacted(SECURITY_CREDENTIALS, "credential name (username)",
+               "JSON tbmq_auth.Credential: argon2id hash, client-id pattern, cert CN, pub/sub filters "
+               "(null value = deleted)", "`tbmq credentials`", "connector (every instance, from the beginning)"),
+    _compacted(SECURITY_BLOCKED, "<kind>:<value>", "JSON tbmq_auth.BlockedRule (null value = deleted)",
+               "`tbmq blocked`", "connector (every instance, from the beginning)"),
     TopicSpec(SESSION_EVENT_REQUEST, "client id", "SessionEventRequest", 24, "connector",
               "session-registry", single_node_partitions=1),
     TopicSpec(SESSION_EVENT_RESPONSE_PREFIX + "<svc>", "client id", "SessionEventResponse", 1,
@@ -186,7 +193,7 @@ def render_markdown() -> str:
         "",
         "Generated from `libs/tbmq-platform/src/tbmq_platform/topics.py` by "
         "`python -m tbmq_platform.topics > docs/topics.md`; do not edit by hand.",
-        "Payloads are messages of `proto/tbmq/v1/messages.proto`. `<svc>` is a connector's service id;",
+        "Payloads are messages of `proto/tbmq/v1/messages.proto` unless they say JSON. `<svc>` is a connector's service id;",
         "`<client>` is the client id, or `h-` + its SHA-256 hex when it is not `[A-Za-z0-9]+`; `<filter>` maps",
         "`/`→`.`, `+`→`_slw`, `#`→`_mlw` (`h-` + SHA-256 hex when the filter has other characters). Both are",
         "injective: two client ids (filters) never share a topic. A shared DEVICE group's store id (the key in",

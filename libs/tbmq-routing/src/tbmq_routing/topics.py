@@ -174,7 +174,10 @@ def has_wildcard(topic_filter: str) -> bool:
 def topic_matches(topic_filter: str, topic: str) -> bool:
     """Whether a (valid) topic filter matches a topic name (MQTT 5.0 §4.7): '+' one level, '#' this level's
     parent and everything below it (§4.7.1.2); a filter starting with a wildcard does not match a
-    topic starting with '$' [MQTT-4.7.2-1]. The same rule as ``SubscriptionTrie.match``, for one filter."""
+    topic starting with '$' [MQTT-4.7.2-1]. The same rule as ``SubscriptionTrie.match``, for one filter.
+
+    `topic` may be a filter too: then the answer is whether `topic_filter` covers it (``filter_covers``): a
+    '+' or '#' level of `topic` is matched only by a wildcard ('#' only by '#')."""
     if topic_filter == topic:
         return True
     if "+" not in topic_filter and "#" not in topic_filter:
@@ -186,9 +189,19 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
     for i, f in enumerate(topic_filter.split("/")):
         if f == "#":
             return True  # also matches the parent level: 'a/#' matches 'a' (§4.7.1.2)
-        if i >= n or (f != "+" and f != levels[i]):
+        if i >= n:
+            return False
+        level = levels[i]
+        if (f != "+" and f != level) or level == "#":
             return False
     return i + 1 == n
+
+
+def filter_covers(pattern: str, topic_filter: str) -> bool:
+    """Whether every topic name that (valid) ``topic_filter`` can match is matched by (valid) ``pattern``
+    (authorization of a SUBSCRIBE, tbmq_auth): ``topic_matches`` with a filter for the topic. `$SYS/#` needs
+    a pattern of its own: one starting with a wildcard does not cover a filter starting with '$'."""
+    return topic_matches(pattern, topic_filter)
 
 
 def subscribed_to(filters, topic: str) -> bool:

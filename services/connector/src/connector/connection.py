@@ -31,6 +31,7 @@ from tbmq_connection import (
     CONNECTED,
     AckApp,
     AckStored,
+    Authenticate,
     CancelTimer,
     CatchUpRetained,
     Close,
@@ -53,7 +54,8 @@ from tbmq_connection import (
     StartTimer,
     WaitRetained,
 )
-from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck
+from tbmq_auth import AuthResult
+from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck, ReasonCode
 from tbmq_platform.tracing import fresh_trace_headers
 
 from .port import ConnectionPort
@@ -70,6 +72,23 @@ def _swallow(fut: asyncio.Future) -> None:
     """Done-callback of QoS 0 produce futures: retrieve the exception so it is not reported as lost."""
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("QoS 0 produce failed: %s", fut.exception())
+
+
+def certificate_names(cert) -> tuple[str, ...]:
+    """A verified client certificate's (ssl getpeercert()) subject CN(s), then its subjectAltName values;
+    () without one (no TLS, no certificate, or not verified: MQTT_TLS_CLIENT_AUTH=none)."""
+    if not cert:
+        return ()
+    names = [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
+    names += [v for _kind, v in cert.get("subjectAltName", ())]
+    return tuple(dict.fromkeys(names))
+
+
+class _AclChanged:
+    """Queued with the packets (so it is handled between two of them, never during a SUBSCRIBE)."""
+
+
+ACL_CHANGED = _AclChanged()
 
 
 class Connection(asyncio.Protocol):
@@ -105,6 +124,21 @@ class Connection(asyncio.Protocol):
         return self.m.session_id if self.m is not None else ""
 
     @property
+    def credential(self) -> str | None:
+        """The name of the credential the client authenticated with (None: anonymous or not yet)."""
+        m = self.m
+        return m.identity.credential if m is not None and m.identity is not None else None
+
+    def acl_changed(self) -> None:
+        """Its credential changed: re-check its subscriptions (ConnectionMachine.acl_changed) in packet order."""
+        if self.m is None or self.m.state == CLOSED:
+            return
+        self.inq.append(ACL_CHANGED)
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    @property
     def subs(self) -> dict:
         """The client's current subscriptions ((share name, filter) -> TopicSubscription)."""
         return self.m.subs if self.m is not None else {}
@@ -120,7 +154,8 @@ class Connection(asyncio.Protocol):
             transport.abort()
             return
         transport.set_write_buffer_limits(high=self.s.write_buffer_high)  # type: ignore[attr-defined]
-        self.m = self.port.new_machine(self.address)
+        self.m = self.port.new_machine(self.address, peer[0] if isinstance(peer, tuple) and peer else "",
+                                       certificate_names(transport.get_extra_info("peercert")))
         self.port.connection_opened(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
         self.m.start(_now_ms())
@@ -244,6 +279,8 @@ class Connection(asyncio.Protocol):
                     while inq and inq[0].__class__ is PubAck:
                         run.append(inq.popleft())
                     m.pubacks(run, _now_ms())
+                elif packet is ACL_CHANGED:
+                    m.acl_changed(_now_ms())
                 else:
                     m.packet(packet, _now_ms())
                 if not inq:
@@ -288,6 +325,8 @@ class Connection(asyncio.Protocol):
                 await self._produce(e)
             elif cls is RequestSession:
                 await self._request_session(e)
+            elif cls is Authenticate:
+                await self._authenticate(e)
             elif cls is LoadSubscriptions:
                 await self._load_subscriptions(e)
             elif cls is ProduceSubscriptions:
@@ -357,6 +396,14 @@ class Connection(asyncio.Protocol):
         exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
         self.m.produced(e, exc, _now_ms())
         self._drain()
+
+    async def _authenticate(self, e: Authenticate) -> None:
+        try:
+            result = await self.port.authenticate(e.request)
+        except Exception:
+            log.exception("client %r: authentication failed", e.request.client_id)
+            result = AuthResult(ReasonCode.SERVER_UNAVAILABLE, "authentication failed")
+        self.m.authenticated(result, _now_ms())
 
     async def _request_session(self, e: RequestSession) -> None:
         m = self.m

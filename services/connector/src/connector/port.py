@@ -21,8 +21,11 @@ class ConnectionPort(Protocol):
     spans: bool                  # create the per-message spans (mqtt.publish)
     device: Any                  # grpc_clients.DevicePersistenceClient | None: fetch / acknowledge / detach
 
-    def new_machine(self, address: str) -> ConnectionMachine:
-        """The state machine of a new connection (the service's limits, stats and retained store)."""
+    def new_machine(self, address: str, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> ConnectionMachine:
+        """The state machine of a new connection (the service's limits, stats, retained store and
+        authorizer); `cert_names`: the verified client certificate's CN and SANs."""
+    async def authenticate(self, request) -> Any:
+        """tbmq_auth.AuthResult of a CONNECT's tbmq_auth.AuthRequest (a password verified off the loop)."""
 
     def admit(self, ip: str) -> str | None:
         """None when a new TCP connection from `ip` may go on, else why not (tbmq_connection.limits)."""

@@ -43,12 +43,15 @@ from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
+from tbmq_auth import AuthRequest, AuthResult, AuthTables, Authorizer
 from tbmq_platform.topics import (
     CLIENT_SESSION,
     CLIENT_SUBSCRIPTIONS,
     CONNECTOR_HEARTBEAT,
     MSG_ALL,
     MSG_RETAINED,
+    SECURITY_BLOCKED,
+    SECURITY_CREDENTIALS,
     disconnect_topic,
     downlink_basic_topic,
     response_topic,
@@ -98,6 +101,11 @@ class ConnectorService(Service):
         self.retained = RetainedStore()
         self._subs_raw: dict[str, bytes] = {}
         self.wills = Wills(self._publish_will)
+        # credentials and blocked clients (tbmq.security.*), followed as tables: a change applies to the
+        # next CONNECT, PUBLISH and SUBSCRIBE (docs/security.md)
+        self.auth_tables = AuthTables()
+        self.authorizer = Authorizer(self.auth_tables, providers=settings.auth_providers,
+                                     allow_anonymous=settings.allow_anonymous)
         # Kafka clients need the running loop: made in start()
         self.producer = None
         self.sessions: SessionEvents | None = None
@@ -157,6 +165,8 @@ class ConnectorService(Service):
         self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
         self.subs_view = self.views.view(CLIENT_SUBSCRIPTIONS, self._apply_subscriptions)
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
+        self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
+        self.views.view(SECURITY_BLOCKED, self.auth_tables.apply_blocked)
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
@@ -182,9 +192,11 @@ class ConnectorService(Service):
             await self._listen(li, ssl_ctx)
         self.mqtt_port = self.bound.get("mqtt", 0)
         self._register_metrics()
-        log.info("connector %s: listening on %s (%d retained, %d subscription sets)", self.service_id,
+        log.info("connector %s: listening on %s (%d retained, %d subscription sets, %d credentials, "
+                 "authentication %s, anonymous %s)", self.service_id,
                  ", ".join(f"{li.name} {li.host}:{self.bound[li.name]}" for li in s.listeners()),
-                 len(self.retained), len(self._subs_raw))
+                 len(self.retained), len(self._subs_raw), len(self.auth_tables.credentials),
+                 ",".join(s.auth_providers), "allowed" if self.authorizer.allow_anonymous else "refused")
 
     def _register_metrics(self) -> None:
         """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time (nothing per message)."""
@@ -276,6 +288,7 @@ class ConnectorService(Service):
                 "connections": len(self.connections), "clients": len(self.by_client),
                 "group_stores": len(self.by_store),
                 "retained": len(self.retained), "pending_wills": len(self.wills.pending),
+                "credentials": len(self.auth_tables.credentials), "blocked_rules": len(self.auth_tables.blocked),
                 **{k: v for k, v in self.stats.items()},
                 **(self.device.acks.stats if self.device is not None else {}),
                 "forward_streams_open": self.device.open_links() if self.device is not None else 0,
@@ -299,9 +312,19 @@ class ConnectorService(Service):
             log.exception("background job failed")
 
     # ------------------------------------------------------------------------------------ the connections' port
-    def new_machine(self, address: str) -> ConnectionMachine:
+    def new_machine(self, address: str, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> ConnectionMachine:
         return ConnectionMachine(self.machine_config, stats=self.stats, retained=self.retained.match_filter,
-                                 address=address)
+                                 address=address, auth=self.authorizer, peer_ip=peer_ip, cert_names=cert_names)
+
+    async def authenticate(self, request: AuthRequest) -> AuthResult:
+        """The CONNECT's identity; an argon2 verification (~50 ms of CPU) runs in a worker thread, not on
+        the event loop (the tables are only read there: dict lookups and a blocked table that is replaced,
+        never mutated)."""
+        now = int(time.time() * 1000)
+        if request.password is not None and request.username in self.auth_tables.credentials:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, self.authorizer.authenticate, request, now)
+        return self.authorizer.authenticate(request, now)
 
     def admit(self, ip: str) -> str | None:
         return self.admission.admit(len(self.connections), ip, time.monotonic())
@@ -431,6 +454,17 @@ class ConnectorService(Service):
             self.retained.delete(topic)
         else:
             self.retained.set(topic, msg)
+
+    def _apply_credential(self, key: bytes | None, value: bytes | None) -> None:
+        """A credential written (or deleted): the table, then every connection authenticated with it re-checks
+        its subscriptions (one pass over the connections per change: changes are an operator's, rare)."""
+        if key is None:
+            return
+        self.auth_tables.apply_credential(key, value)
+        name = key.decode()
+        for conn in self.connections:
+            if conn.credential == name:
+                conn.acl_changed()
 
     def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:

@@ -7,6 +7,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
+from tbmq_auth import DEFAULT_PROVIDERS, anonymous_default, parse_providers
 from tbmq_platform.settings import (
     CommonSettings,
     boolean,
@@ -56,6 +57,14 @@ class ConnectorSettings(CommonSettings):
         "MQTT_TLS_CLIENT_AUTH", "none", parse=choice("none", "optional", "required"),
         doc="client certificates on TLS/WSS: none (not asked), optional (verified when sent), required (a client "
             "without one signed by MQTT_TLS_CA_FILE is refused at the handshake)")
+    # authentication (docs/security.md)
+    auth_providers: tuple[str, ...] = env(
+        "MQTT_AUTH_PROVIDERS", DEFAULT_PROVIDERS, parse=parse_providers,
+        doc="authentication providers, tried in this order: password, x509, anonymous (comma list)")
+    allow_anonymous_setting: bool | None = env(
+        "MQTT_ALLOW_ANONYMOUS", None, parse=boolean,
+        doc="accept clients no credential identifies (with full rights); unset: true only when every MQTT "
+            "listener binds a loopback address")
     max_packet_size: int = env(
         "MQTT_MAX_PACKET_SIZE", 262144, parse=integer(64, MAX_VBI + 5),
         doc="largest packet accepted from a client, in bytes (advertised in v5 CONNACK)")
@@ -152,6 +161,13 @@ class ConnectorSettings(CommonSettings):
         if self.service_id_from_hostname:
             return socket.gethostname()
         return self.service_id or "connector-1"
+
+    @property
+    def allow_anonymous(self) -> bool:
+        """MQTT_ALLOW_ANONYMOUS, or when unset: every listener that is on binds loopback."""
+        if self.allow_anonymous_setting is not None:
+            return self.allow_anonymous_setting
+        return anonymous_default(li.host for li in self.listeners())
 
     def listeners(self) -> list[Listener]:
         """The listeners that are on, in a fixed order (mqtt, mqtts, ws, wss)."""

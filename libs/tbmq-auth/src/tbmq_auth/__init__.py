@@ -1,0 +1,40 @@
+"""tbmq_auth: who may connect, publish and subscribe. Pure (no I/O; the time is passed in).
+
+* ``tbmq_auth.rules``     -- ``Credential``, ``BlockedRule``, ``AuthTables`` (the compacted topics as tables),
+  ``Authorizer`` (authenticate a CONNECT, ``may_publish`` / ``may_subscribe``), ``anonymous_default``
+* ``tbmq_auth.passwords`` -- argon2id ``hash_password`` / ``verify_password``
+
+The ``tbmq`` command line (``tbmq_platform.cli``) writes the records; the connector follows them.
+"""
+
+from .passwords import hash_password, verify_password
+from .rules import (
+    ANONYMOUS,
+    BLOCK_KINDS,
+    CLIENT_ID,
+    DEFAULT_PROVIDERS,
+    IP,
+    PASSWORD,
+    PROVIDERS,
+    REGEX,
+    REGEX_TARGETS,
+    USERNAME,
+    X509,
+    AuthRequest,
+    AuthResult,
+    AuthTables,
+    Authorizer,
+    BlockedRule,
+    Credential,
+    Identity,
+    anonymous_default,
+    parse_providers,
+    substitute,
+)
+
+__all__ = [
+    "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "IP", "PASSWORD", "PROVIDERS", "REGEX",
+    "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer", "BlockedRule",
+    "Credential", "Identity", "anonymous_default", "parse_providers", "substitute", "hash_password",
+    "verify_password",
+]

@@ -1,0 +1,99 @@
+"""The connector's authentication glue: the anonymous default from its listeners, the names of a client
+certificate, and the `tbmq` command line's record building (no Kafka)."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+
+from connector.connection import certificate_names
+from connector.settings import ConnectorSettings
+from tbmq_auth import Credential
+from tbmq_platform.cli import CliError, credential_from_args, parser, read_password, rule_from_args
+from tbmq_mqtt import ReasonCode
+from tbmq_platform.settings import load
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"MQTT_BIND_HOST": "127.0.0.1"}, True),
+    ({"MQTT_BIND_HOST": "127.0.0.1", "MQTT_WS_BIND_HOST": "0.0.0.0"}, False),
+    ({}, False),                                                    # 0.0.0.0 by default
+    ({"MQTT_ALLOW_ANONYMOUS": "true"}, True),
+    ({"MQTT_BIND_HOST": "::1", "MQTT_ALLOW_ANONYMOUS": "false"}, False),
+])
+def test_allow_anonymous_default_follows_the_listeners(environ, expected):
+    assert load(ConnectorSettings, environ).allow_anonymous is expected
+
+
+def test_auth_providers_setting():
+    assert load(ConnectorSettings, {}).auth_providers == ("password", "x509", "anonymous")
+    assert load(ConnectorSettings, {"MQTT_AUTH_PROVIDERS": "x509"}).auth_providers == ("x509",)
+
+
+def test_certificate_names_cn_then_sans():
+    cert = {"subject": ((("countryName", "DE"),), (("commonName", "dev1"),)),
+            "subjectAltName": (("DNS", "dev1.example"), ("DNS", "dev1"))}
+    assert certificate_names(cert) == ("dev1", "dev1.example")
+    assert certificate_names(None) == () and certificate_names({}) == ()
+
+
+def test_cli_credential_record_has_only_the_hash():
+    args = parser().parse_args(["credentials", "add", "--username", "u", "--password-stdin", "--pub", "a/%c/#",
+                                "--sub", "#"])
+    cred = credential_from_args(args, read_password(io.StringIO("s3cret\n")))
+    assert cred.password_hash.startswith("$argon2id$") and b"s3cret" not in cred.to_json()
+    assert Credential.from_json("u", cred.to_json()).pub == ("a/%c/#",)
+    with pytest.raises(CliError):
+        credential_from_args(parser().parse_args(["credentials", "add", "--username", "u", "--pub", "a/#/b",
+                                                  "--password-stdin"]), "pw")
+    with pytest.raises(CliError):  # neither a password nor a certificate
+        credential_from_args(parser().parse_args(["credentials", "add", "--username", "u"]), None)
+
+
+def test_cli_blocked_rule():
+    args = parser().parse_args(["blocked", "add", "--client-id", "bad", "--expires-in", "60"])
+    rule = rule_from_args(args, 1000)
+    assert rule.key == "client_id:bad" and rule.expires_at_ms == 61_000
+    with pytest.raises(CliError):
+        rule_from_args(parser().parse_args(["blocked", "add", "--regex", "("]), 0)
+    with pytest.raises(CliError):
+        rule_from_args(SimpleNamespace(client_id="a", username="b", ip=None, regex=None, target="client_id",
+                                       expires_in=None, reason=""), 0)
+
+
+# ------------------------------------------------------------------------------------------------ the adapter
+def _port_with(*creds: Credential):
+    from connector_fakes import FakePort
+    from tbmq_auth import AuthTables, Authorizer
+
+    port = FakePort()
+    tables = AuthTables()
+    for c in creds:
+        tables.apply_credential(c.name.encode(), c.to_json())
+    port.auth = Authorizer(tables, verify=lambda stored, pw: stored == "hash:" + pw.decode())
+    return port, tables
+
+
+async def test_adapter_awaits_authentication_before_the_session_and_queues_acl_changes():
+    from connector_fakes import connected, until
+    from tbmq_mqtt import Connect, SubAck, Subscribe, Subscription, encode
+
+    port, tables = _port_with(Credential("dev", password_hash="hash:pw", sub=("a/#", "b/#")))
+    conn, transport, (connack,) = await connected(port, Connect(protocol_level=5, client_id="d1", clean_start=True,
+                                                                username="dev", password=b"bad"))
+    assert connack.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD and transport.closed
+    assert port.by_session == {}                                       # the registry was never asked
+    conn, transport, (connack,) = await connected(port, Connect(protocol_level=5, client_id="d1", clean_start=True,
+                                                                username="dev", password=b"pw"))
+    assert connack.reason_code == 0 and conn.credential == "dev"
+    conn.data_received(encode(Subscribe(1, [Subscription("a/x", 1), Subscription("b/x", 1)]), 5))
+    await until(lambda: bool(transport.data))
+    assert transport.packets(5) == [SubAck(1, [1, 1])]
+    tables.apply_credential(b"dev", Credential("dev", password_hash="hash:pw", sub=("b/#",)).to_json())
+    conn.acl_changed()
+    await until(lambda: set(conn.subs) == {("", "b/x")})
+    assert [t.topic_filter for t in port.subscription_sets[-1]] == ["b/x"] and transport.data == b""
