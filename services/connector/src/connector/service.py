@@ -30,6 +30,7 @@ sent, so a retained PUBLISH acknowledged (on any connector) before the SUBSCRIBE
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import time
 import uuid
@@ -60,6 +61,7 @@ from tbmq_platform.topics import (
 )
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_connection import ConnectionMachine, MachineConfig
+from tbmq_connection import systopics
 from tbmq_connection.limits import Admission
 from tbmq_connection.convert import publish_msg
 from tbmq_routing import RetainedStore, subscribed_to
@@ -73,6 +75,10 @@ from .websocket import WebSocketAdapter
 from .wills import Wills
 
 log = logging.getLogger("connector")
+try:
+    VERSION = importlib.metadata.version("connector")
+except importlib.metadata.PackageNotFoundError:  # not installed (run from a source tree)
+    VERSION = "dev"
 tracer = trace.get_tracer("connector")
 
 
@@ -100,6 +106,10 @@ class ConnectorService(Service):
         self.fenced = False                         # the registry declared this run dead: stopping
         self.retained = RetainedStore()
         self._subs_raw: dict[str, bytes] = {}
+        self._subs_n: dict[str, int] = {}  # subscriptions per client, and their total ($SYS)
+        self.subscription_count = 0
+        self.heartbeats: dict[str, pb.ConnectorHeartbeat] = {}  # every connector run's latest ($SYS)
+        self.started_at_ms = int(time.time() * 1000)
         self.wills = Wills(self._publish_will)
         # credentials and blocked clients (tbmq.security.*), followed as tables: a change applies to the
         # next CONNECT, PUBLISH and SUBSCRIBE (docs/security.md)
@@ -163,6 +173,7 @@ class ConnectorService(Service):
         # the three compacted views on one consumer (tbmq_platform.compacted)
         self.views = CompactedViews(bootstrap, client_id=f"{self.service_id}-views")
         self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
+        self.views.view(CONNECTOR_HEARTBEAT, self._apply_heartbeat)  # every run's counters: $SYS
         self.subs_view = self.views.view(CLIENT_SUBSCRIPTIONS, self._apply_subscriptions)
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
@@ -192,6 +203,8 @@ class ConnectorService(Service):
             await self._listen(li, ssl_ctx)
         self.mqtt_port = self.bound.get("mqtt", 0)
         self._register_metrics()
+        if s.sys_interval_s > 0:
+            self.spawn(self._sys_loop(), "$SYS")
         log.info("connector %s: listening on %s (%d retained, %d subscription sets, %d credentials, "
                  "authentication %s, anonymous %s)", self.service_id,
                  ", ".join(f"{li.name} {li.host}:{self.bound[li.name]}" for li in s.listeners()),
@@ -425,8 +438,15 @@ class ConnectorService(Service):
         self.spawn_bg(go())
 
     async def _heartbeat(self, stopped: bool = False) -> None:
+        st = self.stats
+        stats = pb.ConnectorStats(
+            clients_connected=len(self.by_client), connections=len(self.connections),
+            messages_received=st["msgs_in_qos0"] + st["msgs_in_qos1"] + st["msgs_in_qos2"],
+            messages_sent=st["msgs_out_qos0"] + st["msgs_out_qos1"] + st["msgs_out_qos2"],
+            messages_dropped=sum(v for k, v in st.items() if k.startswith("dropped_")),
+            started_at_ms=self.started_at_ms)
         hb = pb.ConnectorHeartbeat(service_id=self.service_id, incarnation=self.incarnation,
-                                   sent_at_ms=int(time.time() * 1000), stopped=stopped)
+                                   sent_at_ms=int(time.time() * 1000), stopped=stopped, stats=stats)
         fut = await self.producer.send(CONNECTOR_HEARTBEAT, hb.SerializeToString(),
                                        key=self.service_id.encode("utf-8"))
         await fut
@@ -441,7 +461,37 @@ class ConnectorService(Service):
                 self.stats["heartbeats_failed"] += 1
                 log.warning("heartbeat not sent: %r", exc)
 
+    async def _sys_loop(self) -> None:
+        """$SYS/broker/... every MQTT_SYS_INTERVAL_S, by the live run with the smallest service id
+        (tbmq_connection.systopics)."""
+        interval = self.settings.sys_interval_s
+        stale_ms = max(3 * self.settings.heartbeat_interval_ms, int(2000 * interval))
+        while True:
+            await asyncio.sleep(interval)  # the period
+            now = int(time.time() * 1000)
+            live = systopics.live_runs(self.heartbeats, now, stale_ms)
+            if not systopics.is_publisher(self.service_id, live):
+                continue
+            try:
+                for topic, payload in systopics.sys_messages(
+                        live, subscriptions=self.subscription_count, retained=len(self.retained),
+                        version=f"tbmq-py {VERSION}", now_ms=now):
+                    msg = pb.PublishMsg(publisher_id=systopics.PUBLISHER_ID, topic=topic, payload=payload, qos=0,
+                                        retain=True, created_at_ms=now, publisher_service_id=self.service_id)
+                    await self.produce_publish(msg, topic, True)
+                self.stats["sys_rounds"] += 1
+            except Exception as exc:  # Kafka unreachable: the next round tries again
+                log.warning("$SYS round not published: %r", exc)
+
     # ------------------------------------------------------------------------------------ views
+    def _apply_heartbeat(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        if value:
+            self.heartbeats[key.decode("utf-8")] = pb.ConnectorHeartbeat.FromString(value)
+        else:
+            self.heartbeats.pop(key.decode("utf-8"), None)
+
     def _apply_retained(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
             return
@@ -470,8 +520,11 @@ class ConnectorService(Service):
         if key is None:
             return
         client_id = key.decode("utf-8")
+        self.subscription_count -= self._subs_n.pop(client_id, 0)
         if value:
             self._subs_raw[client_id] = value
+            n = self._subs_n[client_id] = len(pb.ClientSubscriptions.FromString(value).subscriptions)
+            self.subscription_count += n
         else:
             self._subs_raw.pop(client_id, None)
 

@@ -152,6 +152,10 @@ class ConnectorSettings(CommonSettings):
         "CONNECTOR_HEARTBEAT_INTERVAL_MS", 3000, parse=integer(50),
         doc="period of this connector's heartbeat on tbmq.connector.heartbeat; the session registry declares a "
             "connector dead after TBMQ_CONNECTOR_TIMEOUT_MS without one (keep this a third of it at most)")
+    sys_interval_s: float = env(
+        "MQTT_SYS_INTERVAL_S", 10.0, parse=number(0),
+        doc="period of the $SYS/broker/... statistics (retained, cluster-wide; published by one connector: "
+            "tbmq_connection.systopics); 0 = none")
     trace_spans: bool = env(
         "CONNECTOR_TRACE_SPANS", False, parse=boolean,
         doc="create the per-message spans (mqtt.publish, mqtt.deliver*) even without an OTLP endpoint")

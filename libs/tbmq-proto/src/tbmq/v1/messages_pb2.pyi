@@ -258,16 +258,34 @@ class SessionEventResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConnectorHeartbeat(_message.Message):
-    __slots__ = ("service_id", "incarnation", "sent_at_ms", "stopped")
+    __slots__ = ("service_id", "incarnation", "sent_at_ms", "stopped", "stats")
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_MS_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
     service_id: str
     incarnation: str
     sent_at_ms: int
     stopped: bool
-    def __init__(self, service_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., stopped: _Optional[bool] = ...) -> None: ...
+    stats: ConnectorStats
+    def __init__(self, service_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., sent_at_ms: _Optional[int] = ..., stopped: _Optional[bool] = ..., stats: _Optional[_Union[ConnectorStats, _Mapping]] = ...) -> None: ...
+
+class ConnectorStats(_message.Message):
+    __slots__ = ("clients_connected", "messages_received", "messages_sent", "messages_dropped", "connections", "started_at_ms")
+    CLIENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_SENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    clients_connected: int
+    messages_received: int
+    messages_sent: int
+    messages_dropped: int
+    connections: int
+    started_at_ms: int
+    def __init__(self, clients_connected: _Optional[int] = ..., messages_received: _Optional[int] = ..., messages_sent: _Optional[int] = ..., messages_dropped: _Optional[int] = ..., connections: _Optional[int] = ..., started_at_ms: _Optional[int] = ...) -> None: ...
 
 class DisconnectCommand(_message.Message):
     __slots__ = ("client_id", "session_id", "new_session_clean_start", "reason", "connector_incarnation")
