@@ -40,17 +40,36 @@ def test_packet_ids_skip_ids_in_use_and_wrap():
     assert ids.allocate(set(range(1, 65536))) is None
 
 
+def _pub(i: int, size: int = 1) -> Publish:
+    return Publish(topic="t", payload=bytes([i]) * size, qos=1)
+
+
 def test_window_honours_receive_maximum_and_keeps_order():
     w = OutboundWindow(window=2, max_queued=10)
     for i in range(5):
-        assert w.offer(OutMsg(qos=1, publish=i))
+        assert w.offer(OutMsg(qos=1, publish=_pub(i)))
     sent = w.ready()
-    assert [m.publish for m in sent] == [0, 1]
+    assert [m.publish.payload for m in sent] == [b"\x00", b"\x01"]
     assert w.ready() == []
     assert w.on_puback(sent[0].packet_id) is sent[0]
     assert w.on_puback(sent[0].packet_id) is None  # twice: unknown
-    assert [m.publish for m in w.ready()] == [2]
+    assert [m.publish.payload for m in w.ready()] == [b"\x02"]
     assert len(w.inflight) == 2 and len(w.queue) == 2
+
+
+def test_queue_is_bounded_in_bytes_too():
+    # issue 14: what a client that does not read can make the connector hold (MQTT_MAX_QUEUED_BYTES)
+    w = OutboundWindow(window=1, max_queued=100, max_queued_bytes=2500)
+    assert w.offer(OutMsg(qos=1, publish=_pub(0, 1000)))   # 1001 bytes queued
+    assert w.offer(OutMsg(qos=1, publish=_pub(1, 1000)))   # 2002
+    assert not w.offer(OutMsg(qos=1, publish=_pub(2, 1000)))  # would be 3003: dropped
+    assert w.dropped == 1
+    assert w.offer(OutMsg(qos=1, publish=_pub(3, 1000)), force=True)  # stored messages are never dropped
+    w.ready()                                              # one goes in flight: its bytes leave the queue
+    assert w.queued_bytes == 2002
+    assert not w.offer(OutMsg(qos=1, publish=_pub(4, 1000)))
+    w.clear()
+    assert w.queued_bytes == 0 and w.offer(OutMsg(qos=1, publish=_pub(5, 1000)))
 
 
 def test_window_queue_is_bounded_but_stored_messages_are_forced():

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from tbmq_mqtt import MQTT_3_1, MQTT_5, Connect, ReasonCode
 from tbmq_routing import TopicError, is_reserved_client_id, validate_topic_name
 
+from .limits import topic_problem
+
 CLIENT_ID_NOT_VALID = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
 TOPIC_NAME_INVALID = ReasonCode.TOPIC_NAME_INVALID
 MAX_SESSION_EXPIRY = 0xFFFFFFFF
@@ -53,7 +55,8 @@ def new_client_id() -> str:
     return "tbmq-" + uuid.uuid4().hex
 
 
-def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
+def plan_connect(c: Connect, *, server_keep_alive_max: int, max_topic_bytes: int = 65535,
+                 max_topic_levels: int = 65535, max_user_properties: int = 65535) -> ConnectPlan:
     """Validate a decoded CONNECT (the codec already checked its syntax) and compute the plan.
 
     Client identifier rules: any UTF-8 string the codec accepted (1..65535 bytes; MQTT 3.1.1 says a
@@ -80,6 +83,11 @@ def plan_connect(c: Connect, *, server_keep_alive_max: int) -> ConnectPlan:
             validate_topic_name(c.will.topic)
         except TopicError as exc:
             raise ConnectRefused(TOPIC_NAME_INVALID, f"will topic: {exc}") from None
+        why = topic_problem(c.will.topic, max_topic_bytes, max_topic_levels)
+        if why is not None:  # the connector's limits (tbmq_connection.limits)
+            raise ConnectRefused(TOPIC_NAME_INVALID, f"will topic {why}")
+        if len(c.will.properties.user_properties) > max_user_properties:
+            raise ConnectRefused(ReasonCode.QUOTA_EXCEEDED, f"will: more than {max_user_properties} user properties")
 
     props = c.properties
     keep_alive = c.keep_alive

@@ -105,7 +105,7 @@ class ProducePublish:
     packet_id: int | None
     pending: int = 0
     error: BaseException | None = None
-    denied: bool = False           # not authorized: v5 PUBACK/PUBREC 0x87, nothing produced
+    denied: int = 0                # refused (not authorized, a limit): the v5 PUBACK/PUBREC reason code, nothing produced
 
 
 @dataclass(slots=True)

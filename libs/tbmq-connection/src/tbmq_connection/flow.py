@@ -79,6 +79,12 @@ class OutMsg:
     extra: dict = field(default_factory=dict)
 
 
+def _size(msg: OutMsg) -> int:
+    """What a queued message holds: its payload and topic (a PUBREL owed holds nothing)."""
+    pkt = msg.publish
+    return 0 if pkt is None else len(pkt.payload) + len(pkt.topic)
+
+
 class PacketIds:
     """Allocator of packet ids that are not in use. Walks downwards from 65535, wrapping."""
 
@@ -99,11 +105,14 @@ class PacketIds:
 
 
 class OutboundWindow:
-    """In-flight window (≤ the client's Receive Maximum) plus a bounded FIFO queue behind it."""
+    """In-flight window (≤ the client's Receive Maximum) plus a FIFO queue behind it, bounded in messages and
+    in bytes (what one client that does not read can make the connector hold)."""
 
-    def __init__(self, window: int, max_queued: int) -> None:
+    def __init__(self, window: int, max_queued: int, max_queued_bytes: int = 1 << 62) -> None:
         self.window = max(1, min(window, MAX_PACKET_ID))
         self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.queued_bytes = 0   # payload + topic bytes of the queue (not of the in-flight window)
         self.inflight: dict[int, OutMsg] = {}
         self.queue: deque[OutMsg] = deque()
         self.ids = PacketIds()
@@ -115,9 +124,11 @@ class OutboundWindow:
     def offer(self, msg: OutMsg, *, force: bool = False) -> bool:
         """Queue `msg` for sending. False (and counted as dropped) when the queue is full, unless `force`
         (stored messages, which must not be lost: their count is bounded by the store)."""
-        if not force and len(self.queue) >= self.max_queued:
+        size = _size(msg)
+        if not force and (len(self.queue) >= self.max_queued or self.queued_bytes + size > self.max_queued_bytes):
             self.dropped += 1
             return False
+        self.queued_bytes += size
         self.queue.append(msg)
         return True
 
@@ -138,6 +149,7 @@ class OutboundWindow:
                 if pid is None:
                     break
             queue.popleft()
+            self.queued_bytes -= _size(msg)
             msg.packet_id = pid
             if msg.pubrel_only:
                 msg.state = AWAIT_PUBCOMP
@@ -176,6 +188,7 @@ class OutboundWindow:
     def clear(self) -> None:
         self.inflight.clear()
         self.queue.clear()
+        self.queued_bytes = 0
 
 
 class GroupStores:

@@ -1,4 +1,9 @@
-"""Admission limits of a connector, decided before a connection costs anything (pure; the time is passed in).
+"""Limits of a connector that one client cannot push it past (pure; the time is passed in).
+
+`topic_problem` bounds topic names and filters (bytes and levels: a 64 KiB topic of 32k levels would cost
+megabytes in every connector's retained and subscription tables).
+
+Admission limits, decided before a connection costs anything:
 
 `Admission.admit(open_connections, ip, now)` says whether a new TCP connection may go on to CONNECT, or why
 not: the connector holds at most `max_connections` connections, and one IP address may open at most
@@ -42,4 +47,14 @@ class Admission:
         return len(self._buckets)
 
 
-__all__ = ["Admission", "CONNECT_RATE", "TOO_MANY_CONNECTIONS"]
+def topic_problem(topic: str, max_bytes: int, max_levels: int) -> str | None:
+    """Why a topic name or filter is over the connector's limits (MQTT_MAX_TOPIC_BYTES / _LEVELS), or None.
+    Cheap on the common path: the UTF-8 length is only computed for a topic that could exceed it."""
+    if topic.count("/") >= max_levels:
+        return f"more than {max_levels} topic levels"
+    if len(topic) * 4 > max_bytes and len(topic.encode("utf-8")) > max_bytes:
+        return f"longer than {max_bytes} bytes"
+    return None
+
+
+__all__ = ["Admission", "CONNECT_RATE", "TOO_MANY_CONNECTIONS", "topic_problem"]

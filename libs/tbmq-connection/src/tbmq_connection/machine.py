@@ -67,6 +67,7 @@ from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_su
 from tbmq_routing.wills import will_delay_seconds
 
 from .connect import ConnectRefused, plan_connect
+from .limits import topic_problem
 from .convert import outbound_publish, publish_msg, topic_subscription
 from .effects import (
     AckApp,
@@ -128,6 +129,10 @@ def _no_retained(_topic_filter: str) -> Iterable:
     return ()
 
 
+def _always(_topic: str, _size: int) -> bool:
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class MachineConfig:
     """The connector's limits, as a connection applies them (built once from its settings)."""
@@ -142,6 +147,12 @@ class MachineConfig:
     connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
     response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
+    # limits one client cannot push the connector past (tbmq_connection.limits; docs/security.md)
+    max_topic_bytes: int = 4096          # topic names and filters, UTF-8 bytes
+    max_topic_levels: int = 128
+    max_subscriptions: int = 1000        # per client
+    max_user_properties: int = 64        # per PUBLISH (v5) and per Will
+    max_queued_bytes: int = 8 * 1024 * 1024  # outbound queue per client (besides max_queued messages)
 
 
 class ConnectionMachine:
@@ -149,6 +160,7 @@ class ConnectionMachine:
 
     def __init__(self, config: MachineConfig, *, stats: Counter | None = None,
                  retained: Callable[[str], Iterable] | None = None, address: str = "",
+                 retained_room: Callable[[str, int], bool] | None = None,
                  auth: Authorizer | None = None, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> None:
         self.cfg = config
         # authentication / authorization (tbmq_auth; None: everyone may do everything)
@@ -159,6 +171,8 @@ class ConnectionMachine:
         self._acl = False                # a credential's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
+        # (topic, payload bytes) -> may a retained message be stored (MQTT_MAX_RETAINED_MESSAGES / _BYTES)
+        self.retained_room = retained_room or _always
         self.address = address
         self.effects: deque = deque()
         self.state = NEW
@@ -176,6 +190,7 @@ class ConnectionMachine:
         self.session_expiry = 0          # the registry's interval: how long the session outlives the connection
         self.connect_expiry = 0          # the CONNECT's interval as sent (v5 DISCONNECT may not raise it from 0)
         self.will = None
+        self._refusal_reasons: dict[int, str] = {}  # packet id -> why its PUBLISH was refused (Reason String)
         self._connect_request: pb.SessionInfo | None = None  # the CONNECTION_REQUEST (with the Will), once built
         self.will_delay = 0
         self.subs: dict[tuple[str, str], pb.TopicSubscription] = {}
@@ -188,7 +203,7 @@ class ConnectionMachine:
         self.inbound = InboundQos(config.receive_maximum)
         self.acks: deque[ProducePublish] = deque()
         self.aliases = InboundAliases(config.topic_alias_maximum)
-        self.out = OutboundWindow(min(config.max_inflight, 65535), config.max_queued)
+        self.out = OutboundWindow(min(config.max_inflight, 65535), config.max_queued, config.max_queued_bytes)
         self.client_max_packet = None
         self.out_aliases: OutboundAliases | None = None   # v5 client with Topic Alias Maximum > 0
         self.problem_info = True         # v5 Request Problem Information (0: Reason Strings only on CONNACK/DISCONNECT)
@@ -609,7 +624,9 @@ class ConnectionMachine:
         self.v5 = c.protocol_level == MQTT_5
         cfg = self.cfg
         try:
-            plan = plan_connect(c, server_keep_alive_max=cfg.server_keep_alive_max)
+            plan = plan_connect(c, server_keep_alive_max=cfg.server_keep_alive_max,
+                                max_topic_bytes=cfg.max_topic_bytes, max_topic_levels=cfg.max_topic_levels,
+                                max_user_properties=cfg.max_user_properties)
         except ConnectRefused as exc:
             self._protocol_error(exc.reason_code, exc.message, connect=True, level=c.protocol_level)
             return
@@ -729,7 +746,23 @@ class ConnectionMachine:
             self._queue_ack(ProducePublish(None, topic, False, 2, pid))
             return
         if self._acl and not self.auth.may_publish(self.identity, self.client_id, topic):
-            self._publish_denied(topic, qos, pid)
+            self.stats["publish_denied"] += 1
+            self._publish_refused(topic, qos, pid, RC.NOT_AUTHORIZED, "not authorized")
+            return
+        cfg = self.cfg
+        why = topic_problem(topic, cfg.max_topic_bytes, cfg.max_topic_levels)
+        if why is not None:
+            self.stats["publish_refused_topic_limit"] += 1
+            self._publish_refused(topic, qos, pid, RC.TOPIC_NAME_INVALID, f"topic {why}")
+            return
+        if self.v5 and len(p.properties.user_properties) > cfg.max_user_properties:
+            self.stats["publish_refused_user_properties"] += 1
+            self._publish_refused(topic, qos, pid, RC.QUOTA_EXCEEDED,
+                                  f"more than {cfg.max_user_properties} user properties")
+            return
+        if p.retain and p.payload and not self.retained_room(topic, len(p.payload)):
+            self.stats["publish_refused_retained_quota"] += 1
+            self._publish_refused(topic, qos, pid, RC.QUOTA_EXCEEDED, "retained messages quota reached")
             return
         if qos and self.v5 and self.inbound.over_quota():
             # more than our Receive Maximum unacknowledged: DISCONNECT 0x93 (MQTT 5 section 3.3.4)
@@ -746,17 +779,19 @@ class ConnectionMachine:
             self._queue_ack(eff)
         self.effects.append(eff)
 
-    def _publish_denied(self, topic: str, qos: int, pid: int | None) -> None:
-        """Not authorized: nothing produced. v5: PUBACK / PUBREC 0x87 (QoS 0: dropped). 3.1.1 has no way to
-        tell the client, and lets the server acknowledge as usual or close [MQTT-3.3.5-2]: acknowledged
-        (PUBACK, or PUBREC then PUBCOMP), as Mosquitto does, and logged."""
-        self.stats["publish_denied"] += 1
-        log.info("client %r: PUBLISH to %r not authorized (QoS %d): dropped", self.client_id, topic, qos)
+    def _publish_refused(self, topic: str, qos: int, pid: int | None, code: int, why: str) -> None:
+        """Not authorized, or over a limit: nothing produced. v5: PUBACK / PUBREC with `code` (QoS 0: dropped).
+        3.1.1 has no way to tell the client, and lets the server acknowledge as usual or close [MQTT-3.3.5-2]:
+        acknowledged (PUBACK, or PUBREC then PUBCOMP), as Mosquitto does, and logged."""
+        log.info("client %r: PUBLISH to %r refused (%s; QoS %d): dropped", self.client_id, topic[:200], why, qos)
         if not qos:
             return
         if qos == 2 and not self.v5:
             self.inbound.awaiting_pubrel.add(pid)
-        self._queue_ack(ProducePublish(None, topic, False, qos, pid, denied=self.v5))
+        eff = ProducePublish(None, topic, False, qos, pid, denied=code if self.v5 else 0)
+        if self.v5:
+            self._refusal_reasons[pid] = why
+        self._queue_ack(eff)
 
     def _queue_ack(self, eff: ProducePublish) -> None:
         self.inbound.pending_acks += 1
@@ -790,8 +825,9 @@ class ConnectionMachine:
                 out.append(self._with_reason(ack, "the message was not stored") if self.problem_info
                            else encode(ack, MQTT_5))
             elif e.denied:
-                ack = PubAck(pid, RC.NOT_AUTHORIZED) if qos == 1 else PubRec(pid, RC.NOT_AUTHORIZED)
-                out.append(self._with_reason(ack, "not authorized") if self.problem_info else encode(ack, MQTT_5))
+                ack = PubAck(pid, e.denied) if qos == 1 else PubRec(pid, e.denied)
+                why = self._refusal_reasons.pop(pid, "refused")
+                out.append(self._with_reason(ack, why) if self.problem_info else encode(ack, MQTT_5))
             elif qos == 1:
                 out.append(encode(PubAck(pid), level))
             else:
@@ -1045,9 +1081,21 @@ class ConnectionMachine:
                 log.info("client %r: SUBSCRIBE to %r not authorized", self.client_id, s.filter)
                 codes.append(RC.NOT_AUTHORIZED if v5 else RC.UNSPECIFIED_ERROR)
                 continue
+            why = topic_problem(pf.filter, self.cfg.max_topic_bytes, self.cfg.max_topic_levels)
+            if why is not None:
+                self.stats["subscribe_refused_topic_limit"] += 1
+                log.info("client %r: SUBSCRIBE to a filter %s refused", self.client_id, why)
+                codes.append(fail)
+                continue
             qos = min(s.qos, 2)
             key = (pf.share_name, pf.filter)
             existed = key in new_set
+            if not existed and len(new_set) >= self.cfg.max_subscriptions:
+                self.stats["subscribe_refused_quota"] += 1
+                log.info("client %r: more than %d subscriptions: %r refused", self.client_id,
+                         self.cfg.max_subscriptions, s.filter[:200])
+                codes.append(RC.QUOTA_EXCEEDED if v5 else RC.UNSPECIFIED_ERROR)
+                continue
             rh = s.retain_handling if v5 else 0
             new_set[key] = topic_subscription(
                 pf.share_name, pf.filter, qos, no_local=s.no_local if v5 else False,

@@ -148,7 +148,11 @@ class ConnectorService(Service):
             max_inflight=settings.max_inflight, max_queued=settings.max_queued,
             server_keep_alive_max=settings.server_keep_alive_max,
             connect_timeout_ms=int(settings.connect_timeout_s * 1000),
-            response_information=settings.response_information)
+            response_information=settings.response_information,
+            max_topic_bytes=settings.max_topic_bytes, max_topic_levels=settings.max_topic_levels,
+            max_subscriptions=settings.max_subscriptions, max_user_properties=settings.max_user_properties,
+            max_queued_bytes=settings.max_queued_bytes)
+        self.retained_bytes = 0  # payload + topic bytes of the retained messages held (MQTT_MAX_RETAINED_BYTES)
         self._topics = {
             "response": response_topic(self.service_id),
             "disconnect": disconnect_topic(self.service_id),
@@ -327,6 +331,7 @@ class ConnectorService(Service):
     # ------------------------------------------------------------------------------------ the connections' port
     def new_machine(self, address: str, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> ConnectionMachine:
         return ConnectionMachine(self.machine_config, stats=self.stats, retained=self.retained.match_filter,
+                                 retained_room=self.retained_room,
                                  address=address, auth=self.authorizer, peer_ip=peer_ip, cert_names=cert_names)
 
     async def authenticate(self, request: AuthRequest) -> AuthResult:
@@ -496,14 +501,25 @@ class ConnectorService(Service):
         if key is None:
             return
         topic = key.decode("utf-8")
-        if not value:
-            self.retained.delete(topic)
-            return
-        msg = pb.PublishMsg.FromString(value)
-        if not msg.payload:
+        old = self.retained.get(topic)
+        if old is not None:
+            self.retained_bytes -= len(old.payload) + len(topic)
+        msg = pb.PublishMsg.FromString(value) if value else None
+        if msg is None or not msg.payload:
             self.retained.delete(topic)
         else:
             self.retained.set(topic, msg)
+            self.retained_bytes += len(msg.payload) + len(topic)
+
+    def retained_room(self, topic: str, size: int) -> bool:
+        """May a retained message of `size` payload bytes be stored on `topic` (a new topic within
+        MQTT_MAX_RETAINED_MESSAGES, the bytes within MQTT_MAX_RETAINED_BYTES; replacing one frees its bytes)."""
+        s = self.settings
+        old = self.retained.get(topic)
+        if old is None and len(self.retained) >= s.max_retained_messages:
+            return False
+        freed = len(old.payload) + len(topic) if old is not None else 0
+        return self.retained_bytes - freed + size + len(topic) <= s.max_retained_bytes
 
     def _apply_credential(self, key: bytes | None, value: bytes | None) -> None:
         """A credential written (or deleted): the table, then every connection authenticated with it re-checks

@@ -87,6 +87,31 @@ class ConnectorSettings(CommonSettings):
     max_queued: int = env(
         "MQTT_MAX_QUEUED", 1000, parse=integer(1, 10_000_000),
         doc="outbound QoS 1/2 messages queued per client beyond the in-flight window; more -> dropped")
+    max_queued_bytes: int = env(
+        "MQTT_MAX_QUEUED_BYTES", 8 * 1024 * 1024, parse=integer(1024),
+        doc="outbound bytes (payload + topic) queued per client beyond the in-flight window; more -> dropped "
+            "(live deliveries; stored DEVICE messages come in pages instead)")
+    max_topic_bytes: int = env(
+        "MQTT_MAX_TOPIC_BYTES", 4096, parse=integer(16, 65535),
+        doc="longest topic name or filter accepted (UTF-8 bytes): a longer PUBLISH is refused (v5 PUBACK/PUBREC "
+            "0x90), a longer filter gets SUBACK 0x8F / 0x80, a longer Will topic CONNACK 0x90")
+    max_topic_levels: int = env(
+        "MQTT_MAX_TOPIC_LEVELS", 128, parse=integer(1, 65535),
+        doc="most levels of a topic name or filter accepted (same reactions as MQTT_MAX_TOPIC_BYTES)")
+    max_subscriptions: int = env(
+        "MQTT_MAX_SUBSCRIPTIONS_PER_CLIENT", 1000, parse=integer(1),
+        doc="subscriptions one client may hold; more get SUBACK 0x97 (Quota exceeded) / 0x80")
+    max_user_properties: int = env(
+        "MQTT_MAX_USER_PROPERTIES", 64, parse=integer(0, 65535),
+        doc="user properties of a v5 PUBLISH or Will; more: PUBACK/PUBREC 0x97 (the PUBLISH is dropped), "
+            "CONNACK 0x97 (the Will)")
+    max_retained_messages: int = env(
+        "MQTT_MAX_RETAINED_MESSAGES", 500_000, parse=integer(1),
+        doc="retained messages in the cluster (every connector holds them all); a new one beyond is refused "
+            "(v5 PUBACK/PUBREC 0x97); replacing or clearing one always works")
+    max_retained_bytes: int = env(
+        "MQTT_MAX_RETAINED_BYTES", 128 * 1024 * 1024, parse=integer(1024),
+        doc="payload + topic bytes of all retained messages (as MQTT_MAX_RETAINED_MESSAGES)")
     connect_timeout_s: float = env("MQTT_CONNECT_TIMEOUT_S", 10.0, parse=number(0.1),
                                    doc="seconds a new TCP connection has to send CONNECT")
     session_event_timeout_s: float = env(

@@ -1,0 +1,94 @@
+"""Issue 14, deliverable 6: the connector's limits with real clients (paho-mqtt 3.1.1 and 5.0, mosquitto_sub):
+topic length and levels, subscriptions per client, user properties, the retained quota, connections per
+connector. Each reaction is the one MQTT gives it; the other clients carry on."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from mqtt_clients import BOUND, Client, routed, run
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_mqtt import ReasonCode as RC
+
+pytestmark = pytest.mark.e2e
+
+ENV = {"MQTT_MAX_TOPIC_BYTES": "64", "MQTT_MAX_TOPIC_LEVELS": "4", "MQTT_MAX_SUBSCRIPTIONS_PER_CLIENT": "2",
+       "MQTT_MAX_USER_PROPERTIES": "2", "MQTT_MAX_RETAINED_MESSAGES": "1", "MQTT_MAX_CONNECTIONS": "8"}
+
+
+@pytest.fixture(scope="module")
+async def lim(tmp_path_factory):
+    # a Kafka of its own: the retained quota counts every retained message of the cluster, and the session's
+    # shared Kafka holds other modules' ones
+    s = Suite(services=["session-registry", "router", "connector"], ports="free", log_format="json",
+              id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-limits"), redis_url="redis://127.0.0.1:1/0",
+              topic_profile="single-node", service_env={"connector": ENV})
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+def codes(rcs) -> list[int]:
+    return [getattr(rc, "value", rc) for rc in rcs]
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["311", "5"])
+async def test_topic_subscription_and_property_limits(lim, unique, v5):
+    u = unique("l")
+    c = Client(u, v5=v5)
+    await run(c.connect, lim.mqtt_ports[0])
+    fail = RC.TOPIC_FILTER_INVALID if v5 else 0x80
+    quota = RC.QUOTA_EXCEEDED if v5 else 0x80
+    got = await run(c.subscribe, [(f"{u}/a", 1), (f"{u}/a/b/c/d", 1), (f"{u}/b", 1), (f"{u}/c", 1)])
+    assert codes(got) == [1, fail, 1, quota]  # 5 levels; the third subscription of the client
+    # a PUBLISH on a topic over the limits: v5 PUBACK 0x90, 3.1.1 acknowledged and dropped
+    info = await run(c.publish, f"{u}/" + "x" * 70, b"long", 1, check=False)
+    assert await run(c.wait, lambda: info.mid in c.pubacks)
+    assert c.pubacks[info.mid].value == (RC.TOPIC_NAME_INVALID if v5 else 0)
+    if v5:
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("a", "1"), ("b", "2"), ("c", "3")]
+        info = await run(c.publish, f"{u}/a", b"props", 1, properties=props, check=False)
+        assert await run(c.wait, lambda: info.mid in c.pubacks)
+        assert c.pubacks[info.mid].value == RC.QUOTA_EXCEEDED
+    # the connection carries on: a message within the limits arrives
+    await routed(c, c, f"{u}/a", 1)
+    assert not [m for m in c.messages_on(f"{u}/a") if m.payload == b"props"]
+    await run(c.close)
+
+
+async def test_retained_quota_and_connections_per_connector(lim, unique):
+    u = unique("r")
+    c = Client(u)  # v5
+    await run(c.connect, lim.mqtt_ports[0])
+    first = await run(c.publish, f"{u}/r1", b"kept", 1, retain=True, check=False)
+    assert await run(c.wait, lambda: first.mid in c.pubacks) and c.pubacks[first.mid].value == 0
+    # the connector's retained view holds it once a SUBSCRIBE gets it back (the retained barrier)
+    reader = Client(f"{u}-reader", v5=False)
+    await run(reader.connect, lim.mqtt_ports[0])
+    await run(reader.subscribe, f"{u}/r1", 0)
+    assert await run(reader.wait, lambda: reader.messages_on(f"{u}/r1"))
+    await run(reader.close)
+    second = await run(c.publish, f"{u}/r2", b"over", 1, retain=True, check=False)  # a second retained topic
+    assert await run(c.wait, lambda: second.mid in c.pubacks)
+    assert c.pubacks[second.mid].value == RC.QUOTA_EXCEEDED
+    clear = await run(c.publish, f"{u}/r1", b"", 1, retain=True, check=False)  # clearing always works
+    assert await run(c.wait, lambda: clear.mid in c.pubacks) and c.pubacks[clear.mid].value == 0
+    # connections: the connector holds at most 8; the ninth is closed before CONNECT (mosquitto_sub fails)
+    others = [Client(f"{u}-{i}", v5=False) for i in range(7)]
+    for o in others:
+        await run(o.connect, lim.mqtt_ports[0])
+    refused = await run(subprocess.run, ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(lim.mqtt_ports[0]),
+                                         "-t", f"{u}/x", "-C", "1", "-W", "5"],
+                        capture_output=True, text=True, timeout=BOUND)
+    assert refused.returncode != 0
+    await run(others[0].close)
+    again = Client(f"{u}-again", v5=False)
+    await run(again.connect, lim.mqtt_ports[0])  # room again once one left
+    for x in (*others[1:], again, c):
+        await run(x.close)

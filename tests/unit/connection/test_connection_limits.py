@@ -1,0 +1,90 @@
+"""The connection machine's limits (issue 14, deliverable 6): topic length and levels, subscriptions per client,
+user properties per packet, retained quota; each with the reaction MQTT gives it, per protocol version."""
+
+from __future__ import annotations
+
+import pytest
+from connection_harness import Client
+from tbmq_connection import ProducePublish, ProduceSubscriptions
+import tbmq_mqtt as mq
+
+PubAck, PubRec, Publish, Properties = mq.PubAck, mq.PubRec, mq.Publish, mq.Properties
+SubAck, Subscribe, Subscription, Will, ConnAck = mq.SubAck, mq.Subscribe, mq.Subscription, mq.Will, mq.ConnAck
+RC = mq.ReasonCode
+
+pytestmark = pytest.mark.unit
+
+LIMITS = dict(max_topic_bytes=32, max_topic_levels=4, max_subscriptions=2, max_user_properties=2)
+
+
+def connected(level: int, **kw) -> Client:
+    c = Client(level, **LIMITS, **kw)
+    assert c.connect(client_id="lim").reason_code == 0
+    return c
+
+
+@pytest.mark.parametrize("level", [4, 5])
+@pytest.mark.parametrize("topic", ["a/b/c/d/e", "x" * 33])  # 5 levels; 33 bytes
+def test_a_publish_over_the_topic_limits_is_refused(level, topic):
+    c = connected(level)
+    c.send(Publish(topic=topic, payload=b"p", qos=1, packet_id=7))
+    assert not c.take_effects(ProducePublish) or all(e.msg is None for e in c.of(ProducePublish))
+    (ack,) = c.take()
+    assert isinstance(ack, PubAck) and ack.packet_id == 7
+    # v5: Topic Name invalid; 3.1.1 has no failure code: acknowledged and dropped [MQTT-3.3.5-2]
+    assert ack.reason_code == (RC.TOPIC_NAME_INVALID if level == 5 else RC.SUCCESS)
+    assert c.m.stats["publish_refused_topic_limit"] == 1
+    c.send(Publish(topic="a/b/c/d", payload=b"p", qos=1, packet_id=8))  # at the limits: goes on
+    assert [e.msg.topic for e in c.of(ProducePublish) if e.msg is not None] == ["a/b/c/d"]
+
+
+def test_user_properties_over_the_limit_v5():
+    c = connected(5)
+    props = Properties(user_properties=(("a", "1"), ("b", "2"), ("c", "3")))
+    c.send(Publish(topic="t", payload=b"p", qos=2, packet_id=3, properties=props))
+    (ack,) = c.take()
+    assert isinstance(ack, PubRec) and ack.reason_code == RC.QUOTA_EXCEEDED
+    assert not [e for e in c.of(ProducePublish) if e.msg is not None]
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_retained_quota(level):
+    room = {"ok": False}
+    c = connected(level, retained_room=lambda topic, size: room["ok"])
+    c.send(Publish(topic="r", payload=b"full", qos=1, packet_id=1, retain=True))
+    (ack,) = c.take()
+    assert isinstance(ack, PubAck) and ack.packet_id == 1
+    assert ack.reason_code == (RC.QUOTA_EXCEEDED if level == 5 else RC.SUCCESS)
+    c.send(Publish(topic="r", payload=b"", qos=1, packet_id=2, retain=True))  # clearing always works
+    c.send(Publish(topic="r", payload=b"x", qos=0, retain=False))  # not retained: not concerned
+    assert [(e.msg.topic, e.retain) for e in c.of(ProducePublish) if e.msg is not None] == [("r", True), ("r", False)]
+    assert c.m.stats["publish_refused_retained_quota"] == 1
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_subscriptions_per_client_and_filter_limits(level):
+    c = connected(level)
+    c.send(Subscribe(1, [Subscription("a/+", 1), Subscription("b/#", 1), Subscription("c", 1),
+                         Subscription("a/b/c/d/e", 1), Subscription("a/+", 0)]))
+    (sets,) = c.take_effects(ProduceSubscriptions)
+    assert sorted(s.topic_filter for s in sets.subscriptions) == ["a/+", "b/#"]
+    c.call("subscriptions_written", None)
+    c.call("retained_ready")
+    quota = RC.QUOTA_EXCEEDED if level == 5 else RC.UNSPECIFIED_ERROR
+    invalid = RC.TOPIC_FILTER_INVALID if level == 5 else RC.UNSPECIFIED_ERROR
+    # an existing filter may be replaced at the limit (the last entry)
+    assert [p for p in c.take() if isinstance(p, SubAck)] == [SubAck(1, [1, 1, quota, invalid, 0])]
+    assert c.m.stats["subscribe_refused_quota"] == 1 and c.m.stats["subscribe_refused_topic_limit"] == 1
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_will_over_the_limits_is_refused_at_connect(level):
+    c = Client(level, **LIMITS)
+    c.send(mq.Connect(protocol_level=level, client_id="w", clean_start=True, will=Will("a/b/c/d/e", b"gone")))
+    got = c.take()
+    assert c.closed is not None and not c.of(mq.ConnAck)
+    if level == 5:
+        assert got == [ConnAck(False, RC.TOPIC_NAME_INVALID)] or (
+            len(got) == 1 and got[0].reason_code == RC.TOPIC_NAME_INVALID)
+    else:  # as an invalid Will topic: 3.1.1 has no return code for it, the connection is closed
+        assert all(p.reason_code != 0 for p in got)
