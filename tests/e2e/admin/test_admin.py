@@ -185,6 +185,35 @@ async def test_application_client_backlog_is_its_kafka_lag(suite, api, unique):
     assert (await api.get("/overview"))["application_lag"] >= 3
 
 
+async def test_statistics_windows_of_the_spark_job(suite, api):
+    """A UsageStats record as the Spark stats job writes it (docs/spark.md; the job itself is tested in
+    tests/integration/spark): listed by GET /stats, the last record of a window key winning."""
+    import random
+    import time
+
+    from tbmq.v1 import messages_pb2 as pb
+    from tbmq_platform.kafka import make_producer
+    from tbmq_platform.topics import SYS_HISTORICAL_DATA
+
+    start = (int(time.time() * 1000) // 60_000 + random.randint(10**6, 10**7)) * 60_000  # a window of its own
+    producer = make_producer(suite.bootstrap_servers, client_id="test-stats")
+    await producer.start()
+    try:
+        for n in (1, 7):
+            w = pb.UsageStats(source="spark-stats", window_start_ms=start, window_end_ms=start + 60_000,
+                              stats=[pb.UsageStat(key="incoming_msgs", value=n),
+                                     pb.UsageStat(key="incoming_msgs", dimension="qos=1", value=n)])
+            await (await producer.send(SYS_HISTORICAL_DATA, w.SerializeToString(), key=str(start).encode()))
+    finally:
+        await producer.stop()
+
+    async def window():
+        items = (await api.get(f"/stats?since_ms={start}"))["items"]
+        return items if items and items[0]["totals"] == {"incoming_msgs": 7} else None
+    (w,) = await wait_until(window, BOUND, "the statistics window")
+    assert w["window_end_ms"] == start + 60_000 and w["dimensions"] == {"incoming_msgs": {"qos=1": 7}}
+
+
 @pytest.mark.skipif(chromium() is None, reason="no chromium (scripts/bootstrap.sh installs Debian's chromium)")
 async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, tmp_path):
     cid = unique("ui")
@@ -206,27 +235,27 @@ async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, t
         password = suite.admin_password_file.read_text().strip()
         await browser.evaluate(f"document.querySelector('#password').value = {password!r};"
                                "document.querySelector('#login-button').click()")
-        await wait_until(lambda: _text_has(browser, "#page", "Connected"), BOUND, "the overview")
+        await wait_until(lambda: _shows(browser, "overview", "Connected"), BOUND, "the overview")
         # the live charts follow the API, polled every 3 s: two samples draw a line
         await wait_until(lambda: browser.evaluate(
             "document.querySelectorAll('#page svg[aria-label=\"Connections (live)\"] circle').length >= 2"),
             BOUND, "two samples on the connections chart")
         await browser.screenshot(tmp_path / "overview.png")
         await browser.goto(url + "#sessions?client_id=" + cid)
-        await wait_until(lambda: _text_has(browser, "#page table", cid), BOUND, "the session in the sessions table")
+        await wait_until(lambda: _shows(browser, "sessions", cid), BOUND, "the session in the sessions table")
         row = await browser.evaluate(
             f"[...document.querySelectorAll('#page tbody tr')].map(r => r.innerText).find(t => t.includes({cid!r}))")
         assert "DEVICE" in row and "yes" in row, row
         await browser.screenshot(tmp_path / "sessions.png")
         await browser.goto(url + "#subscriptions")
-        await wait_until(lambda: _text_has(browser, "#page table", f"{cid}/status"), BOUND, "the subscription")
+        await wait_until(lambda: _shows(browser, "subscriptions", f"{cid}/status"), BOUND, "the subscription")
         await browser.screenshot(tmp_path / "subscriptions.png")
         await browser.goto(url + "#retained")
-        await wait_until(lambda: _text_has(browser, "#page table", f"{cid}/status"), BOUND, "the retained message")
+        await wait_until(lambda: _shows(browser, "retained", f"{cid}/status"), BOUND, "the retained message")
         assert "online" in await browser.text("#page table")
         await browser.screenshot(tmp_path / "retained.png")
         await browser.goto(url + "#services")
-        await wait_until(lambda: _text_has(browser, "#page table", "admin"), BOUND, "the services")
+        await wait_until(lambda: _shows(browser, "services", "admin"), BOUND, "the services")
         assert "NOT READY" not in await browser.text("#page table")
         await browser.screenshot(tmp_path / "services.png")
         print(f"\nscreenshots in {tmp_path}")
@@ -237,3 +266,9 @@ async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, t
 
 async def _text_has(browser: Browser, selector: str, text: str) -> bool:
     return text in await browser.text(selector)
+
+
+async def _shows(browser: Browser, page: str, text: str) -> bool:
+    """Page `page` of the UI rendered (not the previous page's table still there) with `text` in it."""
+    return (await browser.evaluate("document.querySelector('#page').dataset.shown") == page
+            and text in await browser.text("#page"))

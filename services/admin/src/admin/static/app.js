@@ -205,8 +205,10 @@ async function route() {
   if (timer) { clearInterval(timer); timer = null; }
   const el = $("#page");
   el.dataset.page = name;
+  el.dataset.shown = "";
+  el.innerHTML = "<p>Loading…</p>";
   const refresh = async () => {
-    try { await page(el); el.dataset.loaded = String(Date.now()); }
+    try { await page(el); el.dataset.shown = name; }
     catch (e) { if (e.message !== "401") el.innerHTML = `<p class="error">${esc(e.message)}</p>`; }
   };
   await refresh();
