@@ -75,7 +75,8 @@ def test_retained_listing_text_and_binary_payloads():
     r = {"a/b": pb.PublishMsg(topic="a/b", payload=b"on", qos=1),
          "z": pb.PublishMsg(topic="z", payload=b"\xff\x00")}
     out = query.filter_retained(r, {})
-    assert [(m["topic"], m["payload_text"], m["payload_hex"]) for m in out] == [("a/b", "on", None), ("z", None, "ff00")]
+    assert [(m["topic"], m["payload_text"], m["payload_hex"]) for m in out] == [("a/b", "on", None),
+                                                                                ("z", None, "ff00")]
     assert [m["topic"] for m in query.filter_retained(r, {"topic": "a/"})] == ["a/b"]
 
 
