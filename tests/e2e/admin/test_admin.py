@@ -69,9 +69,10 @@ async def test_login_is_required_and_a_bad_password_is_refused(suite):
         assert status == 200 and "/api/v1/sessions/{client_id}/disconnect" in doc["paths"]
 
 
-async def test_services_endpoint_shows_every_service_ready(api):
+async def test_services_endpoint_shows_every_service_ready(suite, api):
     body = await wait_until(lambda: _all_ready(api), BOUND, "every service ready in GET /services")
     assert sorted({i["service"] for i in body["items"]}) == sorted(ORDER)
+    assert {i["instance"] for i in body["items"]} == {p.service_id for p in suite.procs.values()}
 
 
 async def _all_ready(api: Api):

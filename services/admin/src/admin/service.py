@@ -226,7 +226,7 @@ class AdminService(Service):
         items = []
         for name, addr, ready, body in await self._readyz_all():
             items.append({"service": name, "address": addr, "ready": ready,
-                          "instance": body.get("service_id") if isinstance(body, dict) else None,
+                          "instance": body.get("instance") if isinstance(body, dict) else None,
                           "health": body})
         return _json({"items": items, "all_ready": all(i["ready"] for i in items)})
 

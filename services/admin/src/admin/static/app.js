@@ -208,6 +208,9 @@ async function route() {
   el.dataset.shown = "";
   el.innerHTML = "<p>Loading…</p>";
   const refresh = async () => {
+    // a list is not re-drawn under the operator's hands: not while a filter field has the focus
+    if (el.dataset.shown === name && name !== "overview" && el.contains(document.activeElement)
+        && document.activeElement.matches("input, select")) return;
     try { await page(el); el.dataset.shown = name; }
     catch (e) { if (e.message !== "401") el.innerHTML = `<p class="error">${esc(e.message)}</p>`; }
   };
