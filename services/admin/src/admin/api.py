@@ -39,7 +39,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/auth/login", "login", "Log in: a bearer token for the other endpoints", auth=False,
           body={"type": "object", "required": ["username", "password"],
                 "properties": {"username": {"type": "string"}, "password": {"type": "string"}}},
-          responses={"200": "{token, expires_in}", "401": "bad user name or password"}),
+          responses={"200": "{token, expires_in}", "401": "bad user name or password",
+                     "429": "too many failed logins from this address (Retry-After)"}),
     Route("POST", "/auth/logout", "logout", "Revoke the bearer token of the request"),
     Route("GET", "/openapi.json", "openapi_doc", "This document", auth=False),
     Route("GET", "/overview", "overview", "Counts of sessions, connections, subscriptions, retained messages; "

@@ -2,7 +2,7 @@
 
 A token is 32 random bytes (URL-safe base64) valid for `ttl_s` from the login; the clock is injected
 (`clock`, monotonic seconds by default) so its expiry is tested without waiting. Tokens do not survive a
-restart of the service: log in again.
+restart of the service: log in again. `Throttle` refuses logins from an address after too many failures.
 """
 
 from __future__ import annotations
@@ -80,3 +80,38 @@ class Tokens:
 
     def __len__(self) -> int:
         return len(self._tokens)
+
+
+class Throttle:
+    """At most `failures` failed logins per address within `window_s`: the next attempts are refused (the API
+    answers 429) until the oldest failure leaves the window. A success does not clear the failures. At most
+    `max_addresses` addresses are tracked (the oldest forgotten first)."""
+
+    def __init__(self, failures: int = 5, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 max_addresses: int = 10_000) -> None:
+        self.failures, self.window_s, self.clock, self.max_addresses = failures, window_s, clock, max_addresses
+        self._seen: dict[str, list[float]] = {}
+
+    def _recent(self, address: str) -> list[float]:
+        now = self.clock()
+        times = [t for t in self._seen.get(address, ()) if now - t < self.window_s]
+        if times:
+            self._seen[address] = times
+        else:
+            self._seen.pop(address, None)
+        return times
+
+    def retry_after(self, address: str) -> float:
+        """0 when a login from `address` may be tried now, else the seconds to wait."""
+        times = self._recent(address)
+        if len(times) < self.failures:
+            return 0.0
+        return max(0.001, self.window_s - (self.clock() - times[-self.failures]))
+
+    def failed(self, address: str) -> None:
+        times = self._recent(address)
+        times.append(self.clock())
+        self._seen.pop(address, None)
+        self._seen[address] = times  # newest last: the oldest address is forgotten first
+        while len(self._seen) > self.max_addresses:
+            del self._seen[next(iter(self._seen))]

@@ -28,7 +28,7 @@ from tbmq_routing.naming import app_client_group, app_topic_name
 
 from . import query
 from .api import PREFIX, ROUTES, openapi
-from .auth import Tokens, load_users, verify
+from .auth import Throttle, Tokens, load_users, verify
 from .settings import AdminSettings
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class AdminService(Service):
         self.s = settings
         self.users = load_users(settings.users_file)
         self.tokens = Tokens(settings.token_ttl_s)
+        self.throttle = Throttle(settings.login_failures, settings.login_window_s)
         self.sessions: dict[str, pb.SessionInfo] = {}
         self.subs: dict[str, pb.ClientSubscriptions] = {}
         self.retained: dict[str, pb.PublishMsg] = {}
@@ -78,7 +79,7 @@ class AdminService(Service):
         self.http: ClientSession | None = None
         self.runner: web.AppRunner | None = None
         self.http_port: int | None = None
-        self.counts = {"logins": 0, "logins_failed": 0, "commands": 0}
+        self.counts = {"logins": 0, "logins_failed": 0, "logins_throttled": 0, "commands": 0}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -158,8 +159,15 @@ class AdminService(Service):
             username, password = str(body["username"]), str(body["password"])
         except (ValueError, KeyError, TypeError):
             return _error(400, 'JSON body {"username": ..., "password": ...} expected')
+        address = request.remote or ""
+        wait = self.throttle.retry_after(address)
+        if wait:
+            self.counts["logins_throttled"] += 1
+            return web.json_response({"error": f"too many failed logins: retry in {wait:.0f} s"}, status=429,
+                                     headers={"Retry-After": str(max(1, round(wait)))})
         # argon2 verification costs tens of ms of CPU: off the event loop
         if not await asyncio.to_thread(verify, self.users, username, password):
+            self.throttle.failed(address)
             self.counts["logins_failed"] += 1
             log.warning("failed admin login for %r from %s", username, request.remote)
             return _error(401, "bad user name or password")

@@ -41,6 +41,11 @@ class AdminSettings(CommonSettings):
                               ".run/admin-users)")
     token_ttl_s: int = env("ADMIN_TOKEN_TTL_S", 3600, parse=integer(60, 7 * 24 * 3600),
                            doc="lifetime of a login's bearer token (s)")
+    login_failures: int = env("ADMIN_LOGIN_FAILURES", 5, parse=integer(1, 1000),
+                              doc="failed logins per client address within ADMIN_LOGIN_WINDOW_S before further "
+                                  "attempts are refused (429)")
+    login_window_s: int = env("ADMIN_LOGIN_WINDOW_S", 60, parse=integer(1, 86400),
+                              doc="the window of ADMIN_LOGIN_FAILURES (s)")
     services: tuple[tuple[str, str], ...] = env(
         "ADMIN_SERVICES", endpoints(DEFAULT_SERVICES), parse=endpoints,
         doc="health endpoints of the suite's instances, `name=host:port,...` (GET /readyz of each)")
