@@ -248,6 +248,10 @@ async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, t
             f"[...document.querySelectorAll('#page tbody tr')].map(r => r.innerText).find(t => t.includes({cid!r}))")
         assert "DEVICE" in row and "yes" in row, row
         await browser.screenshot(tmp_path / "sessions.png")
+        # the Disconnect button: the client gets DISCONNECT 0x98
+        await browser.evaluate(f"document.querySelector('[data-disconnect=\"{cid}\"]').click()")
+        assert await run(c.wait, lambda: c.disconnected is not None, BOUND), "not disconnected from the UI"
+        assert c.disconnected.value == 0x98
         await browser.goto(url + "#subscriptions")
         await wait_until(lambda: _shows(browser, "subscriptions", f"{cid}/status"), BOUND, "the subscription")
         await browser.screenshot(tmp_path / "subscriptions.png")
