@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the suite needs on a fresh machine, idempotently: Debian packages (Redis, Mosquitto and
-# its clients), the virtual environment with the pinned Python packages (requirements.lock) and every lib and
-# service (editable), and the Kafka and Spark jars from Maven Central. Re-running is cheap: each step keeps a
-# stamp of what it installed.
+# its clients, Chromium for the admin web UI's tests), the virtual environment with the pinned Python packages
+# (requirements.lock) and every lib and service (editable), and the Kafka and Spark jars from Maven Central.
+# Re-running is cheap: each step keeps a stamp of what it installed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -13,6 +13,8 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
+# headless browser of the admin web UI's tests (tests/e2e/admin; skipped without it)
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}"
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo

@@ -13,7 +13,7 @@ Per test:
                    free ports, using the session's Kafka (kafka=None: its own broker) and its own Redis;
                    stopped after the test. Options: see tbmq_launcher.launcher.Suite.
 Per module:
-  suite            the whole suite (all five services, 2 connectors) for end-to-end tests.
+  suite            the whole suite (every service of ORDER, admin included; 2 connectors) for end-to-end tests.
 
 Every test shares one event loop (pytest.ini: asyncio_default_*_loop_scope = session).
 """
@@ -148,7 +148,7 @@ async def make_suite(kafka, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 async def suite(kafka, tmp_path_factory):
-    """The whole suite (session-registry, device-persistence, app-delivery, router, 2 connectors) on
+    """The whole suite (session-registry, device-persistence, app-delivery, router, 2 connectors, admin) on
     free ports with the session's Kafka; shared by the tests of one module."""
     s = Suite(
         connectors=2, ports="free", log_format="json", id_tag=new_tag(),

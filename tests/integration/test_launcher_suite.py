@@ -192,7 +192,7 @@ async def test_port_plan_and_environment_of_the_real_services():
     assert s.mqtt_ports == [1883, 1884, 1885]
     assert [p.service_id for p in s.procs.values()] == [
         "session-registry-1", "device-persistence-1", "app-delivery-1", "app-delivery-2", "router-1",
-        "connector-1", "connector-2", "connector-3"]
+        "connector-1", "connector-2", "connector-3", "admin-1"]
     assert s.health_port("connector", 1) == 8081 and s.health_port("router") == 8082
     assert s.health_port("session-registry") == 8086 and s.health_port("device-persistence") == 8087
     assert s.health_port("app-delivery") == 8085 and s.health_port("connector", 2) == 8181
@@ -227,6 +227,11 @@ async def test_port_plan_and_environment_of_the_real_services():
     assert s.service_environment("device-persistence")["DEVICE_PERSISTENCE_GRPC_PORT"] == "50061"
     assert s.service_environment("app-delivery", 2)["APP_DELIVERY_GRPC_PORT"] == "50162"
     assert len({p.health_port for p in s.procs.values()}) == len(s.procs)
+    # the admin service: API and web UI on 8080, health on 8088, every instance's health endpoint, the users file
+    admin = s.service_environment("admin")
+    assert (admin["ADMIN_HTTP_PORT"], admin["HEALTH_PORT"], admin["OTEL_SERVICE_NAME"]) == ("8080", "8088", "admin")
+    assert admin["ADMIN_USERS_FILE"] == "/tmp/unused/admin-users" and s.admin_url() == "http://127.0.0.1:8080/"
+    assert admin["ADMIN_SERVICES"].split(",") == [f"{p.name}=127.0.0.1:{p.health_port}" for p in s.procs.values()]
     ordered = Suite(services=["connector", "router", "session-registry"], run_dir="/tmp/unused")
     assert ordered.service_names == ["session-registry", "router", "connector"]
     with pytest.raises(ValueError):

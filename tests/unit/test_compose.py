@@ -92,7 +92,7 @@ def test_docker_compose_config_accepts_the_file():
 
 def test_every_service_is_in_compose_with_a_healthcheck(compose):
     services = _active(compose, set())
-    assert SERVICE_DIRS == sorted(["app-delivery", "connector", "device-persistence", "router",
+    assert SERVICE_DIRS == sorted(["admin", "app-delivery", "connector", "device-persistence", "router",
                                    "session-registry"])
     for name in [*SERVICE_DIRS, "kafka", "redis", "otel-collector"]:
         assert name in services, name
@@ -137,6 +137,8 @@ def test_depends_on_names_existing_services_and_waits_for_health(compose):
         deps = services[later]["depends_on"]
         assert "session-registry" in deps and "kafka" in deps, later
     assert {"router", "device-persistence", "app-delivery"} <= set(services["connector"]["depends_on"])
+    # the admin service last: over every other service
+    assert set(order) <= set(services["admin"]["depends_on"])
 
 
 def test_connector_is_scalable(compose):
@@ -207,10 +209,14 @@ def test_production_profile_is_three_brokers_rf3_min_isr2(production):
 
 
 def test_only_the_mqtt_listeners_are_published(compose, production):
-    """Kafka, Redis, the OTLP collector, gRPC and health ports stay on the compose network (issue 14)."""
+    """Kafka, Redis, the OTLP collector, gRPC and health ports stay on the compose network (issue 14); the admin
+    web UI is published on the host's loopback only (issue 16)."""
     for doc in (compose, production):
         for name, svc in doc["services"].items():
-            if name != "connector":
+            if name == "admin":
+                assert svc["ports"] == ["127.0.0.1:8080:8080"]
+                assert svc["environment"]["ADMIN_HTTP_PORT"] == "8080"
+            elif name != "connector":
                 assert not svc.get("ports"), f"{name} publishes {svc.get('ports')}"
         targets = sorted(int(str(p).rsplit(":", 1)[1]) for p in doc["services"]["connector"]["ports"])
         assert targets == [1883, 8083, 8084, 8883]

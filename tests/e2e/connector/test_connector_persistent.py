@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 from connector_helpers import Tail, connector_health, raw_socket
 from mqtt_clients import BOUND, Client, payloads, real, routed, run, wait_until, watcher_and_prober
-from tbmq_launcher.launcher import Suite, new_tag
+from suites import module_suite
 from tbmq_platform.topics import CLIENT_SESSION
 
 pytestmark = [
@@ -24,14 +24,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 async def pq(kafka, tmp_path_factory):
-    s = Suite(services=["session-registry", "device-persistence", "router", "connector"], connectors=2,
-              ports="free", log_format="json", id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-persist"),
-              kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers)
-    await s.start()
-    try:
+    async with module_suite(kafka, tmp_path_factory, "suite-persist", connectors=2,
+                            services=["session-registry", "device-persistence", "router", "connector"]) as s:
         yield s
-    finally:
-        await s.stop()
 
 
 async def test_takeover_on_another_connector(pq, unique):

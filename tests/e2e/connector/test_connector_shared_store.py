@@ -15,7 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 from connector_helpers import Tail
 from mqtt_clients import PROBE, Client, poll, real, routed, run, wait_until
-from tbmq_launcher.launcher import Suite, new_tag
+from suites import module_suite
+from tbmq_launcher.launcher import Suite
 from tbmq_platform.topics import MSG_PERSISTED
 from tbmq_routing import shared_store_id
 
@@ -30,14 +31,9 @@ N = 20
 
 @pytest.fixture(scope="module")
 async def ss(kafka, tmp_path_factory):
-    s = Suite(services=["session-registry", "device-persistence", "router", "connector"], connectors=2,
-              ports="free", log_format="json", id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-shared"),
-              kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers)
-    await s.start()
-    try:
+    async with module_suite(kafka, tmp_path_factory, "suite-shared", connectors=2,
+                            services=["session-registry", "device-persistence", "router", "connector"]) as s:
         yield s
-    finally:
-        await s.stop()
 
 
 async def stored_count(suite: Suite, store_id: str) -> int:

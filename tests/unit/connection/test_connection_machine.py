@@ -160,12 +160,18 @@ def test_qos2_outbound_live_and_stored(level):
 
 
 # ------------------------------------------------------------------------------------------ takeover
-@pytest.mark.parametrize("clean_start,expected_delay", [(False, None), (True, 0)])
-def test_takeover_closes_without_reporting_and_decides_the_will(clean_start, expected_delay):
+def connected_with_delayed_will() -> Client:
+    """A v5 connection (Session Expiry 60 s) with a Will delayed 30 s, its effects taken."""
     c = Client(5)
     will = Will(topic="w", payload=b"bye", qos=1, retain=False, properties=Properties(will_delay_interval=30))
     c.connect(answer(sei=60), will=will, properties=Properties(session_expiry_interval=60))
     c.take_effects()
+    return c
+
+
+@pytest.mark.parametrize("clean_start,expected_delay", [(False, None), (True, 0)])
+def test_takeover_closes_without_reporting_and_decides_the_will(clean_start, expected_delay):
+    c = connected_with_delayed_will()
     c.call("take_over", pb.DisconnectCommand(session_id=c.m.session_id, reason=pb.DISCONNECT_REASON_SESSION_TAKEN_OVER,
                                              new_session_clean_start=clean_start))
     assert plain(c.take()) == [Disconnect(RC.SESSION_TAKEN_OVER)]
@@ -190,6 +196,18 @@ def test_fenced_connection_closes_without_will_or_report(level, delay):
     if level == 5:
         assert plain(c.take()) == [Disconnect(RC.ADMINISTRATIVE_ACTION)]
     assert c.closed is not None and c.of(ReportDisconnect) == [] and c.of(ScheduleWill) == []
+
+
+def test_administrative_disconnect_is_reported_and_sends_the_will_now():
+    # the admin service's disconnect (new_session_clean_start: the Will goes at once, its delay not waited for):
+    # the registry did not move the session on, so the connector reports the end like any close by the server
+    c = connected_with_delayed_will()
+    c.call("take_over", pb.DisconnectCommand(session_id=c.m.session_id, reason=pb.DISCONNECT_REASON_ADMINISTRATIVE,
+                                             new_session_clean_start=True))
+    assert plain(c.take()) == [Disconnect(RC.ADMINISTRATIVE_ACTION)]
+    (report,) = c.of(ReportDisconnect)
+    assert not report.graceful
+    assert [w.delay for w in c.of(ScheduleWill)] == [0]
 
 
 # ------------------------------------------------------------------------------------------ keep alive

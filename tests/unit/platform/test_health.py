@@ -19,7 +19,7 @@ async def readyz(h: HealthServer) -> tuple[int, dict]:
 
 async def test_readiness_is_ready_and_every_check():
     state = {"views": None}
-    h = HealthServer("127.0.0.1", 0, "svc", lambda: {"x": 1})
+    h = HealthServer("127.0.0.1", 0, "svc", lambda: {"x": 1}, instance="svc-2")
     h.check("views", lambda: state["views"])
     h.check("broken check", lambda: 1 / 0 if state.get("raise") else None)
     await h.start()
@@ -28,6 +28,7 @@ async def test_readiness_is_ready_and_every_check():
         h.ready = True
         status, body = await readyz(h)
         assert status == 200 and body["ready"] is True and body["x"] == 1 and "not_ready" not in body
+        assert (body["service"], body["instance"]) == ("svc", "svc-2")
         state["views"] = "follower stopped: KafkaError()"
         status, body = await readyz(h)
         assert status == 503 and body["ready"] is False

@@ -1243,8 +1243,11 @@ class ConnectionMachine:
                         delay = 0
                 if delay >= 0:
                     effects.append(ScheduleWill(self.client_id, self.session_id, self.will, self.level, delay))
-            # taken over: the registry already moved the session on, nothing to report
-            if self.taken_over is None and prior in (CONNECTED, CONNECTING):
+            # taken over (or fenced): the registry already moved the session on, nothing to report; an
+            # administrator's disconnect (admin service) is reported like any close by the server (the registry
+            # answers "stale" when it had ended the session itself: a forced CLEAR_SESSION_REQUEST)
+            moved_on = self.taken_over is not None and self.taken_over.reason != pb.DISCONNECT_REASON_ADMINISTRATIVE
+            if not moved_on and prior in (CONNECTED, CONNECTING):
                 effects.append(ReportDisconnect(self.session, self.graceful, self.disconnect_expiry,
                                                 self._confirmed_awaiting_pubrel()))
         effects.append(Finished())

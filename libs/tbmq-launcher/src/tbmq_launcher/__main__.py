@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="wait this long for the Spark job's query to start (s)")
     c = sub.add_parser("certs", help="make a development CA and server certificate (kept when present)")
     c.add_argument("--dir", default=".run/tls", help="where: ca.pem, ca-key.pem, server.pem, server-key.pem")
+    a = sub.add_parser("admin-user", help="the admin service's user `admin`: a generated password in "
+                       "<dir>/admin-password, its argon2id hash in <dir>/admin-users (both 0600; kept when present)")
+    a.add_argument("--dir", default=".run")
     t = sub.add_parser("topics", help="create the catalogue's topics on a running Kafka (idempotent)")
     t.add_argument("--bootstrap-servers", default="localhost:9092")
     t.add_argument("--service-id", action="append", default=[],
@@ -122,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 
         certs = ensure_dev_certs(Path(args.dir))
         print(f"certs: CA {certs.ca}, server certificate {certs.server_cert} (key {certs.server_key})")
+        return 0
+    if args.command == "admin-user":
+        from .admin_user import ensure_admin_user
+
+        pw_file, users_file = ensure_admin_user(Path(args.dir))
+        print(f"admin-user: user admin, password in {pw_file}, users file {users_file} (ADMIN_USERS_FILE)")
         return 0
     if args.services == "all":
         services = list(ORDER)
@@ -182,6 +191,9 @@ async def _run(suite: Suite) -> int:
         if suite.tls is not None and suite.instances_of("connector"):
             print(f"launcher: TLS/WSS certificate signed by the development CA {suite.tls.ca} "
                   f"(e.g. mosquitto_sub --cafile {suite.tls.ca} -p {suite.tls_ports[0]} -t '#')", flush=True)
+        for p in suite.instances_of("admin"):
+            print(f"launcher: admin web UI {suite.admin_url(p.instance)} (user admin, password in "
+                  f"{suite.admin_password_file}; docs/operations.md)", flush=True)
         mqtt = ", ".join(f"localhost:{p}" for p in suite.mqtt_ports if p) or "no connector"
         print(f"launcher: ready in {suite.start_seconds:.1f}s (MQTT {mqtt}; Ctrl-C to stop)", flush=True)
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, TextIO
 
+from .admin_user import ensure_admin_user
 from .kafka import KafkaBroker
 from .process import tail
 from .tls import DevCerts, ensure_dev_certs
@@ -60,7 +61,7 @@ class Suite:
     """The whole local stack, or any part of it.
 
     Parameters (all keyword-only):
-      services        names to start (default: all five), started in ORDER; unknown names need a
+      services        names to start (default: all six, ORDER), started in ORDER; unknown names need a
                       `service_defs` entry (tests run fake services this way). [] = Kafka + Redis only.
       connectors      number of connector instances (default 1).
       instances       instance counts of other services, e.g. {"app-delivery": 2} (default 1 each).
@@ -231,6 +232,7 @@ class Suite:
                     cwd=self.run_dir)
                 color += 1
                 p.grpc_port = self._port(sdef.grpc_port, i, 100) if sdef.grpc_port else None
+                p.http_port = self._port(sdef.http_port, i, 100) if sdef.http_port else None
                 if name == "connector" and mqtt_port:
                     p.mqtt_port = mqtt_port + (i - 1)  # an explicit base wins over ports="free"
                 elif sdef.mqtt_port:
@@ -378,6 +380,11 @@ class Suite:
             env[p.sdef.grpc_port_env or "GRPC_PORT"] = str(p.grpc_port)
         if name == "connector":
             env["MQTT_BIND_HOST"] = self.mqtt_host
+        if p.http_port and p.sdef.http_port_env:
+            env[p.sdef.http_port_env] = str(p.http_port)
+        if name == "admin":  # the users file of ensure_admin_user, every instance's health endpoint
+            env["ADMIN_USERS_FILE"] = str(self.admin_users_file)
+            env["ADMIN_SERVICES"] = ",".join(f"{q.name}=127.0.0.1:{q.health_port}" for q in self.procs.values())
         for var, attr in LISTENER_PORTS:
             if getattr(p, attr):
                 env[var] = str(getattr(p, attr))
@@ -390,6 +397,18 @@ class Suite:
         if "DEVICE_PERSISTENCE_GRPC_TARGET" in overrides and "DEVICE_PERSISTENCE_GRPC_TARGETS" not in overrides:
             del env["DEVICE_PERSISTENCE_GRPC_TARGETS"]  # the caller's single target wins (connector fallback)
         return env
+
+    @property
+    def admin_password_file(self) -> Path:
+        return self.run_dir / "admin-password"
+
+    @property
+    def admin_users_file(self) -> Path:
+        return self.run_dir / "admin-users"
+
+    def admin_url(self, instance: int = 1) -> str:
+        """The admin web UI (the REST API is below /api/v1)."""
+        return f"http://127.0.0.1:{self.instance('admin', instance).http_port}/"
 
     def describe(self) -> str:
         """What listens where (printed by `run`)."""
@@ -406,6 +425,8 @@ class Suite:
                 where[:0] = [f"{kind} {addr}" for kind, addr in self.listeners(i)]
             if p.grpc_port:
                 where.append(f"gRPC :{p.grpc_port}")
+            if name == "admin" and p.http_port:
+                where[:0] = [f"web UI and API http://127.0.0.1:{p.http_port}/"]
             state = f"pid {p.pid}" if p.running else "stopped"
             if self.restarts(p.service_id):
                 state += f", {self.restarts(p.service_id)} restarts"
@@ -432,6 +453,8 @@ class Suite:
                 for sub in ("kafka", "redis", "redis-cluster", "logs", "spark"):
                     shutil.rmtree(self.run_dir / sub, ignore_errors=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.instances_of("admin"):
+                await asyncio.to_thread(ensure_admin_user, self.run_dir)
             if self.tls is not None and self.instances_of("connector"):
                 await asyncio.to_thread(ensure_dev_certs, self.tls.directory)
             infra = []

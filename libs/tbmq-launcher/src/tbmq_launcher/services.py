@@ -42,6 +42,8 @@ class ServiceDef:
     ws_port: int | None = None
     wss_port: int | None = None
     grpc_port_env: str | None = None  # the variable the service reads its gRPC listen port from
+    http_port: int | None = None  # an HTTP listener besides the health port (admin: the API and web UI)
+    http_port_env: str | None = None  # the variable the service reads it from
     command: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -65,11 +67,13 @@ SERVICES: dict[str, ServiceDef] = {
         ServiceDef("router", "router", health_port=8082),
         ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883, tls_port=8883, ws_port=8083,
                    wss_port=8084),
+        ServiceDef("admin", "admin", health_port=8088, http_port=8080, http_port_env="ADMIN_HTTP_PORT"),
     )
 }
 
-# Start order: the session authority first, the stores next, the router, and the MQTT front door last.
-ORDER: tuple[str, ...] = ("session-registry", "device-persistence", "app-delivery", "router", "connector")
+# Start order: the session authority first, the stores next, the router, the MQTT front door, and the admin
+# API and web UI over all of them last.
+ORDER: tuple[str, ...] = ("session-registry", "device-persistence", "app-delivery", "router", "connector", "admin")
 
 
 class ServiceStartError(RuntimeError):
@@ -106,6 +110,7 @@ class ServiceProcess:
         self.color = color
         self.cwd = cwd
         self.grpc_port: int | None = None
+        self.http_port: int | None = None
         self.mqtt_port: int | None = None
         self.tls_port: int | None = None
         self.ws_port: int | None = None

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 class HealthServer:
     def __init__(self, host: str, port: int, service: str, details: Callable[[], dict] | None = None,
-                 metrics=None):
+                 metrics=None, instance: str = ""):
         self.host, self.port, self.service = host, port, service
+        self.instance = instance  # TBMQ_SERVICE_ID, in every answer (the admin service lists instances by it)
         self.metrics = metrics  # tbmq_platform.metrics.Metrics: GET /metrics
         self.ready = False
         self.details = details or (lambda: {})
@@ -75,6 +76,8 @@ class HealthServer:
             else:
                 return await self._reply(writer, 404, {"error": "not found"})
             body = {"service": self.service, "ready": self.ready and not problems}
+            if self.instance:
+                body["instance"] = self.instance
             if problems:
                 body["not_ready"] = problems
             try:

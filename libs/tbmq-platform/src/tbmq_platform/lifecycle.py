@@ -86,7 +86,7 @@ async def serve(service: Service, settings: CommonSettings, *, install_signals: 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
-                          service.health_details, service.metrics)
+                          service.health_details, service.metrics, instance=settings.instance_id)
     await health.start()
     failed = service.failed()
     code = 0

@@ -509,7 +509,7 @@ class RouterRuntime(Service):
         self.routing = state or RoutingState()
         self.metrics = Metrics()
         self.health = HealthServer(settings.health_host, settings.health_port, settings.service_name,
-                                   self.health_details, self.metrics)
+                                   self.health_details, self.metrics, instance=settings.instance_id)
         self.views: CompactedViews | None = None
         self.barrier: Barrier | None = None
         self.barrier_stalls = 0

@@ -1,0 +1,99 @@
+"""The REST API's one table of routes (ROUTES) and the OpenAPI 3 document generated from it.
+
+Each route names the AdminService handler method that answers it; `openapi()` describes exactly these routes,
+so the document and the server cannot disagree (tests/unit/admin checks every route is in it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PREFIX = "/api/v1"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str = "query"  # query | path
+    type: str = "string"  # string | integer | boolean
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # below PREFIX, aiohttp syntax: /sessions/{client_id}
+    handler: str  # AdminService method name
+    summary: str
+    params: tuple[Param, ...] = ()
+    auth: bool = True
+    body: dict | None = None  # JSON schema of the request body
+    responses: dict = field(default_factory=lambda: {"200": "OK"})
+
+
+PAGING = (Param("limit", type="integer", doc="page size, 1..1000 (default 100)"),
+          Param("offset", type="integer", doc="items skipped (default 0); the answer's next_offset is the next page"))
+CLIENT = Param("client_id", "path", doc="MQTT client id")
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/auth/login", "login", "Log in: a bearer token for the other endpoints", auth=False,
+          body={"type": "object", "required": ["username", "password"],
+                "properties": {"username": {"type": "string"}, "password": {"type": "string"}}},
+          responses={"200": "{token, expires_in}", "401": "bad user name or password",
+                     "429": "too many failed logins from this address (Retry-After)"}),
+    Route("POST", "/auth/logout", "logout", "Revoke the bearer token of the request"),
+    Route("GET", "/openapi.json", "openapi_doc", "This document", auth=False),
+    Route("GET", "/overview", "overview", "Counts of sessions, connections, subscriptions, retained messages; "
+          "connector message counters; the APPLICATION clients' total Kafka lag"),
+    Route("GET", "/sessions", "list_sessions", "Sessions (tbmq.client.session), sorted by client id",
+          (Param("client_id", doc="client id prefix"), Param("connected", type="boolean"),
+           Param("client_type", doc="DEVICE or APPLICATION"), *PAGING)),
+    Route("GET", "/sessions/{client_id}", "get_session", "One session, its subscriptions and, for an "
+          "APPLICATION client, its Kafka backlog", (CLIENT,), responses={"200": "OK", "404": "no such session"}),
+    Route("POST", "/sessions/{client_id}/disconnect", "disconnect_session",
+          "Close the client's connection (v5 DISCONNECT 0x98 Administrative action; its Will is sent at once)",
+          (CLIENT,), responses={"202": "DisconnectCommand sent", "404": "no such session", "409": "not connected"}),
+    Route("DELETE", "/sessions/{client_id}", "clear_session",
+          "Clear the session (CLEAR_SESSION_REQUEST to the session registry; a connected client is disconnected "
+          "first)", (CLIENT,), responses={"202": "request sent", "404": "no such session"}),
+    Route("GET", "/subscriptions", "list_subscriptions", "Subscriptions (tbmq.client.subscriptions)",
+          (Param("topic_filter", doc="substring of the topic filter"), Param("client_id", doc="client id prefix"),
+           Param("shared", type="boolean"), *PAGING)),
+    Route("GET", "/shared-subscriptions", "list_shared", "Shared-subscription groups: share name, filter, members",
+          PAGING),
+    Route("GET", "/retained", "list_retained", "Retained messages (tbmq.msg.retained)",
+          (Param("topic", doc="substring of the topic"), *PAGING)),
+    Route("DELETE", "/retained/{topic}", "delete_retained", "Delete a retained message (the empty retained "
+          "record the connectors apply); the topic URL-encoded (%2F for /)", (Param("topic", "path"),),
+          responses={"202": "deletion written", "404": "no retained message on this topic"}),
+    Route("GET", "/applications", "list_applications", "APPLICATION clients with their Kafka lag", PAGING),
+    Route("GET", "/services", "list_services", "The suite's services and instances with their readiness "
+          "(GET /readyz of each ADMIN_SERVICES endpoint)"),
+    Route("GET", "/stats", "list_stats", "Per-window usage statistics (tbmq.sys.historical.data, docs/spark.md)",
+          (Param("since_ms", type="integer", doc="windows starting at or after (Unix ms)"),
+           Param("limit", type="integer", doc="newest windows, 1..10080 (default 1440)"))),
+)
+
+
+def openapi() -> dict:
+    """The OpenAPI 3.0 document of ROUTES."""
+    paths: dict[str, dict] = {}
+    for r in ROUTES:
+        op: dict = {"operationId": r.handler, "summary": r.summary,
+                    "responses": {code: {"description": text} for code, text in r.responses.items()}}
+        if r.params:
+            op["parameters"] = [{"name": p.name, "in": p.where, "required": p.where == "path",
+                                 "schema": {"type": p.type}, **({"description": p.doc} if p.doc else {})}
+                                for p in r.params]
+        if r.body:
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": r.body}}}
+        if r.auth:
+            op["security"] = [{"bearer": []}]
+            op["responses"].setdefault("401", {"description": "no or an expired bearer token"})
+        paths.setdefault(PREFIX + r.path, {})[r.method.lower()] = op
+    return {"openapi": "3.0.3",
+            "info": {"title": "tbmq-py admin API", "version": "1",
+                     "description": "Sessions, subscriptions, retained messages, APPLICATION clients, services "
+                                    "and statistics of a tbmq-py suite (docs/operations.md)."},
+            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "paths": paths}

@@ -1,0 +1,328 @@
+"""The admin service: the REST API (api.ROUTES) and the web UI (static/) on aiohttp.
+
+Reads: tbmq.client.session, tbmq.client.subscriptions, tbmq.msg.retained and tbmq.sys.historical.data followed
+as tables on one CompactedViews consumer; Kafka lag of APPLICATION clients through the admin client; the other
+services' /readyz. Writes only through the suite's own topics: a DisconnectCommand on the holding connector's
+tbmq.client.disconnect.<svc>, a CLEAR_SESSION_REQUEST on tbmq.client.session.event.request (the session
+registry's own request, as its expiry scan sends it), and the empty retained record on tbmq.msg.retained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from aiohttp import ClientSession, ClientTimeout, web
+from aiokafka import TopicPartition
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform import topics
+from tbmq_platform.compacted import CompactedViews
+from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
+from tbmq_platform.lifecycle import Service
+from tbmq_platform.tracing import fresh_trace_headers
+from tbmq_routing.naming import app_client_group, app_topic_name
+
+from . import query
+from .api import PREFIX, ROUTES, openapi
+from .auth import Throttle, Tokens, load_users, verify
+from .settings import AdminSettings
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+READ = (topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.MSG_RETAINED, topics.SYS_HISTORICAL_DATA)
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda o: json.dumps(o, separators=(",", ":")))
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+def _table(table: dict, parse, key=bytes.decode):
+    """apply(key, value) of a CompactedViews view keeping `table` {key(record key): parse(value)}; a tombstone (or
+    an empty parsed record: a client's empty subscription set) removes the key."""
+    def apply(k: bytes | None, value: bytes | None) -> None:
+        if k is None:
+            return
+        item = parse(value) if value else None
+        if item is not None and (not hasattr(item, "subscriptions") or item.subscriptions):
+            table[key(k)] = item
+        else:
+            table.pop(key(k), None)
+    return apply
+
+
+class AdminService(Service):
+    name = "admin"
+
+    def __init__(self, settings: AdminSettings):
+        super().__init__(settings)
+        self.s = settings
+        self.users = load_users(settings.users_file)
+        self.tokens = Tokens(settings.token_ttl_s)
+        self.throttle = Throttle(settings.login_failures, settings.login_window_s)
+        self.sessions: dict[str, pb.SessionInfo] = {}
+        self.subs: dict[str, pb.ClientSubscriptions] = {}
+        self.retained: dict[str, pb.PublishMsg] = {}
+        self.windows: dict[int, pb.UsageStats] = {}
+        self.views: CompactedViews | None = None
+        self.producer = None
+        self.kadmin = None
+        self.offsets = None  # a consumer without a group: end offsets of the APPLICATION topics
+        self.http: ClientSession | None = None
+        self.runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self.counts = {"logins": 0, "logins_failed": 0, "logins_throttled": 0, "commands": 0}
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.s
+        await ensure_topics(s.bootstrap, [topics.spec(t) for t in (*READ, topics.SESSION_EVENT_REQUEST)],
+                            layout=s.topic_layout)
+        self.views = CompactedViews(s.bootstrap, client_id=f"{s.instance_id}-views")
+        # tbmq.sys.historical.data: key = window start (Unix ms, decimal); the last record per key wins
+        for topic, apply in zip(READ, (_table(self.sessions, pb.SessionInfo.FromString),
+                                       _table(self.subs, pb.ClientSubscriptions.FromString),
+                                       _table(self.retained, pb.PublishMsg.FromString),
+                                       _table(self.windows, pb.UsageStats.FromString, key=int))):
+            self.views.view(topic, apply)
+        await self.views.start()
+        self.producer = make_producer(s.bootstrap, client_id=f"{s.instance_id}-commands")
+        await self.producer.start()
+        self.kadmin = make_admin(s.bootstrap, request_timeout_ms=s.kafka_timeout_s * 1000)
+        await self.kadmin.start()
+        self.offsets = make_consumer(s.bootstrap, group_id=None, client_id=f"{s.instance_id}-lag")
+        await self.offsets.start()
+        self.http = ClientSession(timeout=ClientTimeout(total=3))
+        app = web.Application(middlewares=[self._auth])
+        for r in ROUTES:
+            app.router.add_route(r.method, PREFIX + r.path, getattr(self, r.handler))
+        app.router.add_get("/", self._index)
+        app.router.add_static("/static/", STATIC)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, s.http_host, s.http_port)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]
+        log.info("admin API on http://%s:%d%s, web UI on http://%s:%d/", s.http_host, self.http_port, PREFIX,
+                 s.http_host, self.http_port)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.http is not None:
+            await self.http.close()
+        for c in (self.offsets, self.kadmin, self.producer):
+            if c is not None:
+                await (c.close() if c is self.kadmin else c.stop())
+        if self.views is not None:
+            await self.views.stop()
+
+    def readiness_checks(self) -> dict:
+        return {"views": self.views.problem}
+
+    def health_details(self) -> dict:
+        return {"http_port": self.http_port, "sessions": len(self.sessions), "subscribed_clients": len(self.subs),
+                "retained": len(self.retained), "stat_windows": len(self.windows), "tokens": len(self.tokens),
+                **self.counts}
+
+    # -- HTTP plumbing --------------------------------------------------------------------------------
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        public = {PREFIX + r.path for r in ROUTES if not r.auth}
+        if request.path.startswith(PREFIX) and request.path not in public:
+            header = request.headers.get("Authorization", "")
+            token = header[7:] if header.startswith("Bearer ") else ""
+            user = self.tokens.user(token) if token else None
+            if user is None:
+                return _error(401, "log in first: Authorization: Bearer <token> from POST /api/v1/auth/login")
+            request["user"] = user
+        try:
+            return await handler(request)
+        except query.BadQuery as e:
+            return _error(400, str(e))
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    # -- auth -----------------------------------------------------------------------------------------
+    async def login(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            username, password = str(body["username"]), str(body["password"])
+        except (ValueError, KeyError, TypeError):
+            return _error(400, 'JSON body {"username": ..., "password": ...} expected')
+        address = request.remote or ""
+        wait = self.throttle.retry_after(address)
+        if wait:
+            self.counts["logins_throttled"] += 1
+            return web.json_response({"error": f"too many failed logins: retry in {wait:.0f} s"}, status=429,
+                                     headers={"Retry-After": str(max(1, round(wait)))})
+        # argon2 verification costs tens of ms of CPU: off the event loop
+        if not await asyncio.to_thread(verify, self.users, username, password):
+            self.throttle.failed(address)
+            self.counts["logins_failed"] += 1
+            log.warning("failed admin login for %r from %s", username, request.remote)
+            return _error(401, "bad user name or password")
+        self.counts["logins"] += 1
+        token, ttl = self.tokens.issue(username)
+        log.info("admin %r logged in from %s", username, request.remote)
+        return _json({"token": token, "token_type": "Bearer", "expires_in": ttl})
+
+    async def logout(self, request: web.Request) -> web.Response:
+        self.tokens.revoke(request.headers["Authorization"][7:])
+        return _json({"ok": True})
+
+    async def openapi_doc(self, request: web.Request) -> web.Response:
+        return _json(openapi())
+
+    # -- reads ----------------------------------------------------------------------------------------
+    async def overview(self, request: web.Request) -> web.Response:
+        out = query.overview(self.sessions, self.subs, self.retained)
+        msgs_in = msgs_out = 0
+        for name, _addr, _ok, body in await self._readyz_all():
+            if name == "connector" and isinstance(body, dict):
+                msgs_in += sum(int(body.get(f"msgs_in_qos{q}", 0)) for q in range(3))
+                msgs_out += sum(int(body.get(f"msgs_out_qos{q}", 0)) for q in range(3))
+        out.update(messages_in_total=msgs_in, messages_out_total=msgs_out, time_ms=int(time.time() * 1000))
+        apps = [cid for cid, s in self.sessions.items() if s.client_type == pb.CLIENT_TYPE_APPLICATION]
+        lags = await asyncio.gather(*(self._app_lag(cid) for cid in apps[:200]))
+        out["application_lag"] = sum(lag["lag"] or 0 for lag in lags)
+        return _json(out)
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        return _json(query.Page.of(request.query).apply(query.filter_sessions(self.sessions, request.query)))
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        cid = request.match_info["client_id"]
+        s = self.sessions.get(cid)
+        if s is None:
+            return _error(404, f"no session of {cid!r}")
+        out = query.session_json(s)
+        subs = self.subs.get(cid)
+        out["subscriptions"] = [query.subscription_json(cid, t) for t in subs.subscriptions] if subs else []
+        if s.client_type == pb.CLIENT_TYPE_APPLICATION:
+            out["kafka"] = await self._app_lag(cid)
+        return _json(out)
+
+    async def list_subscriptions(self, request: web.Request) -> web.Response:
+        return _json(query.Page.of(request.query).apply(query.filter_subscriptions(self.subs, request.query)))
+
+    async def list_shared(self, request: web.Request) -> web.Response:
+        return _json(query.Page.of(request.query).apply(query.shared_groups(self.subs)))
+
+    async def list_retained(self, request: web.Request) -> web.Response:
+        return _json(query.Page.of(request.query).apply(query.filter_retained(self.retained, request.query)))
+
+    async def list_applications(self, request: web.Request) -> web.Response:
+        page = query.Page.of(request.query)
+        apps = query.filter_sessions(self.sessions, {"client_type": "APPLICATION"})
+        out = page.apply(apps)
+        lags = await asyncio.gather(*(self._app_lag(a["client_id"]) for a in out["items"]))
+        for a, lag in zip(out["items"], lags):
+            a["kafka"] = lag
+        return _json(out)
+
+    async def list_services(self, request: web.Request) -> web.Response:
+        items = []
+        for name, addr, ready, body in await self._readyz_all():
+            items.append({"service": name, "address": addr, "ready": ready,
+                          "instance": body.get("instance") if isinstance(body, dict) else None,
+                          "health": body})
+        return _json({"items": items, "all_ready": all(i["ready"] for i in items)})
+
+    async def list_stats(self, request: web.Request) -> web.Response:
+        since = query._int(request.query, "since_ms", 0, 0, None)
+        limit = query._int(request.query, "limit", 1440, 1, 10080)
+        return _json({"items": query.stats_json(self.windows, since, limit)})
+
+    # -- writes (only the suite's own topics) ---------------------------------------------------------
+    async def disconnect_session(self, request: web.Request) -> web.Response:
+        cid = request.match_info["client_id"]
+        s = self.sessions.get(cid)
+        if s is None:
+            return _error(404, f"no session of {cid!r}")
+        if not s.connected:
+            return _error(409, f"{cid!r} is not connected")
+        # new_session_clean_start: the session does not continue on another connection, so the connector
+        # sends the Will at once (tbmq_connection.machine) and reports the end to the registry
+        cmd = pb.DisconnectCommand(client_id=cid, session_id=s.session_id, new_session_clean_start=True,
+                                   reason=pb.DISCONNECT_REASON_ADMINISTRATIVE)
+        await self._send(topics.disconnect_topic(s.service_id), cid, cmd.SerializeToString())
+        log.info("admin %r disconnected %r (session %s on %s)", request["user"], cid, s.session_id, s.service_id)
+        return _json({"client_id": cid, "session_id": s.session_id, "service_id": s.service_id}, 202)
+
+    async def clear_session(self, request: web.Request) -> web.Response:
+        cid = request.match_info["client_id"]
+        s = self.sessions.get(cid)
+        if s is None:
+            return _error(404, f"no session of {cid!r}")
+        # the request the registry's expiry scan sends (session_registry.logic.clear_request), forced: a
+        # connected session is ended too (the registry disconnects it, v5 0x98)
+        req = pb.SessionEventRequest(
+            request_id=f"admin-{uuid.uuid4()}", type=pb.SESSION_EVENT_CLEAR_SESSION_REQUEST,
+            session=pb.SessionInfo(client_id=cid, service_id=s.service_id, session_id=s.session_id,
+                                   connector_incarnation=s.connector_incarnation),
+            request_time_ms=int(time.time() * 1000), force_cleanup=True)
+        await self._send(topics.SESSION_EVENT_REQUEST, cid, req.SerializeToString())
+        log.info("admin %r cleared the session of %r", request["user"], cid)
+        return _json({"client_id": cid, "request_id": req.request_id}, 202)
+
+    async def delete_retained(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        if topic not in self.retained:
+            return _error(404, f"no retained message on {topic!r}")
+        await self._send(topics.MSG_RETAINED, topic, None)  # the connectors' delete (tbmq_routing.wills)
+        self.retained.pop(topic, None)  # the view applies the same record when it reads it
+        log.info("admin %r deleted the retained message of %r", request["user"], topic)
+        return _json({"topic": topic}, 202)
+
+    async def _send(self, topic: str, key: str, value: bytes | None) -> None:
+        self.counts["commands"] += 1
+        async with asyncio.timeout(self.s.kafka_timeout_s):
+            fut = await self.producer.send(topic, value, key=key.encode(), headers=fresh_trace_headers())
+            await fut  # acknowledged (acks=all) before the API answers
+
+    # -- Kafka lag, other services --------------------------------------------------------------------
+    async def _app_lag(self, cid: str) -> dict:
+        topic, group = app_topic_name(cid), app_client_group(cid)
+        out = {"topic": topic, "group": group, "lag": None, "partitions": []}
+        try:
+            async with asyncio.timeout(self.s.kafka_timeout_s):
+                tps = await topic_partitions(self.offsets, topic, attempts=2, interval_s=0)
+                ends = await self.offsets.end_offsets(tps)
+                begins = await self.offsets.beginning_offsets(tps)
+                committed = await self.kadmin.list_consumer_group_offsets(group, partitions=tps)
+        except RuntimeError:  # no topic (yet): nothing routed to this client
+            out["lag"] = 0
+            return out
+        except Exception as e:  # noqa: BLE001 - reported in the answer, never a 500
+            out["error"] = repr(e)
+            return out
+        total = 0
+        for tp in tps:
+            c = committed.get(tp)
+            pos = c.offset if c is not None and c.offset >= 0 else begins[tp]
+            lag = max(0, ends[tp] - max(pos, begins[tp]))
+            total += lag
+            out["partitions"].append({"partition": tp.partition, "committed": c.offset if c else None,
+                                      "end": ends[tp], "lag": lag})
+        out["lag"] = total
+        return out
+
+    async def _readyz_all(self) -> list[tuple[str, str, bool, dict | None]]:
+        async def one(name: str, addr: str):
+            try:
+                async with self.http.get(f"http://{addr}/readyz") as r:
+                    body = await r.json(content_type=None)
+                    return name, addr, r.status == 200, body
+            except Exception as e:  # noqa: BLE001 - down is an answer
+                return name, addr, False, {"error": repr(e)}
+        return list(await asyncio.gather(*(one(n, a) for n, a in self.s.services)))

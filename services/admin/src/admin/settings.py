@@ -1,0 +1,71 @@
+"""admin settings: environment variables parsed once (tbmq_platform.settings)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tbmq_platform.settings import CommonSettings, env, integer, load, load_or_exit, port
+
+
+def endpoints(raw: str) -> tuple[tuple[str, str], ...]:
+    """ADMIN_SERVICES: comma list of `name=host:port` (a service's health endpoint; a name may repeat, one per
+    instance)."""
+    out = []
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        name, sep, addr = item.partition("=")
+        host, colon, p = addr.rpartition(":")
+        if not sep or not name.strip() or not colon or not host or not p.isdigit() or not 0 < int(p) < 65536:
+            raise ValueError(f"{item!r} is not name=host:port")
+        out.append((name.strip(), addr.strip()))
+    return tuple(out)
+
+
+DEFAULT_SERVICES = ("session-registry=127.0.0.1:8086,device-persistence=127.0.0.1:8087,"
+                    "app-delivery=127.0.0.1:8085,router=127.0.0.1:8082,connector=127.0.0.1:8081")
+
+
+@dataclass(frozen=True)
+class AdminSettings(CommonSettings):
+    service_name: str = "admin"
+    health_port: int = env("HEALTH_PORT", 8088, parse=port, doc="health/readiness HTTP port (0 = any)")
+
+    http_host: str = env("ADMIN_HTTP_HOST", "127.0.0.1", doc="address of the REST API and the web UI")
+    http_port: int = env("ADMIN_HTTP_PORT", 8080, parse=port, doc="port of the REST API and the web UI (0 = any)")
+    users_file: str = env("ADMIN_USERS_FILE", "",
+                          doc="file of `username:argon2id-hash` lines, mode 0600 (required; make run writes "
+                              ".run/admin-users)")
+    token_ttl_s: int = env("ADMIN_TOKEN_TTL_S", 3600, parse=integer(60, 7 * 24 * 3600),
+                           doc="lifetime of a login's bearer token (s)")
+    login_failures: int = env("ADMIN_LOGIN_FAILURES", 5, parse=integer(1, 1000),
+                              doc="failed logins per client address within ADMIN_LOGIN_WINDOW_S before further "
+                                  "attempts are refused (429)")
+    login_window_s: int = env("ADMIN_LOGIN_WINDOW_S", 60, parse=integer(1, 86400),
+                              doc="the window of ADMIN_LOGIN_FAILURES (s)")
+    services: tuple[tuple[str, str], ...] = env(
+        "ADMIN_SERVICES", endpoints(DEFAULT_SERVICES), parse=endpoints,
+        doc="health endpoints of the suite's instances, `name=host:port,...` (GET /readyz of each)")
+    kafka_timeout_s: int = env("ADMIN_KAFKA_TIMEOUT_S", 10, parse=integer(1, 300),
+                               doc="bound of one Kafka admin call (lag) and of a produce")
+
+    def validate(self) -> list[str]:
+        problems = super().validate()
+        if not self.users_file:
+            problems.append("ADMIN_USERS_FILE is required (a file of username:argon2-hash lines)")
+        elif not os.path.isfile(self.users_file):
+            problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: no such file")
+        elif stat.S_IMODE(os.stat(self.users_file).st_mode) & 0o077:
+            problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: readable by others (chmod 600)")
+        return problems
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> AdminSettings:
+    return load(AdminSettings, environ, **overrides)
+
+
+def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> AdminSettings:
+    return load_or_exit(AdminSettings, environ)

@@ -1,0 +1,279 @@
+"""Issue 16, deliverables 1 and 2: the admin service's REST API and web UI against the whole suite (the
+launcher's Suite, as `make run` starts it), with MQTT clients nobody here wrote (paho-mqtt, mosquitto_pub).
+
+The web UI is driven in headless Chromium (headless.py); its screenshots are kept under the test's tmp dir."""
+
+from __future__ import annotations
+
+import subprocess
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from headless import Browser, chromium
+from mqtt_clients import Client, run, wait_until
+from suites import module_suite
+from tbmq_launcher.launcher import Suite
+from tbmq_launcher.services import ORDER
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+BOUND = 30.0
+
+
+@pytest.fixture(scope="module")
+async def suite(kafka, tmp_path_factory):
+    """Every service of `make run` (admin included), single-node topics; clients `app-*` are APPLICATION."""
+    async with module_suite(kafka, tmp_path_factory, "suite-admin", topic_profile="single-node",
+                            env={"TBMQ_APPLICATION_CLIENT_ID_PATTERNS": "app-.*"}) as s:
+        yield s
+
+
+class Api:
+    def __init__(self, suite: Suite, http: aiohttp.ClientSession) -> None:
+        self.base = suite.admin_url().rstrip("/") + "/api/v1"
+        self.http = http
+        self.token: str | None = None
+
+    async def call(self, method: str, path: str, *, json=None, auth: bool = True) -> tuple[int, dict]:
+        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        async with self.http.request(method, self.base + path, json=json, headers=headers) as r:
+            return r.status, await r.json(content_type=None)
+
+    async def get(self, path: str) -> dict:
+        status, body = await self.call("GET", path)
+        assert status == 200, (path, status, body)
+        return body
+
+
+@pytest.fixture
+async def api(suite):
+    async with aiohttp.ClientSession() as http:
+        a = Api(suite, http)
+        status, body = await a.call("POST", "/auth/login", auth=False, json={
+            "username": "admin", "password": suite.admin_password_file.read_text().strip()})
+        assert status == 200 and body["token"], body
+        a.token = body["token"]
+        yield a
+
+
+async def test_login_is_required_and_a_bad_password_is_refused(suite):
+    async with aiohttp.ClientSession() as http:
+        a = Api(suite, http)
+        status, body = await a.call("POST", "/auth/login", json={"username": "admin", "password": "wrong"})
+        assert status == 401 and "bad user name or password" in body["error"]
+        assert (await a.call("GET", "/sessions"))[0] == 401
+        a.token = "forged"
+        assert (await a.call("GET", "/sessions"))[0] == 401
+        status, doc = await a.call("GET", "/openapi.json", auth=False)  # public: describes how to log in
+        assert status == 200 and "/api/v1/sessions/{client_id}/disconnect" in doc["paths"]
+
+
+async def test_services_endpoint_shows_every_service_ready(suite, api):
+    body = await wait_until(lambda: _all_ready(api), BOUND, "every service ready in GET /services")
+    assert sorted({i["service"] for i in body["items"]}) == sorted(ORDER)
+    assert {i["instance"] for i in body["items"]} == {p.service_id for p in suite.procs.values()}
+
+
+async def _all_ready(api: Api):
+    body = await api.get("/services")
+    return body if body["all_ready"] else None
+
+
+async def _session(api: Api, cid: str, **expect):
+    """The session of `cid` in GET /sessions (client id prefix filter) once it has the `expect`ed fields."""
+    items = (await api.get(f"/sessions?client_id={quote(cid)}"))["items"]
+    return next((s for s in items if s["client_id"] == cid and all(s[k] == v for k, v in expect.items())), None)
+
+
+async def test_sessions_subscriptions_shared_groups_disconnect_and_clear(suite, api, unique):
+    cid = unique("dev")
+    c = Client(cid, session_expiry=300)
+    await run(c.connect, suite.mqtt_ports[0])
+    await run(c.subscribe, f"{cid}/temp/+", 1)
+    await run(c.subscribe, f"$share/grp/{cid}/jobs", 1)
+    s = await wait_until(lambda: _session(api, cid, connected=True), BOUND, "the connected session listed")
+    assert s["client_type"] == "DEVICE" and s["mqtt_version"] == 5 and s["session_expiry_interval"] == 300
+    assert (await api.get("/sessions?connected=false&client_id=" + cid))["total"] == 0
+
+    async def subscribed():
+        got = await api.get(f"/subscriptions?topic_filter={quote(cid)}")
+        return got if got["total"] == 2 else None
+    subs = await wait_until(subscribed, BOUND, "both subscriptions listed")
+    assert {(x["topic_filter"], x["share_name"], x["qos"]) for x in subs["items"]} == {
+        (f"{cid}/temp/+", "", 1), (f"{cid}/jobs", "grp", 1)}
+    groups = (await api.get("/shared-subscriptions"))["items"]
+    assert {"share_name": "grp", "topic_filter": f"{cid}/jobs", "members": [{"client_id": cid, "qos": 1}]} in groups
+    detail = await api.get(f"/sessions/{cid}")
+    assert len(detail["subscriptions"]) == 2 and "kafka" not in detail
+
+    # disconnect through the API: the paho client gets DISCONNECT 0x98 Administrative action
+    status, _ = await api.call("POST", f"/sessions/{cid}/disconnect")
+    assert status == 202
+    assert await run(c.wait, lambda: c.disconnected is not None, BOUND), "not disconnected"
+    assert c.disconnected.value == 0x98, c.disconnected
+    c.close()
+    # the connector reported the end to the registry: the persistent session is kept, disconnected
+    await wait_until(lambda: _session(api, cid, connected=False), BOUND, "the session disconnected")
+    assert (await api.call("POST", f"/sessions/{cid}/disconnect"))[0] == 409
+
+    # clear: the registry removes the session and its subscriptions
+    status, _ = await api.call("DELETE", f"/sessions/{cid}")
+    assert status == 202
+
+    async def gone():
+        return (await api.call("GET", f"/sessions/{cid}"))[0] == 404
+    await wait_until(gone, BOUND, "the cleared session removed")
+    await wait_until(lambda: _no_subscriptions(api, cid), BOUND, "its subscriptions removed")
+
+
+async def _no_subscriptions(api: Api, cid: str) -> bool:
+    return (await api.get(f"/subscriptions?client_id={quote(cid)}"))["total"] == 0
+
+
+async def test_retained_message_listed_then_deleted_and_not_sent_to_a_new_subscriber(suite, api, unique):
+    u = unique("ret")
+    port = str(suite.mqtt_ports[0])
+
+    def mosquitto_pub(topic: str, payload: str) -> None:
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-t", topic, "-m", payload, "-r", "-q", "1"],
+                       check=True, timeout=30)
+
+    await run(mosquitto_pub, f"{u}/lamp", "on")
+
+    async def listed():
+        items = (await api.get(f"/retained?topic={quote(u)}"))["items"]
+        return items or None
+    (item,) = await wait_until(listed, BOUND, "the retained message listed")
+    assert (item["topic"], item["payload_text"], item["qos"]) == (f"{u}/lamp", "on", 1)
+
+    status, _ = await api.call("DELETE", "/retained/" + quote(f"{u}/lamp", safe=""))
+    assert status == 202
+    assert (await api.get(f"/retained?topic={quote(u)}"))["total"] == 0
+    assert (await api.call("DELETE", "/retained/" + quote(f"{u}/lamp", safe="")))[0] == 404
+    # a retained marker after the deletion (same topic partition: tbmq.msg.retained has one): a subscriber that
+    # gets the marker would have got the deleted message with it had the connector not applied the deletion
+    await run(mosquitto_pub, f"{u}/marker", "m")
+    sub = Client(unique("sub"))
+    await run(sub.connect, suite.mqtt_ports[0])
+    await run(sub.subscribe, f"{u}/#", 1)
+    assert await run(sub.wait, lambda: sub.messages_on(f"{u}/marker"), BOUND), "no retained marker"
+    assert sub.messages_on(f"{u}/lamp") == []
+    await run(sub.close)
+
+
+async def test_application_client_backlog_is_its_kafka_lag(suite, api, unique):
+    cid = unique("app")
+    app = Client(cid, session_expiry=300)
+    await run(app.connect, suite.mqtt_ports[0])
+    await run(app.subscribe, f"{cid}/in", 1)
+    await run(app.close, wait=True)
+    await wait_until(lambda: _session(api, cid, connected=False, client_type="APPLICATION"), BOUND,
+                     "the APPLICATION session disconnected")
+    pub = Client(unique("pub"))
+    await run(pub.connect, suite.mqtt_ports[0])
+    for i in range(3):
+        await run(pub.publish, f"{cid}/in", f"m{i}".encode(), 1)
+    await run(pub.close)
+
+    async def lag3():
+        detail = await api.get(f"/sessions/{cid}")
+        return detail if detail["kafka"]["lag"] == 3 else None
+    detail = await wait_until(lag3, BOUND, "a backlog of 3 records")
+    assert detail["kafka"]["topic"].startswith("tbmq.msg.app.")
+    apps = (await api.get("/applications?limit=1000"))["items"]
+    assert [a["kafka"]["lag"] for a in apps if a["client_id"] == cid] == [3]
+    assert (await api.get("/overview"))["application_lag"] >= 3
+
+
+async def test_statistics_windows_of_the_spark_job(suite, api):
+    """A UsageStats record as the Spark stats job writes it (docs/spark.md; the job itself is tested in
+    tests/integration/spark): listed by GET /stats, the last record of a window key winning."""
+    import random
+    import time
+
+    from tbmq.v1 import messages_pb2 as pb
+    from tbmq_platform.kafka import make_producer
+    from tbmq_platform.topics import SYS_HISTORICAL_DATA
+
+    start = (int(time.time() * 1000) // 60_000 + random.randint(10**6, 10**7)) * 60_000  # a window of its own
+    producer = make_producer(suite.bootstrap_servers, client_id="test-stats")
+    await producer.start()
+    try:
+        for n in (1, 7):
+            w = pb.UsageStats(source="spark-stats", window_start_ms=start, window_end_ms=start + 60_000,
+                              stats=[pb.UsageStat(key="incoming_msgs", value=n),
+                                     pb.UsageStat(key="incoming_msgs", dimension="qos=1", value=n)])
+            await (await producer.send(SYS_HISTORICAL_DATA, w.SerializeToString(), key=str(start).encode()))
+    finally:
+        await producer.stop()
+
+    async def window():
+        items = (await api.get(f"/stats?since_ms={start}"))["items"]
+        return items if items and items[0]["totals"] == {"incoming_msgs": 7} else None
+    (w,) = await wait_until(window, BOUND, "the statistics window")
+    assert w["window_end_ms"] == start + 60_000 and w["dimensions"] == {"incoming_msgs": {"qos=1": 7}}
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium (scripts/bootstrap.sh installs Debian's chromium)")
+async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, tmp_path):
+    cid = unique("ui")
+    c = Client(cid)
+    await run(c.connect, suite.mqtt_ports[0])
+    await run(c.subscribe, f"{cid}/status", 1)
+    await run(c.publish, f"{cid}/status", b"online", 1, retain=True)
+    await wait_until(lambda: _session(api, cid, connected=True), BOUND, "the session in the API")
+    browser = await Browser(tmp_path / "chromium").start()
+    try:
+        url = suite.admin_url()
+        await browser.goto(url)
+        await wait_until(lambda: browser.evaluate("!document.querySelector('#login').hidden"), BOUND, "login page")
+        # a wrong password: the page says so and stays on the login form
+        await browser.evaluate("document.querySelector('#password').value = 'wrong';"
+                               "document.querySelector('#login-button').click()")
+        await wait_until(lambda: _text_has(browser, "#login-error", "Login failed"), BOUND, "the login error")
+        await browser.screenshot(tmp_path / "login-failed.png")
+        password = suite.admin_password_file.read_text().strip()
+        await browser.evaluate(f"document.querySelector('#password').value = {password!r};"
+                               "document.querySelector('#login-button').click()")
+        await wait_until(lambda: _shows(browser, "overview", "Connected"), BOUND, "the overview")
+        # the live charts follow the API, polled every 3 s: two samples draw a line
+        await wait_until(lambda: browser.evaluate(
+            "document.querySelectorAll('#page svg[aria-label=\"Connections (live)\"] circle').length >= 2"),
+            BOUND, "two samples on the connections chart")
+        await browser.screenshot(tmp_path / "overview.png")
+        await browser.goto(url + "#sessions?client_id=" + cid)
+        await wait_until(lambda: _shows(browser, "sessions", cid), BOUND, "the session in the sessions table")
+        row = await browser.evaluate(
+            f"[...document.querySelectorAll('#page tbody tr')].map(r => r.innerText).find(t => t.includes({cid!r}))")
+        assert "DEVICE" in row and "yes" in row, row
+        await browser.screenshot(tmp_path / "sessions.png")
+        # the Disconnect button: the client gets DISCONNECT 0x98
+        await browser.evaluate(f"document.querySelector('[data-disconnect=\"{cid}\"]').click()")
+        assert await run(c.wait, lambda: c.disconnected is not None, BOUND), "not disconnected from the UI"
+        assert c.disconnected.value == 0x98
+        await browser.goto(url + "#subscriptions")
+        await wait_until(lambda: _shows(browser, "subscriptions", f"{cid}/status"), BOUND, "the subscription")
+        await browser.screenshot(tmp_path / "subscriptions.png")
+        await browser.goto(url + "#retained")
+        await wait_until(lambda: _shows(browser, "retained", f"{cid}/status"), BOUND, "the retained message")
+        assert "online" in await browser.text("#page table")
+        await browser.screenshot(tmp_path / "retained.png")
+        await browser.goto(url + "#services")
+        await wait_until(lambda: _shows(browser, "services", "admin"), BOUND, "the services")
+        assert "NOT READY" not in await browser.text("#page table")
+        await browser.screenshot(tmp_path / "services.png")
+        print(f"\nscreenshots in {tmp_path}")
+    finally:
+        await browser.stop()
+        await run(c.close)
+
+
+async def _text_has(browser: Browser, selector: str, text: str) -> bool:
+    return text in await browser.text(selector)
+
+
+async def _shows(browser: Browser, page: str, text: str) -> bool:
+    """Page `page` of the UI rendered (not the previous page's table still there) with `text` in it."""
+    return (await browser.evaluate("document.querySelector('#page').dataset.shown") == page
+            and text in await browser.text("#page"))

@@ -1,0 +1,170 @@
+"""admin's pure parts: filters and paging of the tables, shared groups, statistics windows, token expiry on an
+injected clock, the users file, and the OpenAPI document generated from the one route table."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from admin import query
+from admin.api import PREFIX, ROUTES, openapi
+from admin.auth import Throttle, Tokens, parse_users, verify
+from admin.settings import endpoints, load_settings
+from argon2 import PasswordHasher
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.settings import SettingsError
+
+pytestmark = pytest.mark.unit
+
+APP, DEV = pb.CLIENT_TYPE_APPLICATION, pb.CLIENT_TYPE_DEVICE
+
+
+def sessions() -> dict[str, pb.SessionInfo]:
+    rows = [("dev-1", DEV, True), ("dev-2", DEV, False), ("app-1", APP, True), ("dev-3", DEV, True)]
+    return {cid: pb.SessionInfo(client_id=cid, client_type=t, connected=c) for cid, t, c in rows}
+
+
+def test_sessions_filter_by_prefix_connected_and_type_sorted():
+    s = sessions()
+    ids = lambda params: [x["client_id"] for x in query.filter_sessions(s, params)]  # noqa: E731
+    assert ids({}) == ["app-1", "dev-1", "dev-2", "dev-3"]
+    assert ids({"client_id": "dev"}) == ["dev-1", "dev-2", "dev-3"]
+    assert ids({"client_id": "dev", "connected": "true"}) == ["dev-1", "dev-3"]
+    assert ids({"connected": "false"}) == ["dev-2"]
+    assert ids({"client_type": "application"}) == ["app-1"]
+    with pytest.raises(query.BadQuery, match="client_type"):
+        ids({"client_type": "ROBOT"})
+    with pytest.raises(query.BadQuery, match="connected"):
+        ids({"connected": "maybe"})
+
+
+def test_paging_limit_offset_and_next_offset():
+    items = list(range(7))
+    first = query.Page.of({"limit": "3"}).apply(items)
+    assert first == {"items": [0, 1, 2], "total": 7, "limit": 3, "offset": 0, "next_offset": 3}
+    last = query.Page.of({"limit": "3", "offset": "6"}).apply(items)
+    assert last["items"] == [6] and last["next_offset"] is None
+    assert query.Page.of({"offset": "10"}).apply(items)["items"] == []
+    assert query.Page.of({}).limit == query.DEFAULT_LIMIT
+    for bad in ({"limit": "0"}, {"limit": "1001"}, {"offset": "-1"}, {"limit": "x"}):
+        with pytest.raises(query.BadQuery):
+            query.Page.of(bad)
+
+
+def subs() -> dict[str, pb.ClientSubscriptions]:
+    def t(f, share="", qos=0):
+        return pb.TopicSubscription(topic_filter=f, share_name=share, qos=qos)
+    return {"a": pb.ClientSubscriptions(client_id="a", subscriptions=[t("s/+/temp", qos=1), t("j/#", "g1")]),
+            "b": pb.ClientSubscriptions(client_id="b", subscriptions=[t("j/#", "g1", 2), t("x", "g2")])}
+
+
+def test_subscription_filter_and_shared_groups():
+    flt = [(x["client_id"], x["topic_filter"]) for x in query.filter_subscriptions(subs(), {"topic_filter": "temp"})]
+    assert flt == [("a", "s/+/temp")]
+    assert len(query.filter_subscriptions(subs(), {})) == 4
+    assert [x["client_id"] for x in query.filter_subscriptions(subs(), {"shared": "true"})] == ["a", "b", "b"]
+    groups = query.shared_groups(subs())
+    assert groups == [{"share_name": "g1", "topic_filter": "j/#", "members": [{"client_id": "a", "qos": 0},
+                                                                             {"client_id": "b", "qos": 2}]},
+                      {"share_name": "g2", "topic_filter": "x", "members": [{"client_id": "b", "qos": 0}]}]
+    o = query.overview(sessions(), subs(), {})
+    assert (o["sessions"], o["connected"], o["subscriptions"], o["shared_groups"]) == (4, 3, 4, 2)
+
+
+def test_retained_listing_text_and_binary_payloads():
+    r = {"a/b": pb.PublishMsg(topic="a/b", payload=b"on", qos=1),
+         "z": pb.PublishMsg(topic="z", payload=b"\xff\x00")}
+    out = query.filter_retained(r, {})
+    assert [(m["topic"], m["payload_text"], m["payload_hex"]) for m in out] == [("a/b", "on", None),
+                                                                                ("z", None, "ff00")]
+    assert [m["topic"] for m in query.filter_retained(r, {"topic": "a/"})] == ["a/b"]
+
+
+def test_stats_windows_totals_dimensions_newest_last():
+    def w(start, n):
+        return pb.UsageStats(source="spark-stats", window_start_ms=start, window_end_ms=start + 60_000,
+                             stats=[pb.UsageStat(key="incoming_msgs", value=n),
+                                    pb.UsageStat(key="incoming_msgs", dimension="qos=1", value=n - 1)])
+    windows = {s: w(s, i + 2) for i, s in enumerate((60_000, 180_000, 120_000))}
+    out = query.stats_json(windows)
+    assert [x["window_start_ms"] for x in out] == [60_000, 120_000, 180_000]
+    assert out[0]["totals"] == {"incoming_msgs": 2} and out[0]["dimensions"] == {"incoming_msgs": {"qos=1": 1}}
+    assert [x["window_start_ms"] for x in query.stats_json(windows, since_ms=100_000, limit=1)] == [180_000]
+
+
+def test_token_expires_on_the_injected_clock():
+    now = [1000.0]
+    tokens = Tokens(ttl_s=60, clock=lambda: now[0])
+    token, ttl = tokens.issue("admin")
+    assert ttl == 60 and len(token) >= 40
+    now[0] += 59.9
+    assert tokens.user(token) == "admin"
+    now[0] += 0.1
+    assert tokens.user(token) is None and len(tokens) == 0
+    other, _ = tokens.issue("admin")
+    assert other != token and tokens.user("forged") is None
+    tokens.revoke(other)
+    assert tokens.user(other) is None
+
+
+def test_failed_logins_throttle_an_address_for_the_window():
+    now = [0.0]
+    t = Throttle(failures=3, window_s=60, clock=lambda: now[0], max_addresses=2)
+    for i in range(3):
+        assert t.retry_after("a") == 0
+        t.failed("a")
+        now[0] += 10
+    assert t.retry_after("a") == pytest.approx(30)  # the first failure (t=0) leaves the window at t=60
+    assert t.retry_after("b") == 0                  # per address
+    now[0] = 60
+    assert t.retry_after("a") == 0                  # two failures left in the window
+    t.failed("a")
+    assert t.retry_after("a") == pytest.approx(10)
+    t.failed("b")
+    t.failed("c")                                   # a third address: the oldest tracked one ("a") is forgotten
+    assert t.retry_after("a") == 0
+
+
+def test_users_file_and_argon2id_verification():
+    digest = PasswordHasher().hash("s3cret")
+    assert digest.startswith("$argon2id$")
+    users = parse_users(f"# admins\n\nadmin:{digest}\n")
+    assert verify(users, "admin", "s3cret")
+    assert not verify(users, "admin", "wrong") and not verify(users, "nobody", "s3cret")
+    with pytest.raises(ValueError, match="line 1"):
+        parse_users("admin:plaintext")
+
+
+def test_openapi_lists_every_route_with_its_parameters():
+    doc = openapi()
+    assert doc["openapi"].startswith("3.")
+    ops = {(m.upper(), p) for p, methods in doc["paths"].items() for m in methods}
+    assert ops == {(r.method, PREFIX + r.path) for r in ROUTES}
+    for r in ROUTES:
+        op = doc["paths"][PREFIX + r.path][r.method.lower()]
+        declared = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
+        assert declared == set(re.findall(r"{(\w+)}", r.path)), r.path
+        assert ("security" in op) == r.auth and ("401" in op["responses"]) == (r.auth or r.path == "/auth/login")
+    # every resource of the brief has its route
+    for path in ("/sessions", "/subscriptions", "/shared-subscriptions", "/retained", "/applications", "/services",
+                 "/stats", "/auth/login"):
+        assert PREFIX + path in doc["paths"], path
+
+
+def test_settings_need_a_private_users_file_and_parse_service_endpoints(tmp_path):
+    assert endpoints("router=127.0.0.1:8082, connector=h:1") == (("router", "127.0.0.1:8082"), ("connector", "h:1"))
+    with pytest.raises(ValueError):
+        endpoints("router:8082")
+    users = tmp_path / "users"
+    users.write_text("")
+    users.chmod(0o644)
+    with pytest.raises(SettingsError) as e:
+        load_settings({"ADMIN_USERS_FILE": str(users), "ADMIN_HTTP_PORT": "x"})
+    assert "ADMIN_HTTP_PORT" in str(e.value)
+    with pytest.raises(SettingsError, match="chmod 600"):
+        load_settings({"ADMIN_USERS_FILE": str(users)})
+    users.chmod(0o600)
+    s = load_settings({"ADMIN_USERS_FILE": str(users)})
+    assert (s.http_host, s.http_port, s.health_port, s.service_name) == ("127.0.0.1", 8080, 8088, "admin")
+    with pytest.raises(SettingsError, match="ADMIN_USERS_FILE is required"):
+        load_settings({})
