@@ -5,6 +5,8 @@ The web UI is driven in headless Chromium (headless.py); its screenshots are kep
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 from urllib.parse import quote
 
@@ -160,6 +162,48 @@ async def test_retained_message_listed_then_deleted_and_not_sent_to_a_new_subscr
     assert await run(sub.wait, lambda: sub.messages_on(f"{u}/marker"), BOUND), "no retained marker"
     assert sub.messages_on(f"{u}/lamp") == []
     await run(sub.close)
+
+
+async def test_credentials_and_blocked_clients_through_the_api(suite, api, unique):
+    """The store of the tbmq command line (tbmq.security.*), written through the API: a credential works for a
+    real client on the connector, the hash never shows, a blocked client id is refused (CONNACK 0x8A), and
+    deleting both undoes them."""
+    user, cid = unique("apiuser"), unique("blk")
+    status, body = await api.call("PUT", f"/credentials/{user}", json={"password": "pw", "pub": ["a/%u/#"],
+                                                                        "sub": ["a/%u/#"]})
+    assert status == 202 and body["password"] is True and "password_hash" not in body
+    assert (await api.call("PUT", "/credentials/x", json={"pub": ["a/#/b"], "password": "p"}))[0] == 400
+    listed = (await api.get("/credentials"))["items"]
+    assert any(c["username"] == user for c in listed) and not any("hash" in json.dumps(c) for c in listed)
+
+    def connack(client_id: str, password: str, username: str = user) -> int:
+        c = Client(client_id)
+        c.c.username_pw_set(username, password)
+        _, rc, _ = c.connect(suite.mqtt_ports[0], expect_ok=False)
+        c.close()
+        return rc.value
+
+    # the connector's view applies the credential within a second or so: wait for it
+    async def accepted() -> bool:
+        return await run(connack, unique("c"), "pw") == 0
+    await wait_until(accepted, BOUND, "the credential written through the API to work on the connector")
+    assert await run(connack, unique("c"), "wrong") == 0x86  # bad user name or password
+
+    status, rule = await api.call("POST", "/blocked", json={"kind": "client_id", "value": cid, "reason": "test"})
+    assert status == 202 and rule["key"] == f"client_id:{cid}"
+    assert (await api.call("POST", "/blocked", json={"kind": "nope", "value": "x"}))[0] == 400
+
+    async def banned() -> bool:
+        return await run(connack, cid, "pw") == 0x8A
+    await wait_until(banned, BOUND, "the blocked client id refused with 0x8A")
+    assert [r for r in (await api.get("/blocked"))["items"] if r["key"] == f"client_id:{cid}"][0]["active"]
+
+    assert (await api.call("DELETE", f"/blocked/client_id:{cid}"))[0] == 202
+    async def unbanned() -> bool:
+        return await run(connack, cid, "pw") == 0
+    await wait_until(unbanned, BOUND, "the client id accepted again once unblocked")
+    assert (await api.call("DELETE", f"/credentials/{user}"))[0] == 202
+    assert (await api.call("DELETE", f"/credentials/{user}"))[0] == 404
 
 
 async def test_application_client_backlog_is_its_kafka_lag(suite, api, unique):

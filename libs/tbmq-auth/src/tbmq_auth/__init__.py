@@ -28,6 +28,7 @@ from .rules import (
     Credential,
     Identity,
     anonymous_default,
+    make_credential,
     parse_providers,
     substitute,
 )
@@ -35,6 +36,6 @@ from .rules import (
 __all__ = [
     "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "IP", "PASSWORD", "PROVIDERS", "REGEX",
     "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer", "BlockedRule",
-    "Credential", "Identity", "anonymous_default", "parse_providers", "substitute", "hash_password",
+    "Credential", "Identity", "anonymous_default", "make_credential", "parse_providers", "substitute", "hash_password",
     "verify_password",
 ]

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tbmq_mqtt import ReasonCode
-from tbmq_routing import filter_covers, topic_matches
+from tbmq_routing import TopicError, filter_covers, topic_matches, validate_topic_filter
 
-from .passwords import verify_password
+from .passwords import hash_password, verify_password
 
 log = logging.getLogger("tbmq_auth")
 
@@ -74,6 +74,28 @@ class Credential:
         """What `tbmq credentials list` shows: everything but the hash."""
         return {"username": self.name, "password": self.password_hash is not None, "client_id": self.client_id,
                 "cert_cn": self.cert_cn, "pub": list(self.pub), "sub": list(self.sub)}
+
+
+def make_credential(username: str, password: str | None, *, client_id: str | None = None,
+                    cert_cn: str | None = None, pub: Iterable[str] = (), sub: Iterable[str] = (),
+                    hasher: Callable[[str], str] = hash_password) -> Credential:
+    """A new credential as an operator asks for it (the `tbmq` command line and the admin API both): every
+    pattern a topic filter (with `%c` / `%u`), a password or a certificate name, the password hashed (argon2id).
+    ValueError says what is wrong."""
+    pub, sub = tuple(pub), tuple(sub)
+    if not username:
+        raise ValueError("a credential needs a username")
+    for f in (*pub, *sub):
+        try:
+            validate_topic_filter(f.replace("%c", "c").replace("%u", "u"))
+        except TopicError as exc:
+            raise ValueError(f"{f!r}: not a topic filter ({exc})") from None
+    if password is None and not cert_cn:
+        raise ValueError("a credential needs a password or a certificate name (or both)")
+    if password is not None and not password:
+        raise ValueError("empty password")
+    return Credential(name=username, password_hash=hasher(password) if password is not None else None,
+                      client_id=client_id or None, cert_cn=cert_cn or None, pub=pub, sub=sub)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,7 @@ import json
 import sys
 import time
 
-from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, hash_password
-from tbmq_routing import TopicError, validate_topic_filter
+from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
 
 from .topics import SECURITY_BLOCKED, SECURITY_CREDENTIALS, spec
 
@@ -77,18 +76,11 @@ async def read_table(bootstrap: str, topic: str) -> dict[str, bytes]:
 
 # ------------------------------------------------------------------------------------------------ credentials
 def credential_from_args(args, password: str | None) -> Credential:
-    for f in (*args.pub, *args.sub):
-        try:
-            validate_topic_filter(f.replace("%c", "c").replace("%u", "u"))
-        except TopicError as exc:
-            raise CliError(f"{f!r}: not a topic filter ({exc})") from None
-    if password is None and not args.cert_cn:
-        raise CliError("a credential needs --password-stdin or --cert-cn (or both)")
-    if password is not None and not password:
-        raise CliError("empty password on stdin")
-    return Credential(name=args.username, password_hash=hash_password(password) if password is not None else None,
-                      client_id=args.client_id or None, cert_cn=args.cert_cn or None,
-                      pub=tuple(args.pub), sub=tuple(args.sub))
+    try:
+        return make_credential(args.username, password, client_id=args.client_id, cert_cn=args.cert_cn,
+                               pub=args.pub, sub=args.sub)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def read_password(stream) -> str:

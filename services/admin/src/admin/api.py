@@ -69,6 +69,26 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/applications", "list_applications", "APPLICATION clients with their Kafka lag", PAGING),
     Route("GET", "/services", "list_services", "The suite's services and instances with their readiness "
           "(GET /readyz of each ADMIN_SERVICES endpoint)"),
+    Route("GET", "/credentials", "list_credentials", "MQTT credentials (tbmq.security.credentials, the store of the "
+          "tbmq command line); never the password hash", PAGING),
+    Route("PUT", "/credentials/{username}", "put_credential", "Write (create or replace) a credential; the "
+          "password is hashed (argon2id) and never stored or logged", (Param("username", "path"),),
+          body={"type": "object", "properties": {
+              "password": {"type": "string"}, "client_id": {"type": "string", "description": "client-id pattern"},
+              "cert_cn": {"type": "string"}, "pub": {"type": "array", "items": {"type": "string"}},
+              "sub": {"type": "array", "items": {"type": "string"}}}},
+          responses={"202": "written", "400": "not valid"}),
+    Route("DELETE", "/credentials/{username}", "delete_credential", "Delete a credential",
+          (Param("username", "path"),), responses={"202": "deleted", "404": "no such credential"}),
+    Route("GET", "/blocked", "list_blocked", "Blocked clients (tbmq.security.blocked), with whether each rule is "
+          "active", PAGING),
+    Route("POST", "/blocked", "add_blocked", "Block clients: kind client_id | username | ip | regex (with target)",
+          body={"type": "object", "required": ["kind", "value"], "properties": {
+              "kind": {"type": "string"}, "value": {"type": "string"}, "target": {"type": "string"},
+              "expires_in_s": {"type": "number"}, "reason": {"type": "string"}}},
+          responses={"202": "written", "400": "not valid"}),
+    Route("DELETE", "/blocked/{key}", "delete_blocked", "Delete a blocked rule (its key: <kind>:<value>)",
+          (Param("key", "path"),), responses={"202": "deleted", "404": "no such rule"}),
     Route("GET", "/stats", "list_stats", "Per-window usage statistics (tbmq.sys.historical.data, docs/spark.md)",
           (Param("since_ms", type="integer", doc="windows starting at or after (Unix ms)"),
            Param("limit", type="integer", doc="newest windows, 1..10080 (default 1440)"))),

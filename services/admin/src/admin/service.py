@@ -21,6 +21,7 @@ from aiokafka import TopicPartition
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
+from tbmq_auth import CLIENT_ID, BlockedRule, Credential, make_credential
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
@@ -34,7 +35,8 @@ from .settings import AdminSettings
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
-READ = (topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.MSG_RETAINED, topics.SYS_HISTORICAL_DATA)
+READ = (topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.MSG_RETAINED, topics.SYS_HISTORICAL_DATA,
+        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED)
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -43,6 +45,22 @@ def _json(data, status: int = 200) -> web.Response:
 
 def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status)
+
+
+def _keyed_table(table: dict, parse):
+    """apply(key, value) keeping {key: parse(key, value)} (the tbmq_auth records); a tombstone or an unreadable
+    record removes the key."""
+    def apply(k: bytes | None, value: bytes | None) -> None:
+        if k is None:
+            return
+        name = k.decode()
+        try:
+            table[name] = parse(name, value) if value else None
+        except (ValueError, TypeError, AttributeError, KeyError):
+            table[name] = None
+        if table[name] is None:
+            del table[name]
+    return apply
 
 
 def _table(table: dict, parse, key=bytes.decode):
@@ -72,6 +90,8 @@ class AdminService(Service):
         self.subs: dict[str, pb.ClientSubscriptions] = {}
         self.retained: dict[str, pb.PublishMsg] = {}
         self.windows: dict[int, pb.UsageStats] = {}
+        self.credentials: dict[str, Credential] = {}   # tbmq.security.credentials (the tbmq CLI's store)
+        self.blocked: dict[str, BlockedRule] = {}      # tbmq.security.blocked
         self.views: CompactedViews | None = None
         self.producer = None
         self.kadmin = None
@@ -91,7 +111,9 @@ class AdminService(Service):
         for topic, apply in zip(READ, (_table(self.sessions, pb.SessionInfo.FromString),
                                        _table(self.subs, pb.ClientSubscriptions.FromString),
                                        _table(self.retained, pb.PublishMsg.FromString),
-                                       _table(self.windows, pb.UsageStats.FromString, key=int))):
+                                       _table(self.windows, pb.UsageStats.FromString, key=int),
+                                       _keyed_table(self.credentials, Credential.from_json),
+                                       _keyed_table(self.blocked, lambda _key, value: BlockedRule.from_json(value)))):
             self.views.view(topic, apply)
         await self.views.start()
         self.producer = make_producer(s.bootstrap, client_id=f"{s.instance_id}-commands")
@@ -283,6 +305,71 @@ class AdminService(Service):
         self.retained.pop(topic, None)  # the view applies the same record when it reads it
         log.info("admin %r deleted the retained message of %r", request["user"], topic)
         return _json({"topic": topic}, 202)
+
+    # -- credentials and blocked clients (the store of the tbmq command line, docs/security.md) -------------
+    async def list_credentials(self, request: web.Request) -> web.Response:
+        items = [self.credentials[n].public() for n in sorted(self.credentials)]
+        return _json(query.Page.of(request.query).apply(items))
+
+    async def put_credential(self, request: web.Request) -> web.Response:
+        name = request.match_info["username"]
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise TypeError
+            password = body.get("password")
+            # argon2id costs ~50 ms of CPU: off the event loop
+            cred = await asyncio.to_thread(
+                make_credential, name, None if password is None else str(password),
+                client_id=body.get("client_id"), cert_cn=body.get("cert_cn"),
+                pub=[str(f) for f in body.get("pub") or ()], sub=[str(f) for f in body.get("sub") or ()])
+        except (ValueError, TypeError) as exc:
+            return _error(400, f"credential not valid: {exc}" if str(exc) else "JSON object expected")
+        await self._send(topics.SECURITY_CREDENTIALS, name, cred.to_json())
+        self.credentials[name] = cred
+        log.info("admin %r wrote the credential %r", request["user"], name)  # never the password or hash
+        return _json(cred.public(), 202)
+
+    async def delete_credential(self, request: web.Request) -> web.Response:
+        name = request.match_info["username"]
+        if name not in self.credentials:
+            return _error(404, f"no credential {name!r}")
+        await self._send(topics.SECURITY_CREDENTIALS, name, None)
+        self.credentials.pop(name, None)
+        log.info("admin %r deleted the credential %r", request["user"], name)
+        return _json({"username": name}, 202)
+
+    async def list_blocked(self, request: web.Request) -> web.Response:
+        now = int(time.time() * 1000)
+        items = [{**json.loads(self.blocked[k].to_json()), "key": k,
+                  "active": self.blocked[k].expires_at_ms is None or now < self.blocked[k].expires_at_ms}
+                 for k in sorted(self.blocked)]
+        return _json(query.Page.of(request.query).apply(items))
+
+    async def add_blocked(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            expires_in = body.get("expires_in_s")
+            rule = BlockedRule(kind=str(body["kind"]), value=str(body["value"]),
+                               target=str(body.get("target") or CLIENT_ID),
+                               expires_at_ms=None if expires_in is None else
+                               int(time.time() * 1000 + float(expires_in) * 1000),
+                               reason=str(body.get("reason") or ""))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            return _error(400, f"blocked rule not valid: {exc}")
+        await self._send(topics.SECURITY_BLOCKED, rule.key, rule.to_json())
+        self.blocked[rule.key] = rule
+        log.info("admin %r blocked %r", request["user"], rule.key)
+        return _json({**json.loads(rule.to_json()), "key": rule.key}, 202)
+
+    async def delete_blocked(self, request: web.Request) -> web.Response:
+        key = request.match_info["key"]
+        if key not in self.blocked:
+            return _error(404, f"no blocked rule {key!r}")
+        await self._send(topics.SECURITY_BLOCKED, key, None)
+        self.blocked.pop(key, None)
+        log.info("admin %r deleted the blocked rule %r", request["user"], key)
+        return _json({"key": key}, 202)
 
     async def _send(self, topic: str, key: str, value: bytes | None) -> None:
         self.counts["commands"] += 1
