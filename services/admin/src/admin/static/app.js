@@ -175,6 +175,54 @@ const pages = {
     }));
   },
 
+  async credentials(el) {
+    const r = await api("/credentials");
+    el.innerHTML = `<h2>Credentials (${r.total})</h2>
+      <form class="filters" id="cred-form"><label>User <input name="username" required></label>
+      <label>Password <input name="password" type="password"></label>
+      <label>Client id pattern <input name="client_id" placeholder="%u-*"></label>
+      <label>Publish <input name="pub" placeholder="devices/%c/#"></label>
+      <label>Subscribe <input name="sub" placeholder="devices/%c/+"></label>
+      <button type="submit">Save</button> <span class="error" id="cred-error"></span></form>` +
+      table([["username", "User"], [(c) => c.password ? "yes" : "", "Password"], ["client_id", "Client id pattern"],
+        ["cert_cn", "Certificate"], [(c) => c.pub.join(" "), "Publish"], [(c) => c.sub.join(" "), "Subscribe"]], r.items,
+        (c) => `<button data-delete="${esc(c.username)}">Delete</button>`);
+    const split = (v) => v.split(/[\s,]+/).filter(Boolean);
+    el.querySelector("#cred-form").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const f = ev.target;
+      const body = { client_id: f.client_id.value || null, pub: split(f.pub.value), sub: split(f.sub.value) };
+      if (f.password.value) body.password = f.password.value;
+      try { await api("/credentials/" + encodeURIComponent(f.username.value), { method: "PUT", body: JSON.stringify(body) }); route(); }
+      catch (e) { el.querySelector("#cred-error").textContent = e.message; }
+    });
+    el.querySelectorAll("[data-delete]").forEach((b) => b.addEventListener("click", async () => {
+      await api("/credentials/" + encodeURIComponent(b.dataset.delete), { method: "DELETE" }); route();
+    }));
+  },
+
+  async blocked(el) {
+    const r = await api("/blocked");
+    el.innerHTML = `<h2>Blocked clients (${r.total})</h2>
+      <form class="filters" id="block-form"><label>Kind <select name="kind"><option>client_id</option><option>username</option>
+      <option>ip</option><option>regex</option></select></label><label>Value <input name="value" required></label>
+      <label>Expires in (s) <input name="expires_in_s" type="number" min="1"></label>
+      <label>Reason <input name="reason"></label><button type="submit">Block</button> <span class="error" id="block-error"></span></form>` +
+      table([["key", "Rule"], ["reason", "Reason"], [(b) => b.expires_at_ms ? new Date(b.expires_at_ms).toLocaleString() : "never", "Expires"],
+        [(b) => b.active ? "active" : "expired", "State"]], r.items, (b) => `<button data-delete="${esc(b.key)}">Unblock</button>`);
+    el.querySelector("#block-form").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const f = ev.target;
+      const body = { kind: f.kind.value, value: f.elements.value.value, reason: f.reason.value };
+      if (f.expires_in_s.value) body.expires_in_s = Number(f.expires_in_s.value);
+      try { await api("/blocked", { method: "POST", body: JSON.stringify(body) }); route(); }
+      catch (e) { el.querySelector("#block-error").textContent = e.message; }
+    });
+    el.querySelectorAll("[data-delete]").forEach((b) => b.addEventListener("click", async () => {
+      await api("/blocked/" + encodeURIComponent(b.dataset.delete), { method: "DELETE" }); route();
+    }));
+  },
+
   async applications(el) {
     const r = await api("/applications");
     el.innerHTML = `<h2>APPLICATION clients (${r.total})</h2>` + table([["client_id", "Client id"],
