@@ -4,6 +4,8 @@ transport. No sockets, no Kafka, no sleeps."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from connector.connection import Connection
 from connector_fakes import FakePort, FakeTransport, connected, until, v5_connect
@@ -152,3 +154,18 @@ async def test_reading_pauses_on_bytes_held_not_only_on_packets():
     assert transport.paused
     await until(lambda: not transport.paused)  # processed: reading goes on
     assert len(port.produced) == 2
+
+
+async def test_a_qos0_record_kafka_did_not_take_is_counted_not_silent():
+    from collections import Counter
+
+    from connector.connection import _qos0_done
+
+    stats = Counter()
+    loop = asyncio.get_running_loop()
+    ok, failed = loop.create_future(), loop.create_future()
+    ok.set_result(None)
+    failed.set_exception(RuntimeError("broker gone"))
+    _qos0_done(stats, ok)
+    _qos0_done(stats, failed)
+    assert stats["dropped_qos0_not_stored"] == 1  # tbmq_messages_dropped_total{reason="qos0_not_stored"}

@@ -68,10 +68,15 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _swallow(fut: asyncio.Future) -> None:
-    """Done-callback of QoS 0 produce futures: retrieve the exception so it is not reported as lost."""
-    if not fut.cancelled() and fut.exception() is not None:
-        log.debug("QoS 0 produce failed: %s", fut.exception())
+def _qos0_done(stats, fut: asyncio.Future) -> None:
+    """Done-callback of QoS 0 produce futures: a record Kafka did not take is lost (QoS 0 allows it), but never
+    silently: counted (`dropped_qos0_not_stored`, tbmq_messages_dropped_total) and logged."""
+    exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+    if exc is not None:
+        stats["dropped_qos0_not_stored"] += 1
+        n = stats["dropped_qos0_not_stored"]
+        if n in (1, 10, 100, 1000) or n % 10000 == 0:
+            log.warning("a QoS 0 PUBLISH was not stored by Kafka (%r): dropped (%d so far)", exc, n)
 
 
 def certificate_names(cert) -> tuple[str, ...]:
@@ -383,9 +388,10 @@ class Connection(asyncio.Protocol):
     def _produce_handed(self, e: ProducePublish, fut: asyncio.Future, fut2: asyncio.Future | None) -> None:
         """The producer took the record(s): their acknowledgements report to the machine (QoS 1/2)."""
         if e.qos == 0:
-            fut.add_done_callback(_swallow)
+            done0 = partial(_qos0_done, self.port.stats)
+            fut.add_done_callback(done0)
             if fut2 is not None:
-                fut2.add_done_callback(_swallow)
+                fut2.add_done_callback(done0)
             return
         done = partial(self._produced, e)
         fut.add_done_callback(done)
