@@ -85,6 +85,12 @@ class Handles:
         """Sequence numbers stored for the client, in serial order (reads without attaching)."""
         return [int(d.msg.payload) for d in await self.store.fetch_undelivered(client_id)]
 
+    async def hand_out(self, *client_ids: str) -> None:
+        """Hand every stored message of the clients out (packet ids given, as a connection's fetch does)."""
+        for cid in client_ids:
+            await self.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id="test-conn",
+                                                                         session_id="s"))
+
     async def wait_stored(self, client_id: str, pred, timeout: float = BOUND) -> list[int]:
         got: list[int] = []
 
@@ -174,6 +180,7 @@ async def test_acknowledgements_up_the_forward_stream(dp):
     await dp.publish(b, range(3))
     await dp.wait_stored(a, lambda got: len(got) == 5)
     await dp.wait_stored(b, lambda got: len(got) == 3)
+    await dp.hand_out(a, b)
     async with dp.forward(await dp.fake_connector()) as fwd:
         acked = await fwd.acknowledge(acks=[(a, 1), (b, 1), (a, 2), (a, 4), (b, 9)], pubrecs=[(a, 3), (a, 4)])
         assert acked.status == spb.FORWARD_ACK_STATUS_APPLIED
@@ -215,6 +222,7 @@ async def test_acknowledge_many(dp):
     await dp.publish(b, range(3))
     await dp.wait_stored(a, lambda got: len(got) == 5)
     await dp.wait_stored(b, lambda got: len(got) == 3)
+    await dp.hand_out(a, b)
     PR = spb.PacketRequest
     resp = await dp.stub.AcknowledgeMany(spb.PacketBatchRequest(
         acks=[PR(client_id=a, packet_id=1), PR(client_id=b, packet_id=1), PR(client_id=a, packet_id=2),

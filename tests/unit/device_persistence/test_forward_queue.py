@@ -116,10 +116,10 @@ async def test_flush_ends_streams_that_do_not_drain():
 
 def test_group_by_service_keeps_save_order():
     results = [
-        SaveResult([dm("a", 1), dm("a", 2)], Attachment("c1", "s")),
-        SaveResult([dm("b", 7)], None),                             # not attached: nothing to forward
+        SaveResult([dm("a", 1), dm("a", 2)], Attachment("c1", "s"), forwarded=2),
+        SaveResult([dm("b", 7)], None),                             # not live: nothing to forward
         SaveResult([], Attachment("c2", "s")),
-        SaveResult([dm("c", 3)], Attachment("c1", "s2")),
+        SaveResult([dm("c", 3), dm("c", 4)], Attachment("c1", "s2"), forwarded=1, paused=True),  # 4 waits
     ]
     out = group_by_service(results)
     assert list(out) == ["c1"]

@@ -237,14 +237,16 @@ class ForwardRegistry:
 
 
 def group_by_service(results: Iterable) -> dict[str, list[pb.DevicePublishMsg]]:
-    """SaveResults (save_many_attached) -> attached service id -> its stored messages in save order."""
+    """SaveResults (save_many_attached) -> service id of the connection each client is live on -> the
+    messages handed out to it (SaveResult.forwards), in save order."""
     out: dict[str, list[pb.DevicePublishMsg]] = {}
     for res in results:
-        if res.attached is None or not res.messages:
+        forwards = res.forwards
+        if not forwards:
             continue
         lst = out.get(res.attached.service_id)
         if lst is None:
-            out[res.attached.service_id] = list(res.messages)
+            out[res.attached.service_id] = list(forwards)
         else:
-            lst.extend(res.messages)
+            lst.extend(forwards)
     return out
