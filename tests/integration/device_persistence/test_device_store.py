@@ -352,7 +352,7 @@ async def test_save_messages_bad_batch_writes_nothing(store_factory):
 
 
 async def test_ten_thousand_messages_in_order(store_factory, client_id):
-    store = await store_factory()  # default limit 10000
+    store = await store_factory(messages_limit=10_000)
     for start in range(0, 10_000, 1000):
         saved = await store.save_batch(client_id, [msg(i) for i in range(start, start + 1000)])
         assert len(saved) == 1000

@@ -15,7 +15,7 @@ def test_hash_tag_is_one_to_one():
 
 
 def test_config_validation(tmp_path):
-    assert StoreConfig().messages_limit == 10000 and StoreConfig().messages_ttl_s == 604800
+    assert StoreConfig().messages_limit == 1_000_000 and StoreConfig().messages_ttl_s == 604800
     StoreConfig(messages_limit=1_000_000, handed_out_limit=65534)
     with pytest.raises(ValueError, match="MESSAGES_LIMIT"):
         StoreConfig(messages_limit=1_000_001)

@@ -20,9 +20,9 @@ def test_defaults():
     assert (s.service_name, s.instance_id, s.health_port, s.grpc_port) == (
         "device-persistence", "device-persistence-1", 8087, 50061)
     assert s.redis_url == "redis://localhost:6380/0" and s.redis_cluster_nodes == ()
-    assert (s.messages_limit, s.messages_ttl_s) == (10000, 604800)
+    assert (s.messages_limit, s.messages_ttl_s) == (1_000_000, 604800)
     cfg = s.store_config()
-    assert not cfg.cluster and cfg.messages_limit == 10000 and cfg.messages_ttl_s == 604800
+    assert not cfg.cluster and cfg.messages_limit == 1_000_000 and cfg.messages_ttl_s == 604800
     assert s.group_id == "device-persistence"
 
 

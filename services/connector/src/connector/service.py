@@ -113,6 +113,7 @@ class ConnectorService(Service):
             max_inflight=settings.max_inflight, max_queued=settings.max_queued,
             server_keep_alive_max=settings.server_keep_alive_max,
             connect_timeout_ms=int(settings.connect_timeout_s * 1000),
+            page_messages=settings.stored_page_messages, page_bytes=settings.stored_page_bytes,
             response_information=settings.response_information)
         self._topics = {
             "response": response_topic(self.service_id),
@@ -448,12 +449,16 @@ class ConnectorService(Service):
         for conn in list(self.connections):
             conn.resync()
 
-    def _on_forwards(self, messages) -> None:
-        for dm in messages:
+    def _on_forwards(self, batch) -> None:
+        for dm in batch.messages:
             try:
                 self._on_persisted(dm)
             except Exception:
                 log.exception("bad forward of %r", dm.client_id)
+        for client_id in batch.paused:  # forwards stopped at the store's handed-out limit: page again
+            conn = self.by_client.get(client_id)
+            if conn is not None:
+                conn.on_store_paused()
 
     def _on_persisted(self, dm: pb.DevicePublishMsg) -> None:
         # a shared DEVICE group store's forward goes to the local member that attached that store

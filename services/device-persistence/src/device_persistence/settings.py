@@ -48,7 +48,7 @@ class Settings(CommonSettings):
     redis_socket_timeout_ms: int = env("REDIS_SOCKET_TIMEOUT_MS", 10_000, parse=integer(100, 600_000),
                                        doc="a Redis call without an answer for this long fails (and is "
                                            "retried) instead of hanging; connects time out at half of it")
-    messages_limit: int = env(LIMIT_VAR, 10000, parse=integer(1, MAX_MESSAGES_LIMIT),
+    messages_limit: int = env(LIMIT_VAR, MAX_MESSAGES_LIMIT, parse=integer(1, MAX_MESSAGES_LIMIT),
                               doc=f"stored messages kept per client (oldest trimmed), 1..{MAX_MESSAGES_LIMIT}")
     bytes_limit: int = env(BYTES_LIMIT_VAR, 256 * 1024 * 1024, parse=integer(1024),
                            doc="stored bytes kept per client (oldest trimmed), at least 1024")

@@ -124,7 +124,7 @@ class StoreConfig:
     redis_url: str = "redis://localhost:6380/0"
     cluster_nodes: tuple[str, ...] = ()  # "host:port"; non-empty = Redis Cluster mode
     redis_password: str | None = None  # AUTH password; None = the one in redis_url, if any
-    messages_limit: int = 10000  # per client, 1..MAX_MESSAGES_LIMIT
+    messages_limit: int = MAX_MESSAGES_LIMIT  # per client (and the byte limit below)
     bytes_limit: int = 256 * 1024 * 1024  # stored bytes per client (oldest trimmed first)
     handed_out_limit: int = 20000  # packet ids in use per client (handed out, unacknowledged), < 65535
     messages_ttl_s: int = 604800  # default TTL of a stored message (7 days)

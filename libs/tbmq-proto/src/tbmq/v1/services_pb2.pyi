@@ -118,10 +118,12 @@ class ForwardReady(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
 
 class ForwardBatch(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "paused")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_messages_pb2.DevicePublishMsg]
-    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ...) -> None: ...
+    paused: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ..., paused: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ForwardAcked(_message.Message):
     __slots__ = ("seq", "status", "acknowledged", "marked", "detail")
