@@ -131,7 +131,7 @@ class MachineConfig:
     server_keep_alive_max: int = 600     # largest keep alive granted to a v5 client (0 = as asked)
     connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
-    page_messages: int = 500             # own stored messages held per connection (a page; the next page is
+    page_messages: int = 1000            # own stored messages held per connection (a page; the next page is
     page_bytes: int = 1024 * 1024        # ... fetched when what is held drained to half of these)
     response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
 

@@ -105,7 +105,7 @@ class ConnectorSettings(CommonSettings):
         "APP_DELIVERY_GRPC_TARGETS", ("localhost:50062",), parse=host_ports,
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
     stored_page_messages: int = env(
-        "DEVICE_PERSISTENCE_PAGE_MESSAGES", 500, parse=integer(1, 65_534),
+        "DEVICE_PERSISTENCE_PAGE_MESSAGES", 1000, parse=integer(1, 65_534),
         doc="stored messages of a persistent DEVICE client fetched per page (FetchUndelivered) and held per "
             "connection at most; the next page is fetched when half of them are acknowledged")
     stored_page_bytes: int = env(
