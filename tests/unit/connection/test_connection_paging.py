@@ -73,7 +73,7 @@ def test_store_paused_pages_again_once_there_is_room():
         c.call("persisted", stored(s))
     got = c.take()
     assert len(got) == 20
-    c.call("store_paused")                       # the store's handed-out limit: forwards stopped
+    c.call("store_paused", "dev")                       # the store's handed-out limit: forwards stopped
     assert c.take_effects(FetchStored) == []
     ack(c, got[:15])
     (page,) = c.take_effects(FetchStored)
@@ -95,3 +95,32 @@ def test_a_resync_while_paging_reads_after_the_last_serial():
     c.call("fetch_finished", resync, more=True)
     assert [p.packet_id for p in c.take()] == [9, 10]
     assert c.take_effects(FetchStored) == [] and len(c.m.stored_sizes) == 10
+
+
+def test_a_group_store_is_paged_the_same_way():
+    from tbmq_connection.convert import topic_subscription
+    from tbmq_routing import shared_store_id
+
+    store = shared_store_id("g", "jobs/#")
+    c = Client(5, page_messages=10, page_bytes=1 << 20)
+    c.connect(answer(persistent=True, sei=60, present=True), clean_start=False,
+              subs={("g", "jobs/#"): topic_subscription("g", "jobs/#", 1)})
+    own, group = sorted(c.take_effects(FetchStored), key=lambda f: f.group)
+    assert group == FetchStored(store, resync=False, group=True, after=0, max_messages=10, max_bytes=1 << 20)
+    c.call("fetch_finished", own)
+    c.call("stored", group, [pb.DevicePublishMsg(client_id=store, packet_id=s, serial=s,
+                                                 msg=pb.PublishMsg(topic="jobs/1", payload=b"x", qos=1))
+                             for s in range(1, 11)])
+    c.call("fetch_finished", group, more=True)
+    got = c.take()
+    assert len(got) == 10 and c.take_effects(FetchStored) == []
+    ack(c, got[:5])
+    (page,) = c.take_effects(FetchStored)
+    assert page == FetchStored(store, resync=True, group=True, after=10, max_messages=5, max_bytes=(1 << 20) - 5)
+    assert sorted(e.packet_id for e in c.take_effects(AckStored)) == [1, 2, 3, 4, 5]  # the store's ids
+    c.call("fetch_finished", page, more=False)
+    ack(c, got[5:])
+    assert c.take_effects(FetchStored) == []
+    c.call("store_paused", store)              # the group store's forwards stopped: page when there is room
+    (again,) = c.take_effects(FetchStored)
+    assert (again.store_id, again.group, again.after) == (store, True, 10)

@@ -466,9 +466,13 @@ class ConnectionMachine:
         if fetch.group:
             if not self.groups.fetching(store_id):
                 return self.fetch_abandoned(fetch, now)
+            if more:
+                self.groups.set_more(store_id)
             self._deliver_all(self._deliver_group, self.groups.fetched(store_id), False, now)
             if self.groups.again(store_id) and self.state == CONNECTED:
-                self.effects.append(FetchStored(store_id, resync=True, group=True))
+                self.effects.append(self._group_page(store_id, resync=True))
+            else:
+                self._next_group_page(store_id)
             return self.effects
         again = self.refetch
         self.refetch = False
@@ -483,13 +487,35 @@ class ConnectionMachine:
             self._next_page()
         return self.effects
 
-    def store_paused(self, now: int) -> deque:
-        """device-persistence stopped forwarding this client's new messages (its handed-out, unacknowledged
-        messages reached the store's limit): they wait in the store, fetched in pages when there is room."""
-        if self.device and self.state == CONNECTED:
+    def store_paused(self, store_id: str, now: int) -> deque:
+        """device-persistence stopped forwarding the new messages of `store_id` (this client's own store or a
+        group store it attached: its handed-out, unacknowledged messages reached the store's limit): they
+        wait in the store, fetched in pages when there is room."""
+        if not self.device or self.state != CONNECTED:
+            return self.effects
+        if store_id == self.client_id:
             self.paging = True
             self._next_page()
+        elif store_id in self.groups:
+            self.groups.set_more(store_id)
+            self._next_group_page(store_id)
         return self.effects
+
+    def _group_page(self, store_id: str, *, resync: bool) -> FetchStored:
+        """The next page of a group store, like `_page`: after the last serial delivered, sized to the room."""
+        cfg = self.cfg
+        n, b = self.groups.room(store_id)
+        return FetchStored(store_id, resync=resync, group=True, after=self.groups.last_serial(store_id),
+                           max_messages=max(cfg.page_messages - n, 1), max_bytes=max(cfg.page_bytes - b, 1))
+
+    def _next_group_page(self, store_id: str) -> None:
+        """`_next_page` for a group store."""
+        if self.state != CONNECTED or not self.cfg.device_persistence:
+            return
+        cfg = self.cfg
+        if self.groups.page_due(store_id, cfg.page_messages // 2, cfg.page_bytes // 2):
+            self.stats["stored_pages"] += 1
+            self.effects.append(self._group_page(store_id, resync=True))
 
     def _page(self, *, resync: bool) -> FetchStored:
         """The next page of the own store: after the last serial delivered, sized to the room left so that
@@ -534,7 +560,7 @@ class ConnectionMachine:
         for store_id in self.groups.attached():
             if self.groups.refetch(store_id):
                 self.stats["resyncs"] += 1
-                self.effects.append(FetchStored(store_id, resync=True, group=True))
+                self.effects.append(self._group_page(store_id, resync=True))
         return self.effects
 
     def app_records(self, records, now: int) -> deque:
@@ -795,6 +821,8 @@ class ConnectionMachine:
                 if size is not None:
                     self.stored_bytes -= size
                     self._next_page()
+            elif self.groups.release(msg.ref.store_id, msg.ref.serial):
+                self._next_group_page(msg.ref.store_id)
         elif kind == APP:
             ref = msg.ref
             self.app_refs.pop((ref.topic, ref.partition, ref.offset), None)
@@ -908,7 +936,7 @@ class ConnectionMachine:
             store_id = shared_store_id(share_name, topic_filter)
             if self.groups.begin(store_id, (share_name, topic_filter)):
                 self.stats["group_fetches"] += 1
-                self.effects.append(FetchStored(store_id, group=True))
+                self.effects.append(self._group_page(store_id, resync=False))
 
     def _detach_group(self, store_id: str) -> None:
         if self.groups.detach(store_id) and self.cfg.device_persistence:
@@ -937,6 +965,7 @@ class ConnectionMachine:
             self.deliver(m, 0, retain, ids, now)
             self.effects.append(AckStored(store_id, dm.packet_id))
             return
+        self.groups.holding(store_id, dm.serial, len(m.payload))  # until acknowledged: bounds the next page
         self.deliver(m, qos, retain, ids, now, kind=GROUP, ref=GroupRef(store_id, dm.packet_id, dm.serial),
                      dup=dup)
 

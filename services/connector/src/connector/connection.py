@@ -183,8 +183,8 @@ class Connection(asyncio.Protocol):
         self.m.persisted(dm, _now_ms())
         self._drain()
 
-    def on_store_paused(self) -> None:
-        self.m.store_paused(_now_ms())
+    def on_store_paused(self, store_id: str) -> None:
+        self.m.store_paused(store_id, _now_ms())
         self._drain()
 
     def on_group_persisted(self, dm: pb.DevicePublishMsg) -> None:

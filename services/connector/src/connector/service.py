@@ -455,10 +455,10 @@ class ConnectorService(Service):
                 self._on_persisted(dm)
             except Exception:
                 log.exception("bad forward of %r", dm.client_id)
-        for client_id in batch.paused:  # forwards stopped at the store's handed-out limit: page again
-            conn = self.by_client.get(client_id)
+        for store_id in batch.paused:  # forwards stopped at the store's handed-out limit: page again
+            conn = self.by_store.get(store_id) or self.by_client.get(store_id)
             if conn is not None:
-                conn.on_store_paused()
+                conn.on_store_paused(store_id)
 
     def _on_persisted(self, dm: pb.DevicePublishMsg) -> None:
         # a shared DEVICE group store's forward goes to the local member that attached that store
