@@ -48,7 +48,7 @@ local hlimit = tonumber(ARGV[6]) or 0
 local hand = mode ~= 'peek'
 local prefix = zkey .. '_'
 local last = tonumber(redis.call('HGET', skey, 'pid') or '0')
-local handed = redis.call('HLEN', pkey)
+local handed = handed_out(pkey, prefix, hlimit)
 local last0 = last
 local out = {0}
 local count, bytes, gone = 0, 0, 0

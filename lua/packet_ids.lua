@@ -43,6 +43,21 @@ local function hand_out(pids_key, last, member, msg_prefix, mkey)
   return redis.error_reply('ERR no free packet id')
 end
 
+-- packet ids in use: HLEN of `pids_key`, after dropping (once per call, and only when `hlimit` is reached)
+-- the entries of messages that expired unacknowledged (their value is gone, so nothing else frees them)
+local function handed_out(pids_key, msg_prefix, hlimit)
+  local n = redis.call('HLEN', pids_key)
+  if n < hlimit then return n end
+  local entries = redis.call('HGETALL', pids_key)
+  for i = 1, #entries, 2 do
+    if redis.call('EXISTS', msg_prefix .. member_serial(entries[i + 1])) == 0 then
+      redis.call('HDEL', pids_key, entries[i])
+      n = n - 1
+    end
+  end
+  return n
+end
+
 -- bookkeeping keys created here (a new hash has no TTL) get the messages' TTL, or `default_ms`
 local function keep_ttl(keys, zkey, default_ms)
   local ttl = redis.call('PTTL', zkey)

@@ -137,7 +137,7 @@ for c = 1, clients do
       attached, forwarding = current, true
     end
   end
-  local handed = forwarding and redis.call('HLEN', pkey) or 0
+  local handed = forwarding and handed_out(pkey, prefix, hlimit) or 0
   local paused = 0
   local zargs = {}
   local pids = {}

@@ -9,6 +9,7 @@ import pytest
 from tbmq.v1 import messages_pb2 as pb
 
 from device_persistence.store import Attachment, client_keys
+from waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -161,4 +162,21 @@ async def test_page_byte_bound(store_factory, client_id):
     assert seqs(messages) == [0, 1, 2] and more
     messages, more = await page(store, client_id, att, messages[-1].serial, n=0, nbytes=1)  # first always fits
     assert seqs(messages) == [3] and more
+    await store.clear(client_id)
+
+
+async def test_ids_of_messages_that_expired_unacknowledged_do_not_count_towards_the_limit(store_factory, client_id):
+    store = await store_factory(handed_out_limit=5)
+    att = Attachment("conn", "s1")
+    await store.save_batch(client_id, [msg(i) for i in range(5)], default_ttl=1)
+    await store.save_batch(client_id, [msg(i) for i in range(5, 8)])
+    messages, more = await page(store, client_id, att, first=True, n=100)
+    assert seqs(messages) == list(range(5)) and more  # five ids in use: the limit
+
+    async def expired() -> bool:
+        return await store.redis.exists(*(client_keys(client_id).message(s) for s in range(1, 6))) == 0
+
+    await wait_until(expired, 5, "the five handed-out messages expired")
+    messages, more = await page(store, client_id, att, 5, n=100)  # their ids are free again
+    assert seqs(messages) == [5, 6, 7] and not more
     await store.clear(client_id)
