@@ -1,21 +1,28 @@
 --[[
-mark_pubrec.lua -- PUBREC received for a QoS 2 message of ONE client: from now on only PUBREL is owed.
+mark_pubrec.lua -- PUBREC received for a QoS 2 message of ONE client: from now on only PUBREL is owed. Needs lua/packet_ids.lua
+prepended (the store does it).
 
 KEYS:
-  KEYS[1]  <p>{client}_messages   ZSET; message key = KEYS[1] .. "_" .. packet_id
+  KEYS[1]  <p>{client}_messages   ZSET "<serial>:<size>"; value at KEYS[1] .. "_" .. serial
+  KEYS[2]  <p>{client}_pids       HASH packet id -> member (handed out, not acknowledged)
 ARGV:
   ARGV[1]  packet id (1..65535)
-Returns: integer 1 when the message was found and marked, 0 when it does not exist (expired/removed;
-  a dangling ZSET reference is removed).
+Returns: integer 1 when the message was found and marked, 0 when it does not exist (never handed out,
+  expired or removed; a dangling reference is removed and the id freed).
 
 The packet type is the value's first byte; SETRANGE key 0 "R" rewrites just that byte. Unlike a plain
 SET (TBMQ's UPDATE_PACKET_TYPE) it keeps the key's TTL and never touches the protobuf payload. The
-serial (ZSET score) is unchanged, so the PUBREL keeps its place in the order.
+serial (ZSET score) and the packet id are unchanged, so the PUBREL keeps its place and its id.
 ]]
-local mkey = KEYS[1] .. '_' .. ARGV[1]
+local member = redis.call('HGET', KEYS[2], ARGV[1])
+if not member then
+  return 0
+end
+local mkey = KEYS[1] .. '_' .. member_serial(member)
 if redis.call('EXISTS', mkey) == 1 then
   redis.call('SETRANGE', mkey, 0, 'R')
   return 1
 end
-redis.call('ZREM', KEYS[1], mkey)
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1], member)
 return 0

@@ -1,24 +1,39 @@
 --[[
 remove_message.lua -- remove delivered messages of N clients by packet id (PUBACK, PUBCOMP, or PUBREC
-when no PUBREL must be kept): one call for the acknowledgements of many clients.
+when no PUBREL must be kept): one call for the acknowledgements of many clients. Needs lua/packet_ids.lua
+prepended (the store does it).
 
-KEYS:
-  KEYS[c]  <p>{client c}_messages   ZSET of client c (1..N); message key = KEYS[c] .. "_" .. packet_id
-           (in Redis Cluster the caller groups clients by hash slot, so one call touches one slot)
+KEYS: 3 per client, client c (1..N) at KEYS[3c-2 .. 3c] (in Redis Cluster the caller groups clients by
+  hash slot, so one call touches one slot):
+  KEYS[1]  <p>{client}_messages   ZSET "<serial>:<size>"; value at KEYS[1] .. "_" .. serial
+  KEYS[2]  <p>{client}_pids       HASH packet id -> member (handed out, not acknowledged)
+  KEYS[3]  <p>{client}_state      HASH; its `bytes` drops by the removed messages' sizes
 ARGV:
   ARGV[c]  client c's packet ids (1..65535), comma-separated decimal ("7", "7,8,12")
-Returns: integer, how many of them still existed (message key present, i.e. not expired or already
-  removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired. The ZSET
-  reference is removed either way.
+Returns: integer, how many of them named a message that still existed (not expired, not already
+  removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired. The packet id is
+  free again either way (only handed-out ids are in KEYS[2]: an id never handed out finds nothing).
 ]]
+if #KEYS % 3 ~= 0 or #ARGV ~= #KEYS / 3 then
+  return redis.error_reply('ERR remove_message: 3 keys per client and one id list each')
+end
 local removed = 0
-for c = 1, #KEYS do
-  local zkey = KEYS[c]
+for c = 1, #KEYS / 3 do
+  local zkey, pkey, skey = KEYS[3 * c - 2], KEYS[3 * c - 1], KEYS[3 * c]
   local prefix = zkey .. '_'
+  local freed = 0
   for pid in string.gmatch(ARGV[c] or '', '%d+') do
-    local mkey = prefix .. pid
-    redis.call('ZREM', zkey, mkey)
-    removed = removed + redis.call('DEL', mkey)
+    local member = redis.call('HGET', pkey, pid)
+    if member then
+      redis.call('HDEL', pkey, pid)
+      if redis.call('ZREM', zkey, member) == 1 then
+        freed = freed + member_size(member)
+      end
+      removed = removed + redis.call('DEL', prefix .. member_serial(member))
+    end
+  end
+  if freed > 0 and redis.call('EXISTS', skey) == 1 then
+    if redis.call('HINCRBY', skey, 'bytes', -freed) < 0 then redis.call('HSET', skey, 'bytes', 0) end
   end
 end
 return removed

@@ -1,69 +1,67 @@
 --[[
 save_messages.lua -- store a batch of messages for each of N persistent DEVICE clients, atomically
-(one call for many clients: the cost of a script call is paid per batch, not per client).
+(one call for many clients: the cost of a script call is paid per batch, not per client). Needs
+lua/packet_ids.lua prepended (the store does it).
 
 KEYS: 4 per client, client c (1..N) at KEYS[4c-3 .. 4c] (each client's keys share its hash tag; in
   Redis Cluster the caller groups clients by hash slot, so one call touches one slot):
-  KEYS[1]  <p>{client}_messages        ZSET: member = message key, score = serial
-  KEYS[2]  <p>{client}_last_packet_id  STRING: last packet id handed out (1..65535)
-  KEYS[3]  <p>{client}_serial          STRING: last serial handed out (never goes back)
-  KEYS[4]  <p>{client}_attached        STRING "<service_id>|<session_id>" set by
-           fetch_undelivered.lua: where the client is connected (read only here); may be left out
-           only when N = 1 (3 keys)
-  A message key is KEYS[1] .. "_" .. packet_id (same slot as KEYS[1]; not listed in KEYS because
-  its packet id is only known inside the script).
+  KEYS[1]  <p>{client}_messages   ZSET member "<serial>:<size>", score = serial; the value of a message
+                                  is at KEYS[1] .. "_" .. serial (same slot; not listed: its serial is
+                                  only known inside the script)
+  KEYS[2]  <p>{client}_pids       HASH packet id -> member: handed out and not acknowledged
+  KEYS[3]  <p>{client}_state      HASH pid (last handed out), serial (last), bytes (stored), live
+  KEYS[4]  <p>{client}_attached   STRING "<service_id>|<session_id>" set by fetch_undelivered.lua
 ARGV:
-  ARGV[1]  limit: most messages kept per client, 1..65535
-  ARGV[1+c] client c's batch, oldest first, as concatenated records (one argument instead of 2 per
+  ARGV[1]  count limit: most messages kept per client, 1..1000000
+  ARGV[2]  byte limit: most bytes of stored values kept per client, >= 1
+  ARGV[3]  handed-out limit: most packet ids in use per client, 1..65534
+  ARGV[3+c] client c's batch, oldest first, as concatenated records (one argument instead of 2 per
            message: much less client-side encoding work):
                <ttl_ms> "," <length> ":" <value>
            ttl_ms  decimal TTL in milliseconds (> 0)
-           length  decimal byte length of value
-           value   1 type byte ("P" = PUBLISH, "R" = PUBREL) + a serialized tbmq.v1.PublishMsg
-           e.g. "604800000,4:Pabc1000,2:Px" (two messages)
-Returns: a flat array of 5 elements per client, in KEYS order: {trimmed, skipped, first_serial,
-  pids, attached} of client 1, then of client 2, ... (N = 1: exactly one such group)
-  trimmed       previously stored references dropped (oldest first) to respect the limit
+           length  decimal byte length of value (>= 3)
+           value   1 type byte ("P" = PUBLISH, "R" = PUBREL) + "\0\0" (no packet id yet) + a
+                   serialized tbmq.v1.PublishMsg
+           e.g. "604800000,6:P\0\0abc1000,4:P\0\0x" (two messages)
+Returns: a flat array of 6 elements per client, in KEYS order: {trimmed, skipped, first_serial,
+  pids, attached, paused} of client 1, then of client 2, ...
+  trimmed       previously stored messages dropped (oldest first) to respect the count and byte limits
   skipped       how many of the batch's OLDEST messages were not stored because the batch alone held
-                more than `limit` messages (the limit would trim them at once anyway): messages
-                skipped+1 .. n are stored
-  first_serial  serial (ZSET score) of message skipped+1; the stored messages get consecutive serials
-  pids          a string of 2-byte big-endian packet ids, one per stored message, in batch order
-  attached      the client's KEYS[4c] read atomically with its save ("" when absent or no KEYS[4]):
-                the stored messages are to be forwarded to that connection (they were saved after
-                its fetch_undelivered.lua, so they are not in that fetch's answer)
+                more than a limit allows: messages skipped+1 .. n are stored
+  first_serial  serial of message skipped+1; the stored messages get consecutive serials
+  pids          2-byte big-endian packet ids of the stored messages FORWARDED, in batch order: the
+                first #pids/2 stored messages are to be forwarded to `attached`, the rest wait in Redis
+  attached      KEYS[4c] when the client is LIVE on it (state.live equals it: its last fetched page
+                reached the end), read atomically with the save; "" otherwise (nothing to forward: the
+                client is not connected, or it is still paging and gets these messages in a later page)
+  paused        1 when this save stopped forwarding because the handed-out limit was reached (the
+                client is paging again: its connection fetches the rest when it has room), else 0
 
 Rules (per client; a bad record or limit fails the whole call before anything is written):
-  * Packet ids go 1..65535 and wrap to 1; an id whose message key still exists (undelivered, not
-    expired) is SKIPPED (SET ... NX fails and the next id is tried).
-  * Before inserting m messages the ZSET is trimmed (ZPOPMIN + DEL, oldest first) to limit - m
-    references, so at most 65535 - 1 ids are ever in use while an id is being looked for.
-    (A reused id whose old payload had expired -- a stale reference -- keeps its ZSET member and just
-    gets the new score, so in that rare case the ZSET ends a little below the limit.)
-  * The serial grows forever, so order survives packet-id wrap-around and an emptied ZSET (ordering is
-    never by packet id: TBMQ #207). If the serial key is missing (e.g. data from an older layout) the
-    highest score in the ZSET is used as the base.
-  * The three client keys get a TTL of at least the longest message TTL saved so far, so a client that
-    never comes back leaves nothing behind once all its messages have expired.
+  * Messages are keyed by serial; the serial grows forever, so order never depends on packet ids
+    (TBMQ #207). A message gets a packet id only when handed out (lua/packet_ids.lua): here, when the
+    client is live and fewer than the handed-out limit ids are in use; else in a fetched page. So the
+    65535 packet ids bound only what is in flight, never the backlog.
+  * Before inserting, the oldest messages are trimmed (ZPOPMIN + DEL, their packet ids freed) until
+    the count and byte limits hold with the new ones.
+  * The client keys get a TTL of at least the longest message TTL saved so far, so a client that never
+    comes back leaves nothing behind once all its messages have expired.
 ]]
-local limit = tonumber(ARGV[1])
-if limit == nil or limit < 1 or limit > 65535 then
-  return redis.error_reply('ERR save_messages: limit must be 1..65535')
+local limit, blimit, hlimit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if limit == nil or limit < 1 or limit > 1000000 or blimit == nil or blimit < 1
+    or hlimit == nil or hlimit < 1 or hlimit > 65534 then
+  return redis.error_reply('ERR save_messages: limits must be 1..1000000 messages, >= 1 byte, 1..65534 ids')
 end
 local nkeys = #KEYS
-local clients
-if nkeys == 3 then
-  clients = 1
-elseif nkeys % 4 == 0 and nkeys > 0 and #ARGV == nkeys / 4 + 1 then
-  clients = nkeys / 4
-else
+if nkeys == 0 or nkeys % 4 ~= 0 or #ARGV ~= nkeys / 4 + 3 then
   return redis.error_reply('ERR save_messages: 4 keys per client and one batch argument each')
 end
+local clients = nkeys / 4
 
 -- parse every batch first: a malformed one fails the call before anything is written
 local batches = {}
 for c = 1, clients do
-  local blob = ARGV[c + 1] or ''
+  local blob = ARGV[c + 3] or ''
   local ttls, values = {}, {}
   local pos, size = 1, #blob
   while pos <= size do
@@ -71,7 +69,7 @@ for c = 1, clients do
     local colon = comma and string.find(blob, ':', comma + 1, true)
     local ttl = comma and tonumber(string.sub(blob, pos, comma - 1))
     local len = colon and tonumber(string.sub(blob, comma + 1, colon - 1))
-    if not (ttl and len) or ttl <= 0 or colon + len > size then
+    if not (ttl and len) or ttl <= 0 or len < 3 or colon + len > size then
       return redis.error_reply('ERR save_messages: bad record at byte ' .. pos .. ' of batch ' .. c)
     end
     ttls[#ttls + 1] = ttl
@@ -84,78 +82,105 @@ end
 local reply = {}
 for c = 1, clients do
   local base = (c - 1) * 4
-  local zkey, kpid, kserial, kattached = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
+  local zkey, pkey, skey, akey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
   local ttls, values = batches[c][1], batches[c][2]
   local n = #values
   local prefix = zkey .. '_'
 
-  local state = redis.call('MGET', kpid, kserial)
+  local state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live')
   local last = tonumber(state[1] or '0')
-  local serial = tonumber(state[2])
-  if serial == nil then
-    serial = 0
-    local top = redis.call('ZRANGE', zkey, -1, -1, 'WITHSCORES')
-    if top[2] ~= nil then serial = tonumber(top[2]) end
-  end
+  local serial = tonumber(state[2] or '0')
+  local bytes = tonumber(state[3] or '0')
+  local live = state[4]
   local first_serial = serial + 1
 
+  -- the batch alone beyond a limit: its oldest messages are not stored
   local skipped = 0
   if n > limit then skipped = n - limit end
+  local batch_bytes = 0
+  for k = skipped + 1, n do batch_bytes = batch_bytes + #values[k] end
+  while skipped < n and batch_bytes > blimit do
+    skipped = skipped + 1
+    batch_bytes = batch_bytes - #values[skipped]
+  end
   local m = n - skipped
 
-  -- make room for m new references
+  -- make room: oldest first, until both limits hold with the m new messages
   local trimmed = 0
-  local excess = redis.call('ZCARD', zkey) + m - limit
-  if excess > 0 then
-    local popped = redis.call('ZPOPMIN', zkey, excess)
-    for i = 1, #popped, 2 do
-      redis.call('DEL', popped[i])
+  if m > 0 then
+    local excess = redis.call('ZCARD', zkey) + m - limit
+    while excess > 0 or bytes + batch_bytes > blimit do
+      local popped = redis.call('ZPOPMIN', zkey, math.max(excess, 1))
+      if #popped == 0 then break end
+      for i = 1, #popped, 2 do
+        local member = popped[i]
+        local mkey = prefix .. member_serial(member)
+        local head = redis.call('GETRANGE', mkey, 1, 2)
+        if #head == 2 then
+          local pid = string.byte(head, 1) * 256 + string.byte(head, 2)
+          if pid > 0 and redis.call('HGET', pkey, pid) == member then redis.call('HDEL', pkey, pid) end
+        end
+        redis.call('DEL', mkey)
+        bytes = bytes - member_size(member)
+        excess = excess - 1
+        trimmed = trimmed + 1
+      end
     end
-    trimmed = #popped / 2
+    if bytes < 0 then bytes = 0 end
   end
 
+  local attached = ''
+  local forwarding = false
+  if live then
+    local current = redis.call('GET', akey)
+    if current == live then
+      attached, forwarding = current, true
+    end
+  end
+  local handed = forwarding and handed_out(pkey, prefix, hlimit) or 0
+  local paused = 0
   local zargs = {}
   local pids = {}
   local max_ttl = 0
   for k = skipped + 1, n do
     local ttl = ttls[k]
     local value = values[k]
-    local tries = 0
-    repeat
-      last = (last % 65535) + 1
-      tries = tries + 1
-      if tries > 65535 then
-        return redis.error_reply('ERR save_messages: no free packet id')
-      end
-    until redis.call('SET', prefix .. last, value, 'PX', ttl, 'NX')
     serial = serial + 1
+    local member = serial .. ':' .. #value
+    local mkey = prefix .. serial
+    redis.call('SET', mkey, value, 'PX', ttl)
+    if forwarding then
+      if handed >= hlimit then
+        forwarding, paused = false, 1
+        redis.call('HDEL', skey, 'live')
+      else
+        last = hand_out(pkey, last, member, prefix, mkey)
+        handed = handed + 1
+        pids[#pids + 1] = pid_bytes(last)
+      end
+    end
     zargs[#zargs + 1] = serial
-    zargs[#zargs + 1] = prefix .. last
-    pids[#pids + 1] = string.char(math.floor(last / 256), last % 256)
+    zargs[#zargs + 1] = member
+    bytes = bytes + #value
     if ttl > max_ttl then max_ttl = ttl end
   end
 
-  if m > 0 then
+  if m > 0 or trimmed > 0 then
     -- chunked: Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK = 8000)
     for i = 1, #zargs, 7000 do
       redis.call('ZADD', zkey, unpack(zargs, i, math.min(i + 6999, #zargs)))
     end
-    redis.call('SET', kpid, last, 'KEEPTTL')
-    redis.call('SET', kserial, serial, 'KEEPTTL')
-    local pttl = redis.call('PTTL', zkey)
-    if pttl < max_ttl then  -- -1 (new key, no TTL) or shorter than this batch's longest TTL
-      for _, key in ipairs({zkey, kpid, kserial}) do
-        local cur = redis.call('PTTL', key)
-        if cur < max_ttl then redis.call('PEXPIRE', key, max_ttl) end
-      end
+    redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes)
+    for _, key in ipairs({zkey, pkey, skey}) do
+      local cur = redis.call('PTTL', key)
+      if cur ~= -2 and cur < max_ttl then redis.call('PEXPIRE', key, max_ttl) end
     end
   end
-  local attached = ''
-  if kattached then attached = redis.call('GET', kattached) or '' end
   reply[#reply + 1] = trimmed
   reply[#reply + 1] = skipped
   reply[#reply + 1] = first_serial
   reply[#reply + 1] = table.concat(pids)
   reply[#reply + 1] = attached
+  reply[#reply + 1] = paused
 end
 return reply

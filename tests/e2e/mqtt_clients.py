@@ -20,7 +20,7 @@ from paho.mqtt.properties import Properties
 from waits import poll, wait_until  # the one bounded wait (tests/waits.py), re-exported
 
 __all__ = ["BOUND", "PROBE", "Client", "run", "poll", "wait_until", "routed", "watcher_and_prober", "real",
-           "payloads"]
+           "payloads", "fast_publish"]
 
 BOUND = 20.0  # default bound (seconds) of every wait below
 PROBE = b"probe-"  # payload prefix of routed()'s probe messages
@@ -213,3 +213,55 @@ async def watcher_and_prober(prefix: str, ports: list[int], qos: int = 1) -> tup
     await run(prober.connect, ports[0])
     await routed(prober, watcher, f"{prefix}/probe", qos)
     return watcher, prober
+
+
+async def fast_publish(port: int, topic: str, seqs: Iterable[int], client_id: str, *, window: int = 1000,
+                       timeout: float = 180.0) -> None:
+    """QoS 1 PUBLISHes (payload = decimal sequence number) from a raw asyncio MQTT 3.1.1 client with up to
+    `window` unacknowledged (paho is too slow for 100,000): returns once every PUBACK came, raises when one
+    did not within `timeout` seconds in all."""
+    from tbmq_mqtt import Connect, MqttDecoder, PubAck, Publish, Role, encode
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    decoder = MqttDecoder(4, role=Role.CLIENT)
+    room = asyncio.Semaphore(window)
+    done = asyncio.Event()
+    total = 0
+    sent_all = False
+
+    async def read() -> None:
+        nonlocal total
+        while data := await reader.read(65536):
+            for pkt in decoder.feed(data):
+                if isinstance(pkt, PubAck):
+                    total += 1
+                    room.release()
+                    if sent_all and total == count:
+                        done.set()
+        done.set()
+
+    async def go() -> None:
+        nonlocal count, sent_all
+        writer.write(encode(Connect(protocol_level=4, client_id=client_id, clean_start=True, keep_alive=60), 4))
+        reading = asyncio.ensure_future(read())
+        pid = 0
+        for s in seqs:
+            await room.acquire()
+            pid = pid % 65535 + 1
+            writer.write(encode(Publish(topic=topic, payload=b"%d" % s, qos=1, packet_id=pid), 4))
+            count += 1
+            if count % 256 == 0:
+                await writer.drain()
+        await writer.drain()
+        sent_all = True
+        if total == count:
+            done.set()
+        await done.wait()
+        reading.cancel()
+
+    count = 0
+    try:
+        await asyncio.wait_for(go(), timeout)
+    finally:
+        writer.close()
+    assert total == count, f"{total} of {count} PUBLISHes acknowledged"

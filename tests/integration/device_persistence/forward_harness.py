@@ -16,7 +16,8 @@ BOUND = 30.0
 
 class ForwardClient:
     """One Forward stream: `open` with `service_id`, waits for `ready`; keeps every forwarded message
-    (`messages`, in arrival order; `batches` = how many ForwardBatch), answers acknowledgement batches by
+    (`messages`, in arrival order; `batches` = how many ForwardBatch; `paused` = the client ids the batches
+    named as paused, in order), answers acknowledgement batches by
     seq. `read=False` never reads what comes down (a connector that does not keep up). After the stream
     ended, `code` is its status (None = ended cleanly)."""
 
@@ -27,6 +28,7 @@ class ForwardClient:
         self.call = None
         self.messages: list[pb.DevicePublishMsg] = []
         self.batches = 0
+        self.paused: list[str] = []
         self.ready: spb.ForwardReady | None = None
         self.ended = asyncio.Event()
         self.code: grpc.StatusCode | None = None
@@ -62,6 +64,7 @@ class ForwardClient:
                     for dm in down.batch.messages:
                         self.messages.append(dm)
                         self.queue.put_nowait(dm)
+                    self.paused.extend(down.batch.paused)
                 elif kind == "acked":
                     fut = self._acked.pop(down.acked.seq, None)
                     if fut is not None and not fut.done():

@@ -69,7 +69,7 @@ async def test_clear_removes_attachment(store_factory, client_id):
     assert await store.clear(client_id) == 1
     assert await store.attachment(client_id) is None
     k = client_keys(client_id)
-    assert await store.redis.exists(k.messages, k.last_packet_id, k.serial, k.attached) == 0
+    assert await store.redis.exists(k.messages, k.pids, k.state, k.attached) == 0
 
 
 async def test_service_id_with_bar_refused(store_factory, client_id):

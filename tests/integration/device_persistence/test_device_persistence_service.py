@@ -5,6 +5,7 @@ the fake connector's DevicePersistence.Forward stream (forward_harness.ForwardCl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -37,10 +38,9 @@ def dp_suite(kafka, tmp_path_factory, *, cluster: bool = False, env=None) -> Sui
                  kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers)
 
 
-@pytest.fixture(scope="module", params=["standalone", "cluster"])
-async def dp(request, kafka, tmp_path_factory):
-    """device-persistence alone (plus Kafka and its own Redis) and handles to talk to it."""
-    suite = dp_suite(kafka, tmp_path_factory, cluster=request.param == "cluster")
+@contextlib.asynccontextmanager
+async def handles(suite: Suite):
+    """`suite` started, and Handles to talk to it; both stopped after."""
     await suite.start()
     h = Handles(suite)
     try:
@@ -49,6 +49,20 @@ async def dp(request, kafka, tmp_path_factory):
     finally:
         await h.stop()
         await suite.stop()
+
+
+def own_suite(kafka, tmp_path_factory, name: str, env: dict):
+    """handles() of a device-persistence with `env`, in its own consumer group (the module's `dp` suites on
+    the same Kafka must not take partitions from it)."""
+    return handles(dp_suite(kafka, tmp_path_factory,
+                            env={**env, "DEVICE_PERSISTENCE_GROUP_ID": f"dp-{name}-{new_tag()}"}))
+
+
+@pytest.fixture(scope="module", params=["standalone", "cluster"])
+async def dp(request, kafka, tmp_path_factory):
+    """device-persistence alone (plus Kafka and its own Redis) and handles to talk to it."""
+    async with handles(dp_suite(kafka, tmp_path_factory, cluster=request.param == "cluster")) as h:
+        yield h
 
 
 class Handles:
@@ -84,6 +98,12 @@ class Handles:
     async def stored(self, client_id: str) -> list[int]:
         """Sequence numbers stored for the client, in serial order (reads without attaching)."""
         return [int(d.msg.payload) for d in await self.store.fetch_undelivered(client_id)]
+
+    async def hand_out(self, *client_ids: str) -> None:
+        """Hand every stored message of the clients out (packet ids given, as a connection's fetch does)."""
+        for cid in client_ids:
+            await self.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id="test-conn",
+                                                                         session_id="s"))
 
     async def wait_stored(self, client_id: str, pred, timeout: float = BOUND) -> list[int]:
         got: list[int] = []
@@ -174,6 +194,7 @@ async def test_acknowledgements_up_the_forward_stream(dp):
     await dp.publish(b, range(3))
     await dp.wait_stored(a, lambda got: len(got) == 5)
     await dp.wait_stored(b, lambda got: len(got) == 3)
+    await dp.hand_out(a, b)
     async with dp.forward(await dp.fake_connector()) as fwd:
         acked = await fwd.acknowledge(acks=[(a, 1), (b, 1), (a, 2), (a, 4), (b, 9)], pubrecs=[(a, 3), (a, 4)])
         assert acked.status == spb.FORWARD_ACK_STATUS_APPLIED
@@ -215,6 +236,7 @@ async def test_acknowledge_many(dp):
     await dp.publish(b, range(3))
     await dp.wait_stored(a, lambda got: len(got) == 5)
     await dp.wait_stored(b, lambda got: len(got) == 3)
+    await dp.hand_out(a, b)
     PR = spb.PacketRequest
     resp = await dp.stub.AcknowledgeMany(spb.PacketBatchRequest(
         acks=[PR(client_id=a, packet_id=1), PR(client_id=b, packet_id=1), PR(client_id=a, packet_id=2),
@@ -399,13 +421,7 @@ async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka
     """DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES bounds what waits per stream: a connector that does not read
     gets its stream ended (RESOURCE_EXHAUSTED) instead of growing the queue or slowing the consumer loop;
     every message is still stored (and committed), and the connector can reopen at once."""
-    # its own consumer group: the module's `dp` suites on the same Kafka must not take partitions from it
-    suite = dp_suite(kafka, tmp_path_factory, env={"DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES": "4096",
-                                                   "DEVICE_PERSISTENCE_GROUP_ID": f"dp-overflow-{new_tag()}"})
-    await suite.start()
-    h = Handles(suite)
-    try:
-        await h.start()
+    async with own_suite(kafka, tmp_path_factory, "overflow", {"DEVICE_PERSISTENCE_FORWARD_QUEUE_BYTES": "4096"}) as h:
         cid, other = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
         conn = await h.fake_connector()
         total = 0
@@ -441,6 +457,33 @@ async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka
                                                                       session_id="s2"))
             await h.publish(other, range(3))
             assert seqs(await fresh.wait_count(3)) == [0, 1, 2]
-    finally:
-        await h.stop()
-        await suite.stop()
+
+
+async def test_a_live_client_that_does_not_acknowledge_is_paused_then_pages(kafka, tmp_path_factory):
+    """DEVICE_PERSISTENCE_HANDED_OUT_LIMIT: a live client's forwards stop once that many are handed out and
+    unacknowledged; the ForwardBatch names it in `paused`; after its acknowledgements it pages (resync,
+    after the last serial) up to the end, and is live again."""
+    async with own_suite(kafka, tmp_path_factory, "paused", {"DEVICE_PERSISTENCE_HANDED_OUT_LIMIT": "10"}) as h:
+        cid = f"dev-{uuid.uuid4().hex[:10]}"
+        conn = await h.fake_connector()
+
+        def page(after: int) -> spb.FetchUndeliveredRequest:
+            return spb.FetchUndeliveredRequest(client_id=cid, service_id=conn, session_id="s", resync=True,
+                                               after_serial=after, max_messages=100)
+
+        async with h.forward(conn) as fwd:
+            first = await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+                client_id=cid, service_id=conn, session_id="s", max_messages=100))
+            assert not first.messages and not first.more  # nothing stored: live
+            await h.publish(cid, range(15))
+            await h.wait_stored(cid, lambda got: len(got) == 15)
+            await wait_until(lambda: fwd.paused == [cid], BOUND, "the client paused")
+            assert seqs(fwd.messages) == list(range(10))
+            stuck = await h.stub.FetchUndelivered(page(10))
+            assert not stuck.messages and stuck.more  # no packet id free until acknowledgements
+            acked = await fwd.acknowledge(acks=[(cid, d.packet_id) for d in fwd.messages])
+            assert acked.acknowledged == 10
+            rest = await h.stub.FetchUndelivered(page(10))
+            assert seqs(rest.messages) == list(range(10, 15)) and not rest.more  # caught up: live again
+            await h.publish(cid, [15])
+            assert seqs(await fwd.wait_count(11))[-1] == 15

@@ -15,10 +15,14 @@ def test_hash_tag_is_one_to_one():
 
 
 def test_config_validation(tmp_path):
-    assert StoreConfig().messages_limit == 10000 and StoreConfig().messages_ttl_s == 604800
-    StoreConfig(messages_limit=65535)
-    with pytest.raises(ValueError, match="LIMIT"):
-        StoreConfig(messages_limit=65536)
+    assert StoreConfig().messages_limit == 1_000_000 and StoreConfig().messages_ttl_s == 604800
+    StoreConfig(messages_limit=1_000_000, handed_out_limit=65534)
+    with pytest.raises(ValueError, match="MESSAGES_LIMIT"):
+        StoreConfig(messages_limit=1_000_001)
+    with pytest.raises(ValueError, match="BYTES_LIMIT"):
+        StoreConfig(bytes_limit=1023)
+    with pytest.raises(ValueError, match="HANDED_OUT_LIMIT"):
+        StoreConfig(handed_out_limit=65535)
     with pytest.raises(ValueError, match="LIMIT"):
         StoreConfig(messages_limit=0)
     with pytest.raises(ValueError, match="TTL"):

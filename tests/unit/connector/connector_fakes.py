@@ -25,9 +25,12 @@ class FakeDevice:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
         self.answers: dict[str, asyncio.Future] = {}
+        self.pages: list[tuple] = []  # (client id, after, max_messages, max_bytes) of every fetch
 
-    async def fetch(self, client_id, service_id, session_id, *, resync=False):
+    async def fetch(self, client_id, service_id, session_id, *, resync=False, after=0, max_messages=0,
+                    max_bytes=0):
         self.calls.append(("fetch", client_id, session_id))
+        self.pages.append((client_id, after, max_messages, max_bytes))
         if resync:
             self.calls.append(("resync", client_id, session_id))
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
@@ -35,9 +38,9 @@ class FakeDevice:
         del self.answers[client_id]  # the next fetch waits for its own answer
         return answer
 
-    def answer(self, client_id, messages) -> None:
+    def answer(self, client_id, messages, more=False) -> None:
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
-        fut.set_result(list(messages))
+        fut.set_result((list(messages), more))
 
     def acknowledge(self, client_id, packet_id):
         self.calls.append(("ack", client_id, packet_id))

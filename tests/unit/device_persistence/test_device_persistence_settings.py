@@ -8,7 +8,7 @@ import sys
 import pytest
 from tbmq_platform.settings import SettingsError
 
-from device_persistence.settings import LIMIT_VAR, TTL_VAR, Settings, load_settings
+from device_persistence.settings import BYTES_LIMIT_VAR, LIMIT_VAR, TTL_VAR, Settings, load_settings
 from device_persistence.store import Attachment
 
 pytestmark = pytest.mark.unit
@@ -20,24 +20,26 @@ def test_defaults():
     assert (s.service_name, s.instance_id, s.health_port, s.grpc_port) == (
         "device-persistence", "device-persistence-1", 8087, 50061)
     assert s.redis_url == "redis://localhost:6380/0" and s.redis_cluster_nodes == ()
-    assert (s.messages_limit, s.messages_ttl_s) == (10000, 604800)
+    assert (s.messages_limit, s.messages_ttl_s) == (1_000_000, 604800)
     cfg = s.store_config()
-    assert not cfg.cluster and cfg.messages_limit == 10000 and cfg.messages_ttl_s == 604800
+    assert not cfg.cluster and cfg.messages_limit == 1_000_000 and cfg.messages_ttl_s == 604800
     assert s.group_id == "device-persistence"
 
 
 def test_environment():
     s = load_settings({"DEVICE_PERSISTENCE_GRPC_PORT": "6000", "GRPC_PORT": "7000",
                        "REDIS_CLUSTER_NODES": "127.0.0.1:7001, 127.0.0.1:7002",
-                       LIMIT_VAR: "65535", TTL_VAR: "60", "TBMQ_SERVICE_ID": "dp-7"})
+                       LIMIT_VAR: "1000000", BYTES_LIMIT_VAR: "1048576", TTL_VAR: "60",
+                       "DEVICE_PERSISTENCE_HANDED_OUT_LIMIT": "65534", "TBMQ_SERVICE_ID": "dp-7"})
     assert s.grpc_port == 6000 and s.instance_id == "dp-7"
     cfg = s.store_config()
     assert cfg.cluster and cfg.cluster_nodes == ("127.0.0.1:7001", "127.0.0.1:7002")
-    assert cfg.messages_limit == 65535 and cfg.messages_ttl_s == 60
+    assert cfg.messages_limit == 1_000_000 and cfg.messages_ttl_s == 60
+    assert cfg.bytes_limit == 1048576 and cfg.handed_out_limit == 65534
     assert load_settings({"GRPC_PORT": "7000"}).grpc_port == 7000  # the launcher's variable
 
 
-@pytest.mark.parametrize("raw", ["65536", "70000", "0", "x"])
+@pytest.mark.parametrize("raw", ["1000001", "0", "x"])
 def test_limit_refused_naming_the_variable(raw):
     with pytest.raises(SettingsError) as e:
         load_settings({LIMIT_VAR: raw})
@@ -46,19 +48,21 @@ def test_limit_refused_naming_the_variable(raw):
 
 def test_every_bad_variable_named():
     with pytest.raises(SettingsError) as e:
-        load_settings({TTL_VAR: "0", "REDIS_CLUSTER_NODES": "nohost", "DEVICE_PERSISTENCE_GRPC_PORT": "99999"})
+        load_settings({TTL_VAR: "0", "REDIS_CLUSTER_NODES": "nohost", "DEVICE_PERSISTENCE_GRPC_PORT": "99999",
+                       LIMIT_VAR: "1000001", BYTES_LIMIT_VAR: "10", "DEVICE_PERSISTENCE_HANDED_OUT_LIMIT": "65535"})
     text = str(e.value)
     assert TTL_VAR in text and "REDIS_CLUSTER_NODES" in text and "DEVICE_PERSISTENCE_GRPC_PORT" in text
+    assert LIMIT_VAR in text and BYTES_LIMIT_VAR in text and "DEVICE_PERSISTENCE_HANDED_OUT_LIMIT" in text
     with pytest.raises(SettingsError, match="braces"):
         load_settings({"DEVICE_PERSISTENCE_REDIS_KEY_PREFIX": "{x}"})
 
 
-def test_start_up_refuses_limit_above_65535():
-    env = {LIMIT_VAR: "65536", "PATH": "/usr/bin:/bin"}
+def test_start_up_refuses_limit_above_a_million():
+    env = {LIMIT_VAR: "1000001", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-m", "device_persistence"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
-    assert LIMIT_VAR in proc.stderr and "65535" in proc.stderr
+    assert LIMIT_VAR in proc.stderr and "1000000" in proc.stderr
 
 
 def test_attachment_encoding():

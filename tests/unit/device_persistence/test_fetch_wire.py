@@ -23,7 +23,7 @@ def test_spliced_answer_equals_protobuf_encoding(client_id):
     reply = []
     expected = spb.FetchUndeliveredResponse()
     for pid, serial, kind, msg in stored:
-        reply += [pid, serial, kind + msg.SerializeToString()]
+        reply += [pid, serial, kind + pid.to_bytes(2, "big") + msg.SerializeToString()]
         kind_pb = pb.DEVICE_PACKET_TYPE_PUBREL if kind == b"R" else pb.DEVICE_PACKET_TYPE_PUBLISH
         expected.messages.add(client_id=client_id, packet_id=pid, serial=serial, msg=msg, packet_type=kind_pb)
     cid_field = pb.DevicePublishMsg(client_id=client_id).SerializeToString()

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
 
 from device_persistence.forward import ByteQueue, EndReason, ForwardRegistry, group_by_service
 from device_persistence.store import Attachment, SaveResult
@@ -79,13 +80,13 @@ async def test_registry_newer_stream_replaces_older_and_overflow_ends_the_stream
     assert reg.get("c1") is second and len(reg) == 1
     await second.queue.get()               # its ready
 
-    reg.forward({"c1": [dm("a", 1), dm("a", 2)], "gone": [dm("b", 1)]})
+    reg.forward({"c1": fb(dm("a", 1), dm("a", 2)), "gone": fb(dm("b", 1))})
     assert reg.stats["forwarded"] == 2 and reg.stats["forward_no_stream"] == 1
     batch = await second.queue.get()
     assert [m.serial for m in batch.batch.messages] == [1, 2]   # one message per batch, not per record
 
-    reg.forward({"c1": [dm("a", 3, size=150)]})                # fits (alone)
-    reg.forward({"c1": [dm("a", 4, size=150)]})                # would exceed 200 bytes: stream ended
+    reg.forward({"c1": fb(dm("a", 3, size=150))})                # fits (alone)
+    reg.forward({"c1": fb(dm("a", 4, size=150))})                # would exceed 200 bytes: stream ended
     assert second.reason is EndReason.OVERFLOW and reg.get("c1") is None
     assert reg.stats["forward_overflows"] == 1 and reg.stats["forward_dropped"] == 1
     assert await second.queue.get() is None                    # what waited is dropped (it is in Redis)
@@ -100,7 +101,7 @@ async def test_registry_newer_stream_replaces_older_and_overflow_ends_the_stream
 async def test_flush_ends_streams_that_do_not_drain():
     reg = ForwardRegistry(max_bytes=1000)
     moving, stuck = reg.register("moving"), reg.register("stuck")
-    reg.forward({"moving": [dm("a", 1)], "stuck": [dm("b", 1)]})
+    reg.forward({"moving": fb(dm("a", 1)), "stuck": fb(dm("b", 1))})
 
     async def consume():
         while await moving.queue.get() is not None:
@@ -114,13 +115,18 @@ async def test_flush_ends_streams_that_do_not_drain():
     await consumer
 
 
+def fb(*messages) -> spb.ForwardBatch:
+    return spb.ForwardBatch(messages=messages)
+
+
 def test_group_by_service_keeps_save_order():
     results = [
-        SaveResult([dm("a", 1), dm("a", 2)], Attachment("c1", "s")),
-        SaveResult([dm("b", 7)], None),                             # not attached: nothing to forward
+        SaveResult([dm("a", 1), dm("a", 2)], Attachment("c1", "s"), forwarded=2),
+        SaveResult([dm("b", 7)], None),                             # not live: nothing to forward
         SaveResult([], Attachment("c2", "s")),
-        SaveResult([dm("c", 3)], Attachment("c1", "s2")),
+        SaveResult([dm("c", 3), dm("c", 4)], Attachment("c1", "s2"), forwarded=1, paused=True),  # 4 waits
     ]
     out = group_by_service(results)
     assert list(out) == ["c1"]
-    assert [(m.client_id, m.serial) for m in out["c1"]] == [("a", 1), ("a", 2), ("c", 3)]
+    assert [(m.client_id, m.serial) for m in out["c1"].messages] == [("a", 1), ("a", 2), ("c", 3)]
+    assert list(out["c1"].paused) == ["c"]

@@ -132,11 +132,15 @@ class WaitRetained:
 @dataclass(slots=True)
 class FetchStored:
     """FetchUndelivered(store_id) for this session: its own store (store id = client id) or a shared group
-    store (`group`); the first fetch attaches the store, a `resync` only reads."""
+    store (`group`); the first fetch attaches the store, a `resync` only reads (so does every page after
+    the first). One page: serials after `after`, at most `max_messages` / `max_bytes` (0 = no bound)."""
 
     store_id: str
     resync: bool = False
     group: bool = False
+    after: int = 0
+    max_messages: int = 0
+    max_bytes: int = 0
 
 
 @dataclass(slots=True)

@@ -198,16 +198,20 @@ class GroupStores:
     running (forwards that arrive meanwhile are held and delivered after the answer), whether a re-sync
     asked for another fetch while one was running, and the highest serial delivered (a forward of a
     message that was also in the answer is skipped). The serial survives a detach, so a re-subscribe
-    within the same connection does not send again what is still in flight.
+    within the same connection does not send again what is still in flight. Paging: whether the store
+    holds more than was fetched (`more`), and the store's messages this connection holds until they are
+    acknowledged (`out`: serial -> payload bytes), which bound the next page.
     """
 
-    __slots__ = ("_key", "_held", "_serial", "_again")
+    __slots__ = ("_key", "_held", "_serial", "_again", "_more", "_out")
 
     def __init__(self) -> None:
         self._key: dict[str, tuple[str, str]] = {}        # attached store id -> (share name, filter)
         self._held: dict[str, list] = {}                  # store id -> forwards held while fetching
         self._serial: dict[str, int] = {}                 # store id -> highest serial delivered
         self._again: set[str] = set()                     # fetching stores a re-sync wants fetched again
+        self._more: set[str] = set()                      # stores with more than fetched: page when there is room
+        self._out: dict[str, dict[int, int]] = {}         # store id -> serial -> payload bytes held (unacknowledged)
 
     def __contains__(self, store_id: str) -> bool:
         return store_id in self._key
@@ -274,10 +278,45 @@ class GroupStores:
         self._serial[store_id] = serial
         return True
 
+    def last_serial(self, store_id: str) -> int:
+        """The highest serial delivered from the store (0: none)."""
+        return max(self._serial.get(store_id, 0), 0)
+
+    def set_more(self, store_id: str) -> None:
+        if store_id in self._key:
+            self._more.add(store_id)
+
+    def holding(self, store_id: str, serial: int, size: int) -> None:
+        """A message of the store is handed to the client: held until acknowledged (`release`)."""
+        self._out.setdefault(store_id, {})[serial] = size
+
+    def release(self, store_id: str, serial: int) -> bool:
+        """The client acknowledged (or was spared) a held message of the store: True when it was held."""
+        out = self._out.get(store_id)
+        return out is not None and out.pop(serial, None) is not None
+
+    def room(self, store_id: str) -> tuple[int, int]:
+        """(messages, payload bytes) of the store held by this connection."""
+        out = self._out.get(store_id)
+        return (len(out), sum(out.values())) if out else (0, 0)
+
+    def page_due(self, store_id: str, low_messages: int, low_bytes: int) -> bool:
+        """True (once: `more` is consumed and holding begins, as for a re-sync) when the store has more, no
+        fetch runs and what is held drained to the low-water mark: the caller fetches the next page."""
+        if store_id not in self._more or store_id in self._held:
+            return False
+        n, b = self.room(store_id)
+        if n > low_messages or b > low_bytes:
+            return False
+        self._more.discard(store_id)
+        self._held[store_id] = []
+        return True
+
     def detach(self, store_id: str) -> bool:
         """Forget the attachment (the serial is kept): True when it was attached."""
         self._held.pop(store_id, None)
         self._again.discard(store_id)
+        self._more.discard(store_id)
         return self._key.pop(store_id, None) is not None
 
 

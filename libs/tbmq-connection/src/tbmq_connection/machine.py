@@ -146,6 +146,8 @@ class MachineConfig:
     server_keep_alive_max: int = 600     # largest keep alive granted to a v5 client (0 = as asked)
     connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
+    page_messages: int = 1000            # own stored messages held per connection (a page; the next page is
+    page_bytes: int = 1024 * 1024        # ... fetched when what is held drained to half of these)
     response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
     # limits one client cannot push the connector past (tbmq_connection.limits; docs/security.md)
     max_topic_bytes: int = 4096          # topic names and filters, UTF-8 bytes
@@ -222,6 +224,9 @@ class ConnectionMachine:
         self.refetch = False             # a re-sync came while fetching: fetch again after
         self.held_persisted: list[pb.DevicePublishMsg] = []
         self.max_serial = -1
+        self.paging = False              # the own store holds more for this session: next page when there is room
+        self.stored_sizes: dict[int, int] = {}  # serial -> payload bytes of own-store messages held (queued/in flight)
+        self.stored_bytes = 0
         self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
         self.app_open = False
         self.app_refs: dict[tuple, int] = {}
@@ -506,27 +511,87 @@ class ConnectionMachine:
         self._deliver_all(self._deliver_group if fetch.group else self._deliver_device, messages, True, now)
         return self.effects
 
-    def fetch_finished(self, fetch: FetchStored, now: int) -> deque:
+    def fetch_finished(self, fetch: FetchStored, now: int, more: bool = False) -> deque:
         """Every part of `fetch`'s answer was given: what was held meanwhile follows; a re-sync that came
-        meanwhile fetches again."""
+        meanwhile fetches again. `more`: the store holds more after this page (own store: the next page is
+        fetched once what is held drained below the low-water mark)."""
         if self.state != CONNECTED:
             return self.effects
         store_id = fetch.store_id
         if fetch.group:
             if not self.groups.fetching(store_id):
                 return self.fetch_abandoned(fetch, now)
+            if more:
+                self.groups.set_more(store_id)
             self._deliver_all(self._deliver_group, self.groups.fetched(store_id), False, now)
             if self.groups.again(store_id) and self.state == CONNECTED:
-                self.effects.append(FetchStored(store_id, resync=True, group=True))
+                self.effects.append(self._group_page(store_id, resync=True))
+            else:
+                self._next_group_page(store_id)
             return self.effects
         again = self.refetch
         self.refetch = False
         self.fetching = again  # still holding when another fetch follows
+        if more:
+            self.paging = True
         held, self.held_persisted = self.held_persisted, []
         self._deliver_all(self._deliver_device, held, False, now)
         if again and self.state == CONNECTED:
-            self.effects.append(FetchStored(self.client_id, resync=True))
+            self.effects.append(self._page(resync=True))
+        else:
+            self._next_page()
         return self.effects
+
+    def store_paused(self, store_id: str, now: int) -> deque:
+        """device-persistence stopped forwarding the new messages of `store_id` (this client's own store or a
+        group store it attached: its handed-out, unacknowledged messages reached the store's limit): they
+        wait in the store, fetched in pages when there is room."""
+        if not self.device or self.state != CONNECTED:
+            return self.effects
+        if store_id == self.client_id:
+            self.paging = True
+            self._next_page()
+        elif store_id in self.groups:
+            self.groups.set_more(store_id)
+            self._next_group_page(store_id)
+        return self.effects
+
+    def _group_page(self, store_id: str, *, resync: bool) -> FetchStored:
+        """The next page of a group store, like `_page`: after the last serial delivered, sized to the room."""
+        cfg = self.cfg
+        n, b = self.groups.room(store_id)
+        return FetchStored(store_id, resync=resync, group=True, after=self.groups.last_serial(store_id),
+                           max_messages=max(cfg.page_messages - n, 1), max_bytes=max(cfg.page_bytes - b, 1))
+
+    def _next_group_page(self, store_id: str) -> None:
+        """`_next_page` for a group store."""
+        if self.state != CONNECTED or not self.cfg.device_persistence:
+            return
+        cfg = self.cfg
+        if self.groups.page_due(store_id, cfg.page_messages // 2, cfg.page_bytes // 2):
+            self.stats["stored_pages"] += 1
+            self.effects.append(self._group_page(store_id, resync=True))
+
+    def _page(self, *, resync: bool) -> FetchStored:
+        """The next page of the own store: after the last serial delivered, sized to the room left so that
+        what is held stays within one page (messages and bytes)."""
+        cfg = self.cfg
+        return FetchStored(self.client_id, resync=resync, after=max(self.max_serial, 0),
+                           max_messages=max(cfg.page_messages - len(self.stored_sizes), 1),
+                           max_bytes=max(cfg.page_bytes - self.stored_bytes, 1))
+
+    def _next_page(self) -> None:
+        """Fetch the next page when the store has more and what is held drained to the low-water mark (half
+        a page, in messages and in bytes)."""
+        if not self.paging or self.fetching or self.state != CONNECTED or not self.cfg.device_persistence:
+            return
+        cfg = self.cfg
+        if len(self.stored_sizes) > cfg.page_messages // 2 or self.stored_bytes > cfg.page_bytes // 2:
+            return
+        self.paging = False
+        self.fetching = True
+        self.stats["stored_pages"] += 1
+        self.effects.append(self._page(resync=True))
 
     def fetch_abandoned(self, fetch: FetchStored, now: int) -> deque:
         """`fetch`'s answer is of no use (connection gone, or the group store was detached meanwhile): a group
@@ -546,11 +611,11 @@ class ConnectionMachine:
         else:
             self.fetching = True
             self.stats["resyncs"] += 1
-            self.effects.append(FetchStored(self.client_id, resync=True))
+            self.effects.append(self._page(resync=True))
         for store_id in self.groups.attached():
             if self.groups.refetch(store_id):
                 self.stats["resyncs"] += 1
-                self.effects.append(FetchStored(store_id, resync=True, group=True))
+                self.effects.append(self._group_page(store_id, resync=True))
         return self.effects
 
     def app_records(self, records, now: int) -> deque:
@@ -713,7 +778,7 @@ class ConnectionMachine:
         if self.persistent and self.client_type == pb.CLIENT_TYPE_DEVICE and cfg.device_persistence:
             self.device = True
             self.fetching = True
-            self.effects.append(FetchStored(self.client_id))
+            self.effects.append(self._page(resync=False))
             self._attach_groups()
         elif self.persistent and self.client_type == pb.CLIENT_TYPE_APPLICATION:
             self._open_app_stream()
@@ -879,6 +944,13 @@ class ConnectionMachine:
         if kind == DEVICE or kind == GROUP:
             if self.cfg.device_persistence:
                 self.effects.append(AckStored(*upstream_ack(msg, self.client_id)))
+            if kind == DEVICE:
+                size = self.stored_sizes.pop(msg.ref, None)
+                if size is not None:
+                    self.stored_bytes -= size
+                    self._next_page()
+            elif self.groups.release(msg.ref.store_id, msg.ref.serial):
+                self._next_group_page(msg.ref.store_id)
         elif kind == APP:
             ref = msg.ref
             self.app_refs.pop((ref.topic, ref.partition, ref.offset), None)
@@ -972,8 +1044,13 @@ class ConnectionMachine:
             return  # delivered already (a forward that was also in a fetch's answer)
         self.max_serial = dm.serial
         m = dm.msg
+        pubrel = dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL
+        if pubrel or m.qos:  # held until acknowledged (_delivered): what is held bounds the next page
+            size = 0 if pubrel else len(m.payload)
+            self.stored_sizes[dm.serial] = size
+            self.stored_bytes += size
         self.deliver(m, m.qos, m.retain, m.subscription_ids, now, kind=DEVICE, fixed_id=dm.packet_id,
-                     ref=dm.serial, dup=dup, pubrel_only=dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL)
+                     ref=dm.serial, dup=dup, pubrel_only=pubrel)
 
     # Shared DEVICE groups: while no member of a shared DEVICE group is connected, the router persists the
     # group's copies under the group store id ss_<share>_<filter> (tbmq_routing.shared_store_id). A persistent
@@ -991,7 +1068,7 @@ class ConnectionMachine:
             store_id = shared_store_id(share_name, topic_filter)
             if self.groups.begin(store_id, (share_name, topic_filter)):
                 self.stats["group_fetches"] += 1
-                self.effects.append(FetchStored(store_id, group=True))
+                self.effects.append(self._group_page(store_id, resync=False))
 
     def _detach_group(self, store_id: str) -> None:
         if self.groups.detach(store_id) and self.cfg.device_persistence:
@@ -1020,6 +1097,7 @@ class ConnectionMachine:
             self.deliver(m, 0, retain, ids, now)
             self.effects.append(AckStored(store_id, dm.packet_id))
             return
+        self.groups.holding(store_id, dm.serial, len(m.payload))  # until acknowledged: bounds the next page
         self.deliver(m, qos, retain, ids, now, kind=GROUP, ref=GroupRef(store_id, dm.packet_id, dm.serial),
                      dup=dup)
 

@@ -232,6 +232,10 @@ class Connection(asyncio.Protocol):
         self.m.persisted(dm, _now_ms())
         self._drain()
 
+    def on_store_paused(self, store_id: str) -> None:
+        self.m.store_paused(store_id, _now_ms())
+        self._drain()
+
     def on_group_persisted(self, dm: pb.DevicePublishMsg) -> None:
         self.m.group_persisted(dm, _now_ms())
         self._drain()
@@ -558,11 +562,12 @@ class Connection(asyncio.Protocol):
     #    serial order.
     async def _fetch_and_feed(self, e: FetchStored) -> None:
         m = self.m
-        stored = await self._fetch(e)
-        if stored is None or not m.fetch_wanted(e):
+        page = await self._fetch(e)
+        if page is None or not m.fetch_wanted(e):
             m.fetch_abandoned(e, _now_ms())
             self._drain()
             return
+        stored, more = page
         if stored and e.group and not e.resync:
             log.info("client %r: %d stored messages of shared group store %r", m.client_id, len(stored),
                      e.store_id)
@@ -577,12 +582,12 @@ class Connection(asyncio.Protocol):
                     return
             m.stored(e, stored[i:i + step], _now_ms())
             self._drain()
-        m.fetch_finished(e, _now_ms())
+        m.fetch_finished(e, _now_ms(), more=more)
         self._drain()
 
-    async def _fetch(self, e: FetchStored) -> list | None:
-        """FetchUndelivered(store id) for this session: the stored messages, [] when it failed for good, None
-        when the connection ended meanwhile.
+    async def _fetch(self, e: FetchStored) -> tuple[list, bool] | None:
+        """FetchUndelivered(store id) for this session: one page of the stored messages and whether more
+        remain, ([], False) when it failed for good, None when the connection ended meanwhile.
 
         Retried while the connection lives when device-persistence is unavailable (restarting after a crash,
         or slow): FetchUndelivered is also what ATTACHES this session, so giving up would leave a connected
@@ -594,7 +599,8 @@ class Connection(asyncio.Protocol):
         backoff = 0.5
         while True:
             try:
-                stored = await device.fetch(e.store_id, m.cfg.service_id, m.session_id, resync=e.resync)
+                page = await device.fetch(e.store_id, m.cfg.service_id, m.session_id, resync=e.resync,
+                                          after=e.after, max_messages=e.max_messages, max_bytes=e.max_bytes)
                 break
             except grpc.aio.AioRpcError as exc:
                 if m.state != CONNECTED:
@@ -602,14 +608,14 @@ class Connection(asyncio.Protocol):
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     log.warning("client %r: FetchUndelivered(%r) failed (%s); stored messages come on the next "
                                 "connect", m.client_id, e.store_id, exc.code().name)
-                    stored = []
+                    page = [], False
                     break
                 log.warning("client %r: FetchUndelivered(%r) failed (%s); retrying in %.1fs",
                             m.client_id, e.store_id, exc.code().name, backoff)
             except Exception as exc:
                 log.warning("client %r: FetchUndelivered(%r) failed (%r); stored messages come on the next "
                             "connect", m.client_id, e.store_id, exc)
-                stored = []
+                page = [], False
                 break
             await asyncio.sleep(backoff)  # the retry's back-off (not a synchronisation)
             backoff = min(backoff * 2, 5.0)
@@ -617,7 +623,7 @@ class Connection(asyncio.Protocol):
                 return None
         if m.state != CONNECTED:
             return None
-        return stored
+        return page
 
 
 _HANDLERS = {

@@ -224,7 +224,7 @@ class ForwardLink:
     """The connector's end of the Forward stream to ONE device-persistence target, reopened with backoff
     (`backoff_s` ... `max_backoff_s`, reset once a stream is ready).
 
-    `on_batch(messages)` gets every forwarded batch, in order; `on_open(link)` is called once the
+    `on_batch(batch)` gets every forwarded ForwardBatch, in order; `on_open(link)` is called once the
     instance answered `ready` (the stream is registered: every message it saves for this connector from
     now on comes down this stream), `on_close(link)` when a stream that was open ends (what it had
     queued may be lost: the messages are in Redis). `acknowledge_many` sends a batch up and waits for its
@@ -297,7 +297,7 @@ class ForwardLink:
                     if kind == "batch":
                         self.stats["batches"] += 1
                         self.stats["messages"] += len(down.batch.messages)
-                        self._on_batch(down.batch.messages)
+                        self._on_batch(down.batch)
                     elif kind == "acked":
                         fut = self._waiting.get(down.acked.seq)
                         if fut is not None and not fut.done():
@@ -386,18 +386,22 @@ class DevicePersistenceClient:
                     break  # ended meanwhile (or Redis failed there): the unary call decides
         await self._stub().AcknowledgeMany(request, timeout=timeout, metadata=grpc_metadata())
 
-    async def fetch(self, client_id: str, service_id: str, session_id: str, *, resync: bool = False):
-        """The client's stored messages (FetchUndelivered). The first fetch of a connection attaches the
-        client; a `resync` only reads, and answers [] when the client is attached elsewhere now."""
+    async def fetch(self, client_id: str, service_id: str, session_id: str, *, resync: bool = False,
+                    after: int = 0, max_messages: int = 0, max_bytes: int = 0) -> tuple[list, bool]:
+        """One page of the client's stored messages (FetchUndelivered: serials after `after`, at most
+        `max_messages` / `max_bytes`, 0 = no bound) and whether more remain. The first fetch of a connection
+        attaches the client; a `resync` (every later page too) only reads, and answers ([], False) when the
+        client is attached elsewhere now."""
         if not resync:
             # acknowledgements still waiting here (e.g. of this client's previous connection) go first, so
             # the fetch does not return (and redeliver) what was already acknowledged
             await self.acks.settle(min(self.timeout, 2.0))
         resp = await self._stub().FetchUndelivered(
             spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id,
-                                        resync=resync),
+                                        resync=resync, after_serial=after, max_messages=max_messages,
+                                        max_bytes=max_bytes),
             timeout=self.timeout, metadata=grpc_metadata())
-        return list(resp.messages)
+        return list(resp.messages), resp.more
 
     def _background(self, what: str, coro) -> None:
         async def run():

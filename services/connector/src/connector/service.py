@@ -148,6 +148,7 @@ class ConnectorService(Service):
             max_inflight=settings.max_inflight, max_queued=settings.max_queued,
             server_keep_alive_max=settings.server_keep_alive_max,
             connect_timeout_ms=int(settings.connect_timeout_s * 1000),
+            page_messages=settings.stored_page_messages, page_bytes=settings.stored_page_bytes,
             response_information=settings.response_information,
             max_topic_bytes=settings.max_topic_bytes, max_topic_levels=settings.max_topic_levels,
             max_subscriptions=settings.max_subscriptions, max_user_properties=settings.max_user_properties,
@@ -644,12 +645,16 @@ class ConnectorService(Service):
         for conn in list(self.connections):
             conn.resync()
 
-    def _on_forwards(self, messages) -> None:
-        for dm in messages:
+    def _on_forwards(self, batch) -> None:
+        for dm in batch.messages:
             try:
                 self._on_persisted(dm)
             except Exception:
                 log.exception("bad forward of %r", dm.client_id)
+        for store_id in batch.paused:  # forwards stopped at the store's handed-out limit: page again
+            conn = self.by_store.get(store_id) or self.by_client.get(store_id)
+            if conn is not None:
+                conn.on_store_paused(store_id)
 
     def _on_persisted(self, dm: pb.DevicePublishMsg) -> None:
         # a shared DEVICE group store's forward goes to the local member that attached that store

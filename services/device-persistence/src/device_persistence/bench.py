@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tbmq.v1 import messages_pb2
 
-from device_persistence.store import DeviceMsgStore, StoreConfig, default_lua_dir
+from device_persistence.store import DeviceMsgStore, StoreConfig, script_source
 
 
 def _parse() -> argparse.Namespace:
@@ -131,16 +131,16 @@ async def _bench_redis_benchmark(cfg: StoreConfig, nodes: list[tuple[str, int]],
             owner = store.redis.get_node_from_key(f"{tag}_messages")
             host, port = owner.host, int(owner.port)
     trivial = await _script_load([(host, port)], "return 1")
-    save = await _script_load([(host, port)], (default_lua_dir() / "save_messages.lua").read_text())
+    save = await _script_load([(host, port)], script_source("save_messages"))
     n = a.rb_requests
     res = {"EVALSHA <return 1> 0": _redis_benchmark(host, port, ["evalsha", trivial, "0"], n, False)}
     # limit 65535 and at most 65000 calls: no trimming, one message per call
-    value = "P" + "x" * a.payload
+    value = "Pxx" + "x" * a.payload  # "xx": the packet-id bytes (argv holds no NUL; never read here)
     record = f"604800000,{len(value)}:{value}"  # save_messages.lua record format, one message
     res["EVALSHA save_messages.lua (1 msg)"] = _redis_benchmark(
         host, port,
-        ["evalsha", save, "4", f"{tag}_messages", f"{tag}_last_packet_id", f"{tag}_serial", f"{tag}_attached",
-         "65535", record],
+        ["evalsha", save, "4", f"{tag}_messages", f"{tag}_pids", f"{tag}_state", f"{tag}_attached",
+         "65535", str(cfg.bytes_limit), str(cfg.handed_out_limit), record],
         min(n, 65_000), False,
     )  # fmt: skip
     async with DeviceMsgStore(replace(cfg, key_prefix="")) as store:

@@ -25,7 +25,6 @@ import enum
 from collections import Counter, deque
 from collections.abc import Iterable
 
-from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 
 __all__ = ["ByteQueue", "EndReason", "ForwardRegistry", "ForwardStream"]
@@ -195,21 +194,23 @@ class ForwardRegistry:
         if self._streams.get(stream.service_id) is stream:
             del self._streams[stream.service_id]
 
-    def forward(self, by_service: dict[str, list[pb.DevicePublishMsg]]) -> None:
-        """Queue each service's stored messages on its stream as one batch; never waits."""
+    def forward(self, by_service: dict[str, spb.ForwardBatch]) -> None:
+        """Queue each service's batch (group_by_service) on its stream; never waits."""
         stats = self.stats
-        for service_id, messages in by_service.items():
+        for service_id, batch in by_service.items():
+            n = len(batch.messages)
+            stats["forward_paused"] += len(batch.paused)
             stream = self._streams.get(service_id)
             if stream is None:
-                stats["forward_no_stream"] += len(messages)  # stays in Redis: fetched on (re)connect
+                stats["forward_no_stream"] += n  # stays in Redis: fetched on (re)connect
                 continue
-            down = spb.ForwardDown(batch=spb.ForwardBatch(messages=messages))
+            down = spb.ForwardDown(batch=batch)
             if stream.queue.put(down, down.ByteSize()):
-                stats["forwarded"] += len(messages)
+                stats["forwarded"] += n
                 stats["forward_batches"] += 1
             else:
                 stats["forward_overflows"] += 1
-                stats["forward_dropped"] += len(messages)
+                stats["forward_dropped"] += n
                 self.unregister(stream, EndReason.OVERFLOW)
 
     async def flush(self, timeout: float) -> None:
@@ -236,15 +237,19 @@ class ForwardRegistry:
         return sum(s.queue.bytes for s in self._streams.values())
 
 
-def group_by_service(results: Iterable) -> dict[str, list[pb.DevicePublishMsg]]:
-    """SaveResults (save_many_attached) -> attached service id -> its stored messages in save order."""
-    out: dict[str, list[pb.DevicePublishMsg]] = {}
+def group_by_service(results: Iterable) -> dict[str, spb.ForwardBatch]:
+    """SaveResults (save_many_attached) -> service id of the connection each client is live on -> one
+    ForwardBatch: the messages handed out to it (SaveResult.forwards) in save order, and the clients whose
+    forwards stopped at the handed-out limit (`paused`: their connection pages again)."""
+    out: dict[str, spb.ForwardBatch] = {}
     for res in results:
-        if res.attached is None or not res.messages:
+        forwards = res.forwards
+        if not forwards and not res.paused:
             continue
-        lst = out.get(res.attached.service_id)
-        if lst is None:
-            out[res.attached.service_id] = list(res.messages)
-        else:
-            lst.extend(res.messages)
+        batch = out.get(res.attached.service_id)
+        if batch is None:
+            batch = out[res.attached.service_id] = spb.ForwardBatch()
+        batch.messages.extend(forwards)
+        if res.paused:
+            batch.paused.append(res.messages[0].client_id)
     return out

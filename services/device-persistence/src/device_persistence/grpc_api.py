@@ -86,7 +86,8 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         if not request.session_id:
             raise BadRequest("session_id must be non-empty")
         response = await self.store.fetch_undelivered_response(
-            request.client_id, attach=Attachment(request.service_id, request.session_id), check=request.resync)
+            request.client_id, attach=Attachment(request.service_id, request.session_id), check=request.resync,
+            after=request.after_serial, max_messages=request.max_messages, max_bytes=request.max_bytes)
         trace.get_current_span().set_attribute("tbmq.messages", len(response.messages))
         return response
 

@@ -18,10 +18,11 @@ from tbmq_platform.settings import (
     port,
 )
 
-from .store import MAX_PACKET_ID, StoreConfig
+from .store import MAX_HANDED_OUT_LIMIT, MAX_MESSAGES_LIMIT, StoreConfig
 
 LIMIT_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_LIMIT"
 TTL_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_TTL"
+BYTES_LIMIT_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_BYTES_LIMIT"
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,14 @@ class Settings(CommonSettings):
     redis_socket_timeout_ms: int = env("REDIS_SOCKET_TIMEOUT_MS", 10_000, parse=integer(100, 600_000),
                                        doc="a Redis call without an answer for this long fails (and is "
                                            "retried) instead of hanging; connects time out at half of it")
-    messages_limit: int = env(LIMIT_VAR, 10000, parse=integer(1, MAX_PACKET_ID),
-                              doc="stored messages kept per client (oldest trimmed), 1..65535")
+    messages_limit: int = env(LIMIT_VAR, MAX_MESSAGES_LIMIT, parse=integer(1, MAX_MESSAGES_LIMIT),
+                              doc=f"stored messages kept per client (oldest trimmed), 1..{MAX_MESSAGES_LIMIT}")
+    bytes_limit: int = env(BYTES_LIMIT_VAR, 256 * 1024 * 1024, parse=integer(1024),
+                           doc="stored bytes kept per client (oldest trimmed), at least 1024")
+    handed_out_limit: int = env("DEVICE_PERSISTENCE_HANDED_OUT_LIMIT", 20000,
+                                parse=integer(1, MAX_HANDED_OUT_LIMIT),
+                                doc="packet ids in use per client (handed out, unacknowledged); at this "
+                                    "many a live client stops getting forwards and pages again")
     messages_ttl_s: int = env(TTL_VAR, 604800, parse=integer(1),
                               doc="TTL (s) of a stored message without an MQTT 5 message expiry")
     group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence", parse=nonempty,
@@ -82,6 +89,7 @@ class Settings(CommonSettings):
         return StoreConfig(redis_url=self.redis_url, cluster_nodes=self.redis_cluster_nodes,
                            redis_password=self.redis_password or None,
                            messages_limit=self.messages_limit, messages_ttl_s=self.messages_ttl_s,
+                           bytes_limit=self.bytes_limit, handed_out_limit=self.handed_out_limit,
                            key_prefix=self.redis_key_prefix,
                            socket_timeout_s=self.redis_socket_timeout_ms / 1000,
                            connect_timeout_s=self.redis_socket_timeout_ms / 2000)

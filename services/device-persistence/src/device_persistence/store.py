@@ -1,29 +1,36 @@
 """Redis store of persistent DEVICE sessions' undelivered messages (standalone Redis or Redis Cluster).
 
+Guarantee: a client's messages are kept (up to the count and byte limits, oldest trimmed first) and handed
+out in serial order, in pages; a packet id is given to a message only when it is first handed to a
+connection and kept until it is acknowledged (a re-send keeps it, MQTT-4.4.0-1), so the 65535 packet ids
+bound what is in flight, never the backlog.
+
 Keys per client (``<p>`` = optional key prefix, ``{tag}`` = the client id as a Redis Cluster hash tag, so
 every key of one client is in one slot and each Lua script touches one slot):
 
-    <p>{tag}_messages          ZSET  member = message key, score = serial (grows forever)
-    <p>{tag}_messages_<pid>    STRING with a TTL: the stored value (below); pid = MQTT packet id 1..65535
-    <p>{tag}_last_packet_id    STRING last packet id handed out
-    <p>{tag}_serial            STRING last serial handed out
-    <p>{tag}_attached          STRING "<service_id>|<session_id>": the connection new messages are
-                               forwarded to (set by fetch_undelivered.lua, read by save_messages.lua,
-                               deleted by detach.lua / clear_all.lua)
+    <p>{tag}_messages          ZSET  member = "<serial>:<size>", score = serial (grows forever)
+    <p>{tag}_messages_<serial> STRING with a TTL: the stored value (below)
+    <p>{tag}_pids              HASH  packet id -> member: handed out and not acknowledged
+    <p>{tag}_state             HASH  pid (last handed out), serial (last), bytes (stored), live (the
+                               attachment value whose last page reached the end: forwarded to)
+    <p>{tag}_attached          STRING "<service_id>|<session_id>": the connection of the client (set by
+                               fetch_undelivered.lua, read by save_messages.lua, deleted by detach.lua /
+                               clear_all.lua)
 
 ``tag`` is the client id itself, except that an empty client id or one starting with ``}`` or ``%`` is
 prefixed with ``%`` (an empty hash tag would hash each whole key to a different slot). The mapping is
 one-to-one, so two clients never share keys.
 
-Stored value: one packet-type byte followed by a serialized ``tbmq.v1.PublishMsg``::
+Stored value: one packet-type byte, the 2-byte big-endian packet id (0 = not handed out yet), then a
+serialized ``tbmq.v1.PublishMsg``::
 
-    b"P" + PublishMsg   -> DEVICE_PACKET_TYPE_PUBLISH   (PUBLISH owed)
-    b"R" + PublishMsg   -> DEVICE_PACKET_TYPE_PUBREL    (PUBREC received, only PUBREL owed)
+    b"P" + pid + PublishMsg   -> DEVICE_PACKET_TYPE_PUBLISH   (PUBLISH owed)
+    b"R" + pid + PublishMsg   -> DEVICE_PACKET_TYPE_PUBREL    (PUBREC received, only PUBREL owed)
 
-Packet id and serial are not in the value: the packet id is the key's suffix and the serial its ZSET
-score, so a PUBREC is one ``SETRANGE key 0 R`` (keeps the TTL, never parses protobuf). The scripts live
-in the repository's top-level ``lua/`` directory (override: ``TBMQ_LUA_DIR`` or ``StoreConfig.lua_dir``);
-each file documents its KEYS/ARGV/return.
+A PUBREC is one ``SETRANGE key 0 R`` and a hand-out one ``SETRANGE key 1 <pid>`` (both keep the TTL,
+never parse protobuf). The scripts live in the repository's top-level ``lua/`` directory (override:
+``TBMQ_LUA_DIR`` or ``StoreConfig.lua_dir``); each file documents its KEYS/ARGV/return; ``packet_ids.lua``
+is the shared part (layout, packet-id hand-out) prepended to the scripts that need it.
 
 TTL of a stored message: the MQTT 5 Message Expiry Interval remaining at save time, to the millisecond
 (``tbmq_routing.expiry.store_ttl_ms``, the rule every service applies [MQTT-3.3.2-5]; already expired ->
@@ -68,10 +75,14 @@ __all__ = [
     "client_keys",
     "default_lua_dir",
     "hash_tag",
+    "script_source",
 ]
 
 MAX_PACKET_ID = 65535
+MAX_MESSAGES_LIMIT = 1_000_000  # per client (save_messages.lua checks it too)
+MAX_HANDED_OUT_LIMIT = MAX_PACKET_ID - 1  # packet ids in use per client: one is always free
 SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach")
+LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script but detach
 
 _TYPE_PUBLISH = b"P"
 _TYPE_PUBREL = b"R"
@@ -90,6 +101,21 @@ def default_lua_dir() -> Path:
     return here.parents[4] / "lua"
 
 
+def script_source(name: str, lua_dir: Path | None = None) -> str:
+    """The source of lua/<name>.lua as loaded into Redis: lua/packet_ids.lua (the shared part) in front,
+    except for detach.lua."""
+    lua_dir = lua_dir or default_lua_dir()
+    parts = [name] if name == "detach" else [LIBRARY, name]
+    texts = []
+    for part in parts:
+        path = lua_dir / f"{part}.lua"
+        try:
+            texts.append(path.read_text())
+        except OSError as exc:
+            raise FileNotFoundError(f"Lua script {path} not readable (TBMQ_LUA_DIR?)") from exc
+    return "\n".join(texts)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Pure configuration of the store; the service settings object fills it from the environment
@@ -98,7 +124,9 @@ class StoreConfig:
     redis_url: str = "redis://localhost:6380/0"
     cluster_nodes: tuple[str, ...] = ()  # "host:port"; non-empty = Redis Cluster mode
     redis_password: str | None = None  # AUTH password; None = the one in redis_url, if any
-    messages_limit: int = 10000  # per client, 1..65535 (packet ids would collide above)
+    messages_limit: int = MAX_MESSAGES_LIMIT  # per client (and the byte limit below)
+    bytes_limit: int = 256 * 1024 * 1024  # stored bytes per client (oldest trimmed first)
+    handed_out_limit: int = 20000  # packet ids in use per client (handed out, unacknowledged), < 65535
     messages_ttl_s: int = 604800  # default TTL of a stored message (7 days)
     key_prefix: str = ""
     lua_dir: Path | None = None  # None = default_lua_dir()
@@ -112,10 +140,20 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         errors = []
-        if not isinstance(self.messages_limit, int) or not 1 <= self.messages_limit <= MAX_PACKET_ID:
+        if not isinstance(self.messages_limit, int) or not 1 <= self.messages_limit <= MAX_MESSAGES_LIMIT:
             errors.append(
-                f"MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_LIMIT must be 1..{MAX_PACKET_ID} "
-                f"(MQTT packet ids would collide above), got {self.messages_limit!r}"
+                f"MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_MESSAGES_LIMIT must be 1..{MAX_MESSAGES_LIMIT}, "
+                f"got {self.messages_limit!r}"
+            )
+        if not isinstance(self.bytes_limit, int) or self.bytes_limit < 1024:
+            errors.append(
+                "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_BYTES_LIMIT must be at least 1024 bytes, "
+                f"got {self.bytes_limit!r}"
+            )
+        if not isinstance(self.handed_out_limit, int) or not 1 <= self.handed_out_limit <= MAX_HANDED_OUT_LIMIT:
+            errors.append(
+                f"DEVICE_PERSISTENCE_HANDED_OUT_LIMIT must be 1..{MAX_HANDED_OUT_LIMIT} (packet ids in use "
+                f"per client), got {self.handed_out_limit!r}"
             )
         if not isinstance(self.messages_ttl_s, int) or self.messages_ttl_s <= 0:
             errors.append(
@@ -145,12 +183,12 @@ class StoreConfig:
 @dataclass(frozen=True)
 class ClientKeys:
     messages: str
-    last_packet_id: str
-    serial: str
+    pids: str
+    state: str
     attached: str
 
-    def message(self, packet_id: int) -> str:
-        return f"{self.messages}_{packet_id}"
+    def message(self, serial: int) -> str:
+        return f"{self.messages}_{serial}"
 
 
 @dataclass(frozen=True)
@@ -176,12 +214,20 @@ class Attachment:
 
 @dataclass
 class SaveResult:
-    """What one client's save produced: the stored messages (packet id and serial assigned, in order)
-    and the attachment read atomically with the save (None = not attached: nothing to forward)."""
+    """What one client's save produced: the stored messages (serial assigned, in order; the first
+    `forwarded` of them handed out with a packet id, the others have packet_id 0) and the attachment
+    the client is live on, read atomically with the save (None = not live: nothing to forward)."""
 
     messages: list[messages_pb2.DevicePublishMsg]
     attached: Attachment | None = None
     indexes: list[int] = field(default_factory=list)  # index in the input batch of each stored message
+    forwarded: int = 0
+    paused: bool = False  # the handed-out limit stopped forwarding: the client pages again
+
+    @property
+    def forwards(self) -> list[messages_pb2.DevicePublishMsg]:
+        """The messages to forward to `attached` (handed out with packet ids), in order."""
+        return self.messages[:self.forwarded] if self.attached is not None else []
 
 
 def hash_tag(client_id: str) -> str:
@@ -192,7 +238,7 @@ def hash_tag(client_id: str) -> str:
 
 def client_keys(client_id: str, prefix: str = "") -> ClientKeys:
     base = f"{prefix}{{{hash_tag(client_id)}}}"
-    return ClientKeys(f"{base}_messages", f"{base}_last_packet_id", f"{base}_serial", f"{base}_attached")
+    return ClientKeys(f"{base}_messages", f"{base}_pids", f"{base}_state", f"{base}_attached")
 
 
 @dataclass
@@ -218,13 +264,7 @@ class DeviceMsgStore:
         self._client = client
         self._own_client = client is None
         self._lua_dir = Path(config.lua_dir) if config.lua_dir else default_lua_dir()
-        self._sources = {}
-        for name in SCRIPT_NAMES:
-            path = self._lua_dir / f"{name}.lua"
-            try:
-                self._sources[name] = path.read_text()
-            except OSError as exc:
-                raise FileNotFoundError(f"Lua script {path} not readable (TBMQ_LUA_DIR?)") from exc
+        self._sources = {name: script_source(name, self._lua_dir) for name in SCRIPT_NAMES}
         self._scripts: dict[str, Any] = {}
         self._node_clients: dict[str, Any] = {}  # cluster mode: "host:port" -> plain client (pipelines)
         self._lock = asyncio.Lock()
@@ -302,8 +342,8 @@ class DeviceMsgStore:
     def _save_args(
         self, messages: Sequence[messages_pb2.PublishMsg], default_ttl_s: int | None, now_ms: int
     ) -> tuple[list[Any], list[int]]:
-        """ARGV for save_messages.lua (limit, records) and the indexes (into `messages`) of what is
-        sent; a record is b"<ttl_ms>,<len>:" + b"P" + PublishMsg bytes."""
+        """ARGV for save_messages.lua (limits, records) and the indexes (into `messages`) of what is
+        sent; a record is b"<ttl_ms>,<len>:" + b"P\\0\\0" + PublishMsg bytes (no packet id yet)."""
         ttl_s = self.config.messages_ttl_s if default_ttl_s is None else default_ttl_s
         records: list[bytes] = []
         sent: list[int] = []
@@ -313,10 +353,15 @@ class DeviceMsgStore:
                 self.stats.dropped_on_save += 1
                 continue
             body = msg.SerializeToString()
-            records.append(b"%d,%d:P" % (ttl, len(body) + 1))
+            records.append(b"%d,%d:P\x00\x00" % (ttl, len(body) + 3))
             records.append(body)
             sent.append(i)
-        return [self.config.messages_limit, b"".join(records)], sent
+        return [*self._limits(), b"".join(records)], sent
+
+    def _limits(self) -> list[int]:
+        """save_messages.lua's ARGV[1..3]."""
+        c = self.config
+        return [c.messages_limit, c.bytes_limit, c.handed_out_limit]
 
     def _save_result(
         self,
@@ -325,25 +370,27 @@ class DeviceMsgStore:
         sent: list[int],
         reply: list[Any],
     ) -> SaveResult:
-        """reply = {trimmed, skipped, first_serial, pids as 2-byte big-endian string, attached}."""
+        """reply = {trimmed, skipped, first_serial, pids of the forwarded (2-byte big-endian), attached,
+        paused}."""
         trimmed, skipped, serial, blob = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
         self.stats.trimmed += trimmed
         self.stats.dropped_on_save += skipped
         pids = memoryview(blob).cast("B")
+        forwarded = len(blob) // 2
         out = []
         for j, i in enumerate(sent[skipped:]):
             dmsg = messages_pb2.DevicePublishMsg(
                 client_id=client_id,
-                packet_id=(pids[2 * j] << 8) | pids[2 * j + 1],
+                packet_id=(pids[2 * j] << 8) | pids[2 * j + 1] if j < forwarded else 0,
                 serial=serial + j,
                 packet_type=messages_pb2.DEVICE_PACKET_TYPE_PUBLISH,
             )
             dmsg.msg.CopyFrom(messages[i])
             out.append(dmsg)
-        if len(out) * 2 != len(blob):
-            raise RuntimeError(f"save_messages.lua returned {len(blob) // 2} packet ids for {len(out)} messages")
+        if forwarded > len(out):
+            raise RuntimeError(f"save_messages.lua returned {forwarded} packet ids for {len(out)} messages")
         self.stats.saved += len(out)
-        return SaveResult(out, Attachment.decode(reply[4]) if len(reply) > 4 else None, sent[skipped:])
+        return SaveResult(out, Attachment.decode(reply[4]), sent[skipped:], forwarded, bool(int(reply[5])))
 
     # ------------------------------------------------------------------------------------ script calls
 
@@ -494,7 +541,7 @@ class DeviceMsgStore:
         if not sent:
             return SaveResult([])
         k = self.keys(client_id)
-        reply = await self._call("save_messages", [k.messages, k.last_packet_id, k.serial, k.attached], args)
+        reply = await self._call("save_messages", [k.messages, k.pids, k.state, k.attached], args)
         return self._save_result(client_id, messages, sent, reply)
 
     async def save_many(
@@ -524,64 +571,81 @@ class DeviceMsgStore:
             args, sent = self._save_args(messages, default_ttl, now_ms)
             if not sent:
                 continue
-            todo.append((client_id, messages, sent, self.keys(client_id), args[1]))
+            todo.append((client_id, messages, sent, self.keys(client_id), args[-1]))
         if not todo:
             return out
         calls: list[tuple[list[str], list[Any]]] = []
         metas = self._per_call(todo, lambda item: item[3].messages)
-        limit = self.config.messages_limit
+        limits = self._limits()
         for part in metas:
             keys: list[str] = []
-            args: list[Any] = [limit]
+            args: list[Any] = list(limits)
             for _, _, _, k, blob in part:
-                keys += (k.messages, k.last_packet_id, k.serial, k.attached)
+                keys += (k.messages, k.pids, k.state, k.attached)
                 args.append(blob)
             calls.append((keys, args))
         replies = await self._call_many("save_messages", calls)
         for part, reply in zip(metas, replies):
-            if len(reply) != 5 * len(part):
+            if len(reply) != 6 * len(part):
                 raise RuntimeError(f"save_messages.lua answered {len(reply)} elements for {len(part)} clients")
             for j, (client_id, messages, sent, _, _) in enumerate(part):
-                out[client_id] = self._save_result(client_id, messages, sent, reply[5 * j:5 * j + 5])
+                out[client_id] = self._save_result(client_id, messages, sent, reply[6 * j:6 * j + 6])
         self.stats.save_calls += len(calls)
         return out
 
     async def fetch_undelivered(
-        self, client_id: str, attach: Attachment | None = None, *, check: bool = False
+        self, client_id: str, attach: Attachment | None = None, *, check: bool = False, after: int = 0,
+        max_messages: int = 0, max_bytes: int = 0,
     ) -> list[messages_pb2.DevicePublishMsg] | None:
-        """Every stored message of the client in serial order (expired ones are dropped). With `attach`,
-        the client is attached to that connection atomically with the read: every message saved later
-        is returned by save_*_attached with this attachment (to be forwarded), every message saved
-        earlier is in this answer. With `check` (and `attach`), the attachment is only compared, never
-        set: None when the client is not attached to `attach` (a connector's re-sync must not take the
-        attachment back from a newer session)."""
-        resp = await self.fetch_undelivered_response(client_id, attach, check=check)
+        """One page of the client's stored messages in serial order (see fetch_undelivered_response); None
+        when `check` finds the client not attached to `attach`."""
+        resp = await self.fetch_undelivered_response(client_id, attach, check=check, after=after,
+                                                     max_messages=max_messages, max_bytes=max_bytes)
         return None if resp.not_attached else list(resp.messages)
 
     async def fetch_undelivered_response(
-        self, client_id: str, attach: Attachment | None = None, *, check: bool = False
+        self, client_id: str, attach: Attachment | None = None, *, check: bool = False, after: int = 0,
+        max_messages: int = 0, max_bytes: int = 0,
     ) -> services_pb2.FetchUndeliveredResponse:
-        """fetch_undelivered as the gRPC answer (`not_attached` set instead of None). The answer's wire
-        bytes are spliced from the script's reply (the stored PublishMsg bytes are copied, never parsed)
-        and parsed once, by protobuf's C code: no protobuf object is built per message in Python."""
+        """One page (serials > `after`, at most `max_messages` / `max_bytes`, 0 = no bound; the first
+        message always fits) of the client's stored messages in serial order, expired ones dropped;
+        `more` = messages beyond the page remain. Messages not handed out yet get a packet id (while
+        fewer than `handed_out_limit` are in use: else the page ends there), handed-out ones keep theirs.
+
+        With `attach`, the client is attached to that connection atomically with the read (the previous
+        connection gets no more forwards); with `check`, the attachment is only compared, never set
+        (`not_attached` when the client is not attached to `attach`: a later page or a re-sync must not
+        take it back from a newer session). A page that reaches the end makes the client LIVE on `attach`:
+        every message saved later is returned by save_*_attached for forwarding; until then messages
+        saved meanwhile come in later pages, after the backlog. Without `attach`: a peek (no packet ids
+        handed out, nothing attached).
+
+        The answer's wire bytes are spliced from the script's reply (the stored PublishMsg bytes are
+        copied, never parsed) and parsed once, by protobuf's C code: no protobuf object is built per
+        message in Python."""
         k = self.keys(client_id)
         if attach is None:
-            reply = await self._call("fetch_undelivered", [k.messages], [])
+            mode, value = "peek", ""
         else:
             if "|" in attach.service_id:
                 raise ValueError(f"service id must not contain '|', got {attach.service_id!r}")
-            args = [attach.encode(), "check"] if check else [attach.encode()]
-            reply = await self._call("fetch_undelivered", [k.messages, k.attached], args)
-            if not isinstance(reply, list):
-                return services_pb2.FetchUndeliveredResponse(not_attached=True)
+            mode, value = ("check" if check else "attach"), attach.encode()
+        reply = await self._call(
+            "fetch_undelivered", [k.messages, k.pids, k.state, k.attached],
+            [value, mode, after, max_messages, max_bytes, self.config.handed_out_limit,
+             self.config.messages_ttl_s * 1000])
+        if not isinstance(reply, list):
+            return services_pb2.FetchUndeliveredResponse(not_attached=True)
         # DevicePublishMsg with only client_id set: exactly its encoded field 1, the same in every message
         cid_field = messages_pb2.DevicePublishMsg(client_id=client_id).SerializeToString()
-        return services_pb2.FetchUndeliveredResponse.FromString(_stored_messages_wire(cid_field, reply))
+        resp = services_pb2.FetchUndeliveredResponse.FromString(_stored_messages_wire(cid_field, reply, 1))
+        resp.more = bool(int(reply[0]))
+        return resp
 
     async def acknowledge(self, client_id: str, packet_id: int) -> bool:
         """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
         _check_pid(packet_id)
-        return bool(await self._call("remove_message", [self.keys(client_id).messages], [packet_id]))
+        return bool(await self._call("remove_message", self._ack_keys(client_id), [packet_id]))
 
     async def acknowledge_many(self, client_id: str, packet_ids: Iterable[int]) -> int:
         """Remove several messages of one client in one call; returns how many were still stored."""
@@ -591,7 +655,12 @@ class DeviceMsgStore:
         if not pids:
             return 0
         ids = ",".join(map(str, pids))
-        return int(await self._call("remove_message", [self.keys(client_id).messages], [ids]))
+        return int(await self._call("remove_message", self._ack_keys(client_id), [ids]))
+
+    def _ack_keys(self, client_id: str) -> list[str]:
+        """remove_message.lua's 3 keys of one client."""
+        k = self.keys(client_id)
+        return [k.messages, k.pids, k.state]
 
     async def apply_acks(
         self, acks: Iterable[tuple[str, int]], pubrecs: Iterable[tuple[str, int]] = ()
@@ -617,13 +686,14 @@ class DeviceMsgStore:
         marked = acknowledged = 0
         if marks:
             replies = await self._call_many(
-                "mark_pubrec", [([self.keys(cid).messages], [pid]) for cid, pid in marks])
+                "mark_pubrec", [(self._pubrec_keys(cid), [pid]) for cid, pid in marks])
             marked = sum(int(r) for r in replies)
         if by_client:
-            items = [(self.keys(cid).messages, ",".join(map(str, pids))) for cid, pids in by_client.items()]
-            parts = self._per_call(items, lambda item: item[0])
+            items = [(self._ack_keys(cid), ",".join(map(str, pids))) for cid, pids in by_client.items()]
+            parts = self._per_call(items, lambda item: item[0][0])
             replies = await self._call_many(
-                "remove_message", [([z for z, _ in part], [ids for _, ids in part]) for part in parts])
+                "remove_message", [([key for keys, _ in part for key in keys], [ids for _, ids in part])
+                                   for part in parts])
             self.stats.ack_calls += len(parts)
             acknowledged = sum(int(r) for r in replies)
         return acknowledged, marked
@@ -631,18 +701,27 @@ class DeviceMsgStore:
     async def mark_pubrec(self, client_id: str, packet_id: int) -> bool:
         """PUBREC received: the message now only needs a PUBREL; its TTL and order are kept."""
         _check_pid(packet_id)
-        return bool(await self._call("mark_pubrec", [self.keys(client_id).messages], [packet_id]))
+        return bool(await self._call("mark_pubrec", self._pubrec_keys(client_id), [packet_id]))
+
+    def _pubrec_keys(self, client_id: str) -> list[str]:
+        k = self.keys(client_id)
+        return [k.messages, k.pids]
 
     async def clear(self, client_id: str) -> int:
         """Drop everything stored for the client (and its attachment); returns how many messages were
         dropped."""
         k = self.keys(client_id)
-        return int(await self._call("clear_all", [k.messages, k.last_packet_id, k.serial, k.attached], []))
+        return int(await self._call("clear_all", [k.messages, k.pids, k.state, k.attached], []))
 
     async def detach(self, client_id: str, session_id: str) -> bool:
         """Stop forwarding to the connection of `session_id`; no-op (False) when another session
         attached since or the client is not attached."""
         return bool(await self._call("detach", [self.keys(client_id).attached], [session_id]))
+
+    async def count(self, client_id: str) -> int:
+        """How many messages are stored for the client (diagnostics and tests; expired ones not met by a
+        fetch yet included): O(1), unlike a fetch."""
+        return int(await self.redis.zcard(self.keys(client_id).messages))
 
     async def attachment(self, client_id: str) -> Attachment | None:
         """The current attachment (diagnostics and tests; the scripts read it atomically themselves)."""
@@ -672,14 +751,15 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _stored_messages_wire(cid_field: bytes, reply: list[Any]) -> bytes:
-    """fetch_undelivered.lua's {pid, serial, value, ...} as the wire bytes of the `messages` of a
-    FetchUndeliveredResponse (value = type byte + PublishMsg bytes, embedded as DevicePublishMsg.msg)."""
+def _stored_messages_wire(cid_field: bytes, reply: list[Any], start: int = 0) -> bytes:
+    """fetch_undelivered.lua's {pid, serial, value, ...} (from reply[start]) as the wire bytes of the
+    `messages` of a FetchUndeliveredResponse (value = type byte + 2 packet-id bytes + PublishMsg bytes,
+    the PublishMsg embedded as DevicePublishMsg.msg)."""
     parts: list[Any] = []
     append = parts.append
-    for i in range(0, len(reply), 3):
+    for i in range(start, len(reply), 3):
         value = reply[i + 2]
-        body = memoryview(value)[1:]
+        body = memoryview(value)[3:]
         head = b"".join((cid_field, _PACKET_ID, _varint(int(reply[i])), _SERIAL, _varint(int(reply[i + 1])),
                          _PUBREL if value[0] == _TYPE_PUBREL_BYTE else b"", _MSG, _varint(len(body))))
         append(_RESPONSE_MESSAGE)

@@ -18,16 +18,22 @@ FORWARD_ACK_STATUS_INVALID_ARGUMENT: ForwardAckStatus
 FORWARD_ACK_STATUS_UNAVAILABLE: ForwardAckStatus
 
 class FetchUndeliveredRequest(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id", "resync")
+    __slots__ = ("client_id", "service_id", "session_id", "resync", "after_serial", "max_messages", "max_bytes")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
     resync: bool
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., resync: _Optional[bool] = ...) -> None: ...
+    after_serial: int
+    max_messages: int
+    max_bytes: int
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., resync: _Optional[bool] = ..., after_serial: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class DetachRequest(_message.Message):
     __slots__ = ("client_id", "session_id")
@@ -44,12 +50,14 @@ class DetachResponse(_message.Message):
     def __init__(self, detached: _Optional[bool] = ...) -> None: ...
 
 class FetchUndeliveredResponse(_message.Message):
-    __slots__ = ("messages", "not_attached")
+    __slots__ = ("messages", "not_attached", "more")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NOT_ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_messages_pb2.DevicePublishMsg]
     not_attached: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ..., not_attached: _Optional[bool] = ...) -> None: ...
+    more: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ..., not_attached: _Optional[bool] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class PacketRequest(_message.Message):
     __slots__ = ("client_id", "packet_id")
@@ -110,10 +118,12 @@ class ForwardReady(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
 
 class ForwardBatch(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "paused")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_messages_pb2.DevicePublishMsg]
-    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ...) -> None: ...
+    paused: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ..., paused: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ForwardAcked(_message.Message):
     __slots__ = ("seq", "status", "acknowledged", "marked", "detail")

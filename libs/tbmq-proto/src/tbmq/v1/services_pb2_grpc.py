@@ -83,12 +83,16 @@ class DevicePersistenceServicer:
     """
 
     def FetchUndelivered(self, request, context):
-        """Everything stored and not yet acknowledged, in store order (serial), PUBREL-owed ones included.
-        Atomically with the read, the client is marked attached to (service_id, session_id): every message
-        saved after the fetch is forwarded on the Forward stream of <service_id>, every message saved
-        before it is in the answer, so none is stranded while the client reconnects. With `resync`, the
-        attachment is only checked (never set): the answer is empty with not_attached = true when the
-        client is no longer attached to (service_id, session_id).
+        """One page of what is stored and not yet acknowledged, in store order (serial), PUBREL-owed ones
+        included: serials above `after_serial`, at most max_messages / max_bytes (0 = no bound); `more` =
+        the rest follows in later pages. A message gets its packet id when first handed out (a page, or a
+        forward) and keeps it until acknowledged. Atomically with the read, the client is marked attached
+        to (service_id, session_id) (the previous connection gets no more forwards); once a page reaches
+        the end (more = false) the client is LIVE: every message saved after it is forwarded on the Forward
+        stream of <service_id>; before, messages saved meanwhile come in later pages (order by serial). With
+        `resync` (also for every page after the first), the attachment is only checked (never set): the
+        answer is empty with not_attached = true when the client is no longer attached to (service_id,
+        session_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

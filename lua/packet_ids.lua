@@ -1,0 +1,68 @@
+--[[
+packet_ids.lua -- NOT a script: the shared part the store prepends to save_messages.lua and
+fetch_undelivered.lua (the one home of packet-id hand-out and of the layout of stored members/values).
+
+Layout (per client, all keys share the client's hash tag):
+  <zkey>            ZSET   member "<serial>:<size>" (size = bytes of the stored value), score = serial
+  <zkey>_<serial>   STRING value = 1 type byte ("P" PUBLISH / "R" PUBREL) + 2-byte big-endian packet id
+                           (0 = not handed out yet) + serialized tbmq.v1.PublishMsg; TTL = the message's
+  <pids>            HASH   packet id -> member: the ids HANDED OUT and not acknowledged, nothing else
+  <state>           HASH   pid = last packet id handed out, serial = last serial, bytes = stored bytes,
+                           live = the attachment value new messages are forwarded to (see save_messages.lua)
+
+A packet id is given to a message when it is first handed to a connection (a fetched page, or a forward
+of a live client) and kept with it until it is acknowledged or trimmed, so a re-sent message keeps its
+packet id [MQTT-4.4.0-1]. Ids go 1..65535 and wrap to 1; an id is free when the hash has no entry for it
+or its entry names a message that no longer exists (expired). Callers keep at most the handed-out limit
+(<= 65534) ids in use, so a free id is always found.
+]]
+local function member_serial(member)
+  return string.match(member, '^(%d+)')
+end
+
+local function member_size(member)
+  return tonumber(string.match(member, ':(%d+)$')) or 0
+end
+
+local function pid_bytes(pid)
+  return string.char(math.floor(pid / 256), pid % 256)
+end
+
+-- a free packet id after `last`, recorded in `pids_key` for `member` and written into the stored value
+-- at `mkey`; returns the id (the caller keeps it as the new `last`)
+local function hand_out(pids_key, last, member, msg_prefix, mkey)
+  for _ = 1, 65535 do
+    last = (last % 65535) + 1
+    local owner = redis.call('HGET', pids_key, last)
+    if not owner or redis.call('EXISTS', msg_prefix .. member_serial(owner)) == 0 then
+      redis.call('HSET', pids_key, last, member)
+      redis.call('SETRANGE', mkey, 1, pid_bytes(last))
+      return last
+    end
+  end
+  return redis.error_reply('ERR no free packet id')
+end
+
+-- packet ids in use: HLEN of `pids_key`, after dropping (once per call, and only when `hlimit` is reached)
+-- the entries of messages that expired unacknowledged (their value is gone, so nothing else frees them)
+local function handed_out(pids_key, msg_prefix, hlimit)
+  local n = redis.call('HLEN', pids_key)
+  if n < hlimit then return n end
+  local entries = redis.call('HGETALL', pids_key)
+  for i = 1, #entries, 2 do
+    if redis.call('EXISTS', msg_prefix .. member_serial(entries[i + 1])) == 0 then
+      redis.call('HDEL', pids_key, entries[i])
+      n = n - 1
+    end
+  end
+  return n
+end
+
+-- bookkeeping keys created here (a new hash has no TTL) get the messages' TTL, or `default_ms`
+local function keep_ttl(keys, zkey, default_ms)
+  local ttl = redis.call('PTTL', zkey)
+  if ttl < 0 then ttl = default_ms end
+  for _, key in ipairs(keys) do
+    if redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, ttl) end
+  end
+end

@@ -1,0 +1,126 @@
+"""A persistent DEVICE client's stored backlog in pages (issue 14: "stored backlogs fetched in pages", the
+outbound queue bounded for persistent DEVICE too): the machine holds at most one page of its own stored
+messages, asks for the room left after the last serial delivered, fetches the next page when what it holds
+drained to half a page, and pages again when device-persistence stops forwarding (`store_paused`). Pure: no
+sockets, no loop, no sleeps."""
+
+from __future__ import annotations
+
+from connection_harness import Client, answer
+from tbmq.v1 import messages_pb2 as pb
+from tbmq_connection import AckStored, FetchStored
+from tbmq_mqtt import PubAck, Publish
+
+
+def stored(serial: int, pid: int | None = None, size: int = 1) -> pb.DevicePublishMsg:
+    return pb.DevicePublishMsg(client_id="dev", packet_id=pid or serial, serial=serial,
+                               msg=pb.PublishMsg(topic="t", payload=b"x" * size, qos=1))
+
+
+def persistent(**config) -> tuple[Client, FetchStored]:
+    c = Client(5, **config)
+    c.connect(answer(persistent=True, sei=60))
+    (fetch,) = c.take_effects(FetchStored)
+    return c, fetch
+
+
+def ack(c: Client, packets) -> None:
+    for p in packets:
+        c.send(PubAck(p.packet_id))
+
+
+def test_pages_after_the_last_serial_when_half_is_acknowledged():
+    c, first = persistent(page_messages=10, page_bytes=1 << 20)
+    assert first == FetchStored("dev", resync=False, after=0, max_messages=10, max_bytes=1 << 20)
+    c.call("stored", first, [stored(s) for s in range(1, 11)])
+    c.call("fetch_finished", first, more=True)
+    got = c.take()
+    assert [p.packet_id for p in got] == list(range(1, 11)) and all(isinstance(p, Publish) and p.dup for p in got)
+    assert c.take_effects(FetchStored) == []  # ten held: no room
+    ack(c, got[:4])
+    assert c.take_effects(FetchStored) == []  # six held: above the low-water mark (half a page)
+    ack(c, got[4:5])
+    (page,) = c.take_effects(FetchStored)     # five held: the room left, after serial 10, read only
+    assert page == FetchStored("dev", resync=True, after=10, max_messages=5, max_bytes=(1 << 20) - 5)
+    assert [e.packet_id for e in c.take_effects(AckStored)] == [1, 2, 3, 4, 5]
+    ack(c, got[5:7])
+    assert c.take_effects(FetchStored) == []  # a page is already being fetched
+    c.call("stored", page, [stored(s) for s in range(11, 16)])
+    c.call("fetch_finished", page, more=False)
+    assert [p.packet_id for p in c.take()] == list(range(11, 16))
+    assert len(c.m.stored_sizes) == 8         # never more than a page held
+    ack(c, got[7:])
+    assert c.take_effects(FetchStored) == []  # the store had no more: nothing to fetch
+    assert c.m.stats["stored_pages"] == 1
+
+
+def test_the_byte_bound_sizes_the_page():
+    c, first = persistent(page_messages=100, page_bytes=1000)
+    assert first.max_bytes == 1000
+    c.call("stored", first, [stored(s, size=300) for s in range(1, 4)])
+    c.call("fetch_finished", first, more=True)
+    got = c.take()
+    assert c.take_effects(FetchStored) == []  # 900 bytes held: above half
+    ack(c, got[:2])
+    (page,) = c.take_effects(FetchStored)
+    assert (page.after, page.max_messages, page.max_bytes) == (3, 99, 700)
+
+
+def test_store_paused_pages_again_once_there_is_room():
+    c, first = persistent(page_messages=10, page_bytes=1 << 20)
+    c.call("fetch_finished", first, more=False)  # nothing stored: live
+    for s in range(1, 21):                       # forwards of a live client (the store bounds them)
+        c.call("persisted", stored(s))
+    got = c.take()
+    assert len(got) == 20
+    c.call("store_paused", "dev")                       # the store's handed-out limit: forwards stopped
+    assert c.take_effects(FetchStored) == []
+    ack(c, got[:15])
+    (page,) = c.take_effects(FetchStored)
+    assert (page.resync, page.after, page.max_messages) == (True, 20, 5)
+    c.call("stored", page, [stored(21)])
+    c.call("fetch_finished", page, more=False)
+    assert [p.packet_id for p in c.take()] == [21]
+
+
+def test_a_resync_while_paging_reads_after_the_last_serial():
+    c, first = persistent(page_messages=10, page_bytes=1 << 20)
+    c.call("stored", first, [stored(s) for s in range(1, 9)])
+    c.call("fetch_finished", first, more=True)
+    c.take()
+    c.call("resync")
+    (resync,) = c.take_effects(FetchStored)
+    assert (resync.resync, resync.after, resync.max_messages) == (True, 8, 2)
+    c.call("stored", resync, [stored(7), stored(8), stored(9), stored(10)])  # overlap skipped by serial
+    c.call("fetch_finished", resync, more=True)
+    assert [p.packet_id for p in c.take()] == [9, 10]
+    assert c.take_effects(FetchStored) == [] and len(c.m.stored_sizes) == 10
+
+
+def test_a_group_store_is_paged_the_same_way():
+    from tbmq_connection.convert import topic_subscription
+    from tbmq_routing import shared_store_id
+
+    store = shared_store_id("g", "jobs/#")
+    c = Client(5, page_messages=10, page_bytes=1 << 20)
+    c.connect(answer(persistent=True, sei=60, present=True), clean_start=False,
+              subs={("g", "jobs/#"): topic_subscription("g", "jobs/#", 1)})
+    own, group = sorted(c.take_effects(FetchStored), key=lambda f: f.group)
+    assert group == FetchStored(store, resync=False, group=True, after=0, max_messages=10, max_bytes=1 << 20)
+    c.call("fetch_finished", own)
+    c.call("stored", group, [pb.DevicePublishMsg(client_id=store, packet_id=s, serial=s,
+                                                 msg=pb.PublishMsg(topic="jobs/1", payload=b"x", qos=1))
+                             for s in range(1, 11)])
+    c.call("fetch_finished", group, more=True)
+    got = c.take()
+    assert len(got) == 10 and c.take_effects(FetchStored) == []
+    ack(c, got[:5])
+    (page,) = c.take_effects(FetchStored)
+    assert page == FetchStored(store, resync=True, group=True, after=10, max_messages=5, max_bytes=(1 << 20) - 5)
+    assert sorted(e.packet_id for e in c.take_effects(AckStored)) == [1, 2, 3, 4, 5]  # the store's ids
+    c.call("fetch_finished", page, more=False)
+    ack(c, got[5:])
+    assert c.take_effects(FetchStored) == []
+    c.call("store_paused", store)              # the group store's forwards stopped: page when there is room
+    (again,) = c.take_effects(FetchStored)
+    assert (again.store_id, again.group, again.after) == (store, True, 10)
