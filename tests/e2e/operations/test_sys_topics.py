@@ -16,7 +16,8 @@ def latest(client: Client, topic: str) -> int | None:
 
 
 async def test_sys_topics_sum_every_connector_and_follow_the_traffic(make_suite, unique):
-    suite = await make_suite(services=["session-registry", "router", "connector"], connectors=2,
+    # a Kafka of its own (as in test_metrics.py: no other suite's router in its group)
+    suite = await make_suite(services=["session-registry", "router", "connector"], connectors=2, kafka=None,
                              redis_url="redis://127.0.0.1:1/0", topic_profile="single-node",
                              service_env={"connector": {"MQTT_SYS_INTERVAL_S": "0.5"}})
     one, two = suite.mqtt_ports
