@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -53,18 +54,40 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+_GIVEN: set[int] = set()  # ports this process handed out already (a probe closes its socket at once)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections take their local port there)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def find_free_port(*, cluster_bus: bool = False, host: str = "127.0.0.1") -> int:
-    """A TCP port that is free now (the OS picks it). With ``cluster_bus=True`` the Redis Cluster bus
-    port (port + 10000) is free too. Another process may still take it before it is used."""
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if not cluster_bus:
-            return port
-        if port + 10000 <= 65535 and _port_free(port + 10000, host):
-            return port
+    """A TCP port that is free now. With ``cluster_bus=True`` the Redis Cluster bus port (port + 10000) is free
+    too. Chosen below the kernel's ephemeral range: a port the OS picks itself (bind to 0) comes from that range,
+    where any outgoing connection (a Kafka client, a test's MQTT client) may take it as its local port before
+    the service binds it (a start that failed with "address already in use"). Never the same port twice in one
+    process. Another process may still take it before it is used."""
+    low, high = 10000, _ephemeral_low() - 1 - (10000 if cluster_bus else 0)
+    for _ in range(500):
+        port = random.randint(low, high) if high > low + 100 else _os_port(host)
+        if port in _GIVEN or not _port_free(port, host):
+            continue
+        if cluster_bus and not (port + 10000 <= 65535 and _port_free(port + 10000, host)):
+            continue
+        _GIVEN.add(port)
+        return port
     raise RedisError("no free port found")
+
+
+def _os_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------- RESP
