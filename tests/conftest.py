@@ -47,6 +47,13 @@ class ExternalKafka:
         pass
 
 
+# $SYS statistics are published into tbmq.msg.all every MQTT_SYS_INTERVAL_S by a live connector: suites that share
+# the session's Kafka would see each other's (the Spark statistics test counts every record of its windows, and
+# tests/e2e/durability's suite lives to the end of the session). Off in every service the tests start, unless a
+# test sets it (tests/e2e/operations/test_sys_topics.py); the services' own default is 10 s.
+os.environ.setdefault("MQTT_SYS_INTERVAL_S", "0")
+
+
 @pytest.fixture(scope="session")
 async def kafka(tmp_path_factory):
     external = os.environ.get("TBMQ_TEST_KAFKA")
