@@ -153,6 +153,23 @@ class Client:
         with self.cond:
             return list(self.messages)
 
+    def awaiting_pubrel(self) -> dict:
+        """The QoS 2 messages this client received and answered with PUBREC whose PUBREL has not arrived:
+        part of the client's session state (MQTT 3.1.1 section 4.1, MQTT 5.0 section 4.1). paho delivers a
+        QoS 2 message at its PUBREL and keeps these only in its Client object: a PUBREL for an id it does not
+        know is answered with PUBCOMP and the message is lost for the application (paho's own comment, #284)."""
+        with self.c._in_message_mutex:
+            return {mid: m for mid, m in self.c._in_messages.items() if m.qos == 2}
+
+    def resume_session(self, old: "Client") -> int:
+        """Before connect(): take over `old`'s QoS 2 messages awaiting PUBREL, as a client that keeps its
+        session state does; the PUBREL the server re-sends on the resumed session then delivers them here.
+        Returns how many were taken over."""
+        carried = old.awaiting_pubrel()
+        with self.c._in_message_mutex:
+            self.c._in_messages.update(carried)
+        return len(carried)
+
     def close(self, session_expiry: int | None = None, *, wait: bool = False) -> None:
         """DISCONNECT (v5: with this Session Expiry Interval if given) and stop the network thread; `wait`: for
         the disconnect to complete first (bounded, not asserted)."""

@@ -151,11 +151,23 @@ class SeqSubscriber:
         self.client: Client | None = None
         self.port: int | None = None
         self._old: list = []  # messages of earlier connections
+        self._previous: Client | None = None  # the last closed connection: its QoS 2 state is taken over
+        self._carrying = 0
+        self.carried = 0  # QoS 2 messages awaiting PUBREL taken over from closed connections
         self.reconnects = 0
         self.session_present: list[bool] = []
 
     def _make(self) -> Client:
-        return Client(self.client_id, v5=False, clean=False)
+        """A new connection of the same session: like a real client keeping its session state, it takes over
+        the QoS 2 messages of the previous connection that got PUBREC but not yet PUBREL."""
+        c = Client(self.client_id, v5=False, clean=False)
+        self._carrying = c.resume_session(self._previous) if self._previous is not None else 0
+        return c
+
+    def _retire(self) -> None:
+        self.client.close()  # its network thread stopped: nothing more arrives on it
+        self._old.extend(self.client.messages)
+        self._previous = self.client
 
     def connect(self, port: int) -> None:
         self.client = self._make()
@@ -167,16 +179,15 @@ class SeqSubscriber:
     def reconnect(self, ports: list[int]) -> None:
         """Close (the old paho loop must not reconnect and take the session over) and connect elsewhere."""
         if self.client is not None:
-            self._old.extend(self.client.messages)
-            self.client.close()
+            self._retire()
         self.client, self.port, flags = connect_with_retry(self._make, ports)
+        self.carried += self._carrying
         self.session_present.append(bool(flags.session_present))
         self.reconnects += 1
 
     def go_offline(self) -> None:
         """DISCONNECT (graceful: the session stays, messages are stored meanwhile)."""
-        self._old.extend(self.client.messages)
-        self.client.close()
+        self._retire()
         self.client = None
 
     def all_messages(self) -> list:
@@ -336,7 +347,7 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
             verdicts.append(v)
             print(f"\n[{victim}-{instance}] {sub.client_id} <- {pub.client_id}: {v.summary()} phases={phases} "
                   f"pub_reconnects={pub.reconnects} resent={pub.resent} sub_reconnects={sub.reconnects} "
-                  f"session_present={sub.session_present} stream_s={time.monotonic() - t0:.1f}")
+                  f"session_present={sub.session_present} qos2_carried={sub.carried} stream_s={time.monotonic() - t0:.1f}")
     for v, (pub, sub) in zip(verdicts, links):
         assert not v.missing, f"{sub.client_id}: acknowledged messages lost: {v.summary()}"
         assert not v.out_of_order, f"{sub.client_id}: order broken: {v.summary()}"

@@ -88,9 +88,6 @@ async def test_kafka_restart_qos2_fan_in_wide_windows(supervised, unique):
                          window=100)
 
 
-@pytest.mark.skip(reason="intermittent (1 run in 4 on 2026-11-25, after the paged store landed): an acknowledged "
-                         "QoS 2 message did not reach the offline subscriber after a Redis restart within 120 s; "
-                         "under investigation (closing note of that session), not yet understood")
 async def test_redis_restart_qos2_fan_in_subscriber_offline(supervised, unique):
     await crash_scenario(supervised, unique, "redis", fault=supervised.restart_redis, publishers=3, qos=2,
                          window=100, sub_offline_while_down=True)
