@@ -52,6 +52,45 @@ def test_silent_connector_is_declared_dead_after_the_timeout_only():
     assert lv.gone("conn-1", "run-a", NOW) and lv.fenced("conn-1", "run-a")
 
 
+def test_an_outage_of_the_heartbeat_channel_is_not_silence():
+    lv = Liveness(TIMEOUT)
+    lv.observe(hb(), NOW)
+    lv.observe(hb("conn-2", "run-b"), NOW)
+    step = lv.gap_ms // 2
+    t = NOW
+    while t + step <= NOW + TIMEOUT // 2:                    # the caller's checks while heartbeats flow
+        t += step
+        assert lv.needs_confirmation(t)
+        lv.confirm(t)
+        lv.observe(hb(), t)                                  # conn-1 keeps beating, conn-2 went quiet
+    # Kafka restarts: nothing is confirmed for longer than a timeout, nobody's heartbeat got through
+    back = t + TIMEOUT + 5000
+    assert lv.silent(back) == ["conn-1", "conn-2"]            # as it looks before the channel is checked
+    lv.confirm(back)                                          # the registry reads the topic again
+    assert lv.silent(back) == [] and lv.sweep(back + TIMEOUT) == []
+    lv.observe(hb(), back + step)                             # conn-1's heartbeat gets through again
+    t = back + step
+    while t < back + TIMEOUT + 1:                             # confirmed without gaps from now on
+        t += step
+        lv.confirm(t)
+    assert lv.sweep(t) == [("conn-2", "run-b")]               # silent a whole timeout since the outage
+    assert lv.gone("conn-2", "run-b", t) and not lv.gone("conn-1", "run-a", t)
+
+
+def test_silence_counts_while_the_channel_is_confirmed_without_heartbeats():
+    lv = Liveness(TIMEOUT)
+    assert not lv.needs_confirmation(NOW)                     # nobody to judge: no checks
+    lv.observe(hb(), NOW)
+    assert not lv.needs_confirmation(NOW + lv.gap_ms // 2 - 1)
+    t = NOW
+    while t <= NOW + TIMEOUT:
+        t += lv.gap_ms // 2
+        assert lv.needs_confirmation(t)
+        lv.confirm(t)
+    assert lv.sweep(t) == [("conn-1", "run-a")]
+    assert not lv.needs_confirmation(t + 10 * TIMEOUT)       # nobody alive left to judge
+
+
 def test_stopped_heartbeat_declares_dead_at_once():
     lv = Liveness(TIMEOUT)
     lv.observe(hb(), NOW)

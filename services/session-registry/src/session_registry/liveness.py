@@ -11,6 +11,13 @@ Once dead, a run stays dead: a heartbeat of it that comes back later (a paused p
 
 After a registry restart the compacted topic gives each service's last heartbeat, counted as seen at the
 time it is read: a connector that died while no registry ran is declared dead one timeout later.
+
+Silence counts only while the registry could have heard: the heartbeat channel is confirmed working by
+every heartbeat read and by the caller's periodic caught-up checks (`confirm`). A gap in confirmations
+longer than `gap_ms` (Kafka unreachable or restarting, the registry itself stalled) is an outage of the
+channel, not evidence against the connectors, whose heartbeats could not get through either: every run's
+silence is counted again from the end of the outage (a Kafka restart longer than the timeout no longer
+gets every connector declared dead and fenced).
 """
 
 from __future__ import annotations
@@ -32,12 +39,17 @@ class Run:
 class Liveness:
     def __init__(self, timeout_ms: int) -> None:
         self.timeout_ms = timeout_ms
+        # a longer gap between confirmations of the channel is an outage (see the module docstring)
+        self.gap_ms = max(timeout_ms // 4, min(1000, timeout_ms // 2))
+        self.heard_since_ms: int | None = None  # start of the current stretch of confirmations
+        self.confirmed_ms: int | None = None    # the latest confirmation
         self.current: dict[str, Run] = {}                     # service id -> its latest run
         self.dead: dict[tuple[str, str], int] = {}            # (service id, incarnation) -> declared at
         self.last_seen_dead: dict[tuple[str, str], int] = {}  # (service id, incarnation) -> its last heartbeat
 
     def observe(self, hb: pb.ConnectorHeartbeat, now_ms: int) -> list[tuple[str, str]]:
         """A heartbeat read; returns the runs this declares dead [(service id, incarnation)]."""
+        self.confirm(now_ms)
         svc, inc = hb.service_id, hb.incarnation
         if not svc:
             return []
@@ -57,11 +69,29 @@ class Liveness:
             declared.append(self._declare(svc, run, now_ms))
         return declared
 
+    def confirm(self, now_ms: int) -> None:
+        """The heartbeat channel works at `now_ms` (a heartbeat was read, or the caller read the topic up to
+        its end). After a gap longer than `gap_ms` since the previous confirmation, silence is counted from
+        now: nobody's heartbeat could have been read during the gap."""
+        if self.confirmed_ms is None or now_ms - self.confirmed_ms > self.gap_ms:
+            self.heard_since_ms = now_ms
+        self.confirmed_ms = now_ms
+
+    def needs_confirmation(self, now_ms: int) -> bool:
+        """Whether the caller should check the channel now (half a gap without a confirmation, and a run to
+        judge): without heartbeats flowing, its checks are what lets silence count."""
+        return any(run.dead_since_ms is None for run in self.current.values()) and (
+            self.confirmed_ms is None or now_ms - self.confirmed_ms >= self.gap_ms // 2)
+
     def silent(self, now_ms: int) -> list[str]:
-        """Services whose live run has been silent longer than the timeout (nothing declared yet: the caller
-        first makes sure it has read every heartbeat sent so far, then `sweep`s)."""
+        """Services whose live run has been silent longer than the timeout, counting only the time since
+        the channel's last outage (nothing declared yet: the caller first makes sure it has read every
+        heartbeat sent so far, then `sweep`s)."""
+        if self.heard_since_ms is None:
+            return []
+        since = self.heard_since_ms
         return [svc for svc, run in self.current.items()
-                if run.dead_since_ms is None and now_ms - run.last_seen_ms > self.timeout_ms]
+                if run.dead_since_ms is None and now_ms - max(run.last_seen_ms, since) > self.timeout_ms]
 
     def sweep(self, now_ms: int) -> list[tuple[str, str]]:
         """Declare dead every run silent longer than the timeout; returns them."""

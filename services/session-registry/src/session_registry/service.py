@@ -644,9 +644,9 @@ class SessionRegistry(Service):
         return bool(runs)
 
     async def _liveness_loop(self) -> None:
-        """Sweep for silent runs (cheap) every max(50 ms, min(1 s, TBMQ_CONNECTOR_TIMEOUT_MS / 5)); the
+        """Sweep for silent runs (cheap) every max(50 ms, min(1 s, TBMQ_CONNECTOR_TIMEOUT_MS / 10)); the
         session scan runs at once after a declaration, otherwise at its own pace (_expiry_loop)."""
-        period = max(0.05, min(1.0, self.s.connector_timeout_ms / 5000))
+        period = max(0.05, min(1.0, self.s.connector_timeout_ms / 10000))
         while not self._stopping:
             woken = False
             try:
@@ -655,11 +655,25 @@ class SessionRegistry(Service):
             except asyncio.TimeoutError:
                 pass
             self._liveness_wake.clear()
+            await self._confirm_channel()
             declared = await self._sweep()
             steps = [(self.delete_dead_connector_topics, "deleting dead connectors' topics")]
             if woken or declared:
                 steps.insert(0, (self.scan_sessions, "session scan after a connector was declared dead"))
             await _each_logged(*steps)
+
+    async def _confirm_channel(self) -> None:
+        """While no heartbeat arrives, confirm now and then that tbmq.connector.heartbeat can be read up to
+        its end (one ListOffsets request): silence counts only from the end of the latest gap in these
+        confirmations (liveness.Liveness.confirm), so a Kafka outage is not taken for dead connectors."""
+        if not self.liveness.needs_confirmation(now_ms()):
+            return
+        try:
+            await self.heartbeats.wait_caught_up(timeout=self.liveness.gap_ms / 1000)
+        except Exception as exc:
+            log.debug("connector heartbeats not readable up to date: %r", exc)
+            return
+        self.liveness.confirm(now_ms())
 
     async def _sweep(self) -> bool:
         """Declare the silent runs dead, only once the heartbeat view has read everything sent so far: a
@@ -673,6 +687,7 @@ class SessionRegistry(Service):
             log.warning("connectors look silent but the heartbeats cannot be read up to date (%r): nobody is "
                         "declared dead now", exc)
             return False
+        self.liveness.confirm(now_ms())  # after an outage: the silence is counted again from now
         return self._declared(self.liveness.sweep(now_ms()), "silent longer than TBMQ_CONNECTOR_TIMEOUT_MS")
 
     async def delete_dead_connector_topics(self) -> list[str]:
