@@ -495,8 +495,8 @@ async def test_persistent_device_stored_then_live_messages(connectors, registry,
     cid = unique("dev")
     now = int(time.time() * 1000)
     device_store.stored[cid] = [
-        pb.DevicePublishMsg(client_id=cid, packet_id=1, serial=10, msg=pb.PublishMsg(
-            topic="d/1", payload=b"stored", qos=1, created_at_ms=now)),
+        pb.DevicePublishMsg(client_id=cid, packet_id=1, serial=10, redelivery=True, msg=pb.PublishMsg(
+            topic="d/1", payload=b"stored", qos=1, created_at_ms=now)),  # handed out before: DUP=1
         pb.DevicePublishMsg(client_id=cid, packet_id=2, serial=11, packet_type=pb.DEVICE_PACKET_TYPE_PUBREL,
                             msg=pb.PublishMsg(topic="d/2", qos=2, created_at_ms=now)),
     ]

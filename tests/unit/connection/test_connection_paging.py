@@ -12,8 +12,8 @@ from tbmq_connection import AckStored, FetchStored
 from tbmq_mqtt import PubAck, Publish
 
 
-def stored(serial: int, pid: int | None = None, size: int = 1) -> pb.DevicePublishMsg:
-    return pb.DevicePublishMsg(client_id="dev", packet_id=pid or serial, serial=serial,
+def stored(serial: int, pid: int | None = None, size: int = 1, redelivery: bool = False) -> pb.DevicePublishMsg:
+    return pb.DevicePublishMsg(client_id="dev", packet_id=pid or serial, serial=serial, redelivery=redelivery,
                                msg=pb.PublishMsg(topic="t", payload=b"x" * size, qos=1))
 
 
@@ -35,7 +35,8 @@ def test_pages_after_the_last_serial_when_half_is_acknowledged():
     c.call("stored", first, [stored(s) for s in range(1, 11)])
     c.call("fetch_finished", first, more=True)
     got = c.take()
-    assert [p.packet_id for p in got] == list(range(1, 11)) and all(isinstance(p, Publish) and p.dup for p in got)
+    # a backlog fetched for the first time: not re-sends [MQTT-3.3.1-1]
+    assert [p.packet_id for p in got] == list(range(1, 11)) and all(isinstance(p, Publish) and not p.dup for p in got)
     assert c.take_effects(FetchStored) == []  # ten held: no room
     ack(c, got[:4])
     assert c.take_effects(FetchStored) == []  # six held: above the low-water mark (half a page)
@@ -124,3 +125,10 @@ def test_a_group_store_is_paged_the_same_way():
     c.call("store_paused", store)              # the group store's forwards stopped: page when there is room
     (again,) = c.take_effects(FetchStored)
     assert (again.store_id, again.group, again.after) == (store, True, 10)
+
+
+def test_messages_handed_out_before_go_with_dup_the_others_without():
+    c, first = persistent(page_messages=10, page_bytes=1 << 20)
+    c.call("stored", first, [stored(1, redelivery=True), stored(2, redelivery=True), stored(3)])
+    c.call("fetch_finished", first)
+    assert [(p.packet_id, p.dup) for p in c.take()] == [(1, True), (2, True), (3, False)]

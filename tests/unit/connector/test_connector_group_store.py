@@ -80,9 +80,10 @@ async def member(*, qos: int = 1, sub_id: int = 0, level: int = 5, plain: bool =
     return port, conn
 
 
-def stored(serial: int, pid: int, payload: bytes, qos: int = 1, *, pubrel: bool = False) -> pb.DevicePublishMsg:
+def stored(serial: int, pid: int, payload: bytes, qos: int = 1, *, pubrel: bool = False,
+           redelivery: bool = False) -> pb.DevicePublishMsg:
     return pb.DevicePublishMsg(
-        client_id=STORE, packet_id=pid, serial=serial,
+        client_id=STORE, packet_id=pid, serial=serial, redelivery=redelivery,
         packet_type=pb.DEVICE_PACKET_TYPE_PUBREL if pubrel else pb.DEVICE_PACKET_TYPE_PUBLISH,
         msg=pb.PublishMsg(topic="jobs/1", qos=qos, payload=payload, created_at_ms=1))
 
@@ -105,11 +106,11 @@ async def test_member_fetches_the_group_store_and_acks_map_back():
     conn.on_group_persisted(stored(2, 2, b"b"))
     conn.on_group_persisted(stored(3, 3, b"c"))
     assert not conn.m.out.inflight
-    svc.device.answer(STORE, [stored(1, 1, b"a"), stored(2, 2, b"b")])
+    svc.device.answer(STORE, [stored(1, 1, b"a", redelivery=True), stored(2, 2, b"b")])
     await until(lambda: len(inflight(conn)) == 3)
     msgs = sorted(inflight(conn).values(), key=lambda m: m.ref.serial)
     assert [m.publish.payload for m in msgs] == [b"a", b"b", b"c"]
-    assert [m.publish.dup for m in msgs] == [True, True, False]  # fetched ones may have been sent before
+    assert [m.publish.dup for m in msgs] == [True, False, False]  # "a" was handed out before: maybe sent
     assert all(m.kind == GROUP and m.fixed_id is None for m in msgs)
     # local ids come from the live allocator (not the store's 1, 2, 3)
     assert not {m.packet_id for m in msgs} & {1, 2, 3}
@@ -197,8 +198,8 @@ def test_group_stores_refetch_while_fetching_repeats_after():
     assert g.detach(STORE) and not g.again(STORE)    # detached: no more fetches
 
 
-def own(serial: int, payload: bytes) -> pb.DevicePublishMsg:
-    return pb.DevicePublishMsg(client_id="member", packet_id=serial, serial=serial,
+def own(serial: int, payload: bytes, redelivery: bool = False) -> pb.DevicePublishMsg:
+    return pb.DevicePublishMsg(client_id="member", packet_id=serial, serial=serial, redelivery=redelivery,
                                msg=pb.PublishMsg(topic="me/1", qos=1, payload=payload, created_at_ms=1))
 
 
@@ -215,16 +216,18 @@ async def test_resync_fetches_again_and_delivers_only_what_was_not_delivered():
     conn.resync()                                    # registered on a device-persistence instance now
     assert svc.device.of("resync") == []             # not concurrently: after the running fetch
     conn.on_persisted(own(3, b"c"))                  # held
-    svc.device.answer("member", [own(1, b"a"), own(2, b"b")])
+    # "a" was handed out to an earlier connection, "b" is fetched for the first time (as the store marks them)
+    svc.device.answer("member", [own(1, b"a", True), own(2, b"b")])
     await until(lambda: svc.device.of("resync") == [("member", conn.session_id)])
     assert sorted(m.ref for m in conn.m.out.inflight.values()) == [1, 2, 3]
     assert conn.m.fetching                             # still holding during the re-sync fetch
     conn.on_persisted(own(4, b"d"))                  # forwarded on the new stream: held
-    svc.device.answer("member", [own(2, b"b"), own(3, b"c"), own(4, b"d"), own(5, b"e")])
+    # handed out since: 2 (first fetch), 3 and 4 (forwarded); 5 was saved while no stream forwarded it
+    svc.device.answer("member", [own(2, b"b", True), own(3, b"c", True), own(4, b"d", True), own(5, b"e")])
     await until(lambda: not conn.m.fetching)
     msgs = sorted(conn.m.out.inflight.values(), key=lambda m: m.ref)
     assert [(m.ref, m.publish.payload, m.publish.dup) for m in msgs] == [
-        (1, b"a", True), (2, b"b", True), (3, b"c", False), (4, b"d", True), (5, b"e", True)]
+        (1, b"a", True), (2, b"b", False), (3, b"c", False), (4, b"d", True), (5, b"e", False)]
     conn.on_persisted(own(6, b"f"))                  # after the re-sync: delivered at once
     assert max(m.ref for m in conn.m.out.inflight.values()) == 6
     # idle: a re-sync starts a fetch at once

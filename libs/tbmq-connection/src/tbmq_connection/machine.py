@@ -505,10 +505,11 @@ class ConnectionMachine:
         return self.groups.fetching(fetch.store_id) if fetch.group else True
 
     def stored(self, fetch: FetchStored, messages, now: int) -> deque:
-        """(Part of) the answer of `fetch`, in store order: delivered as re-sends (DUP), one write."""
+        """(Part of) the answer of `fetch`, in store order, one write; a message handed out before
+        (`redelivery`) goes as a re-send (DUP=1), one fetched for the first time with DUP=0 [MQTT-3.3.1-1]."""
         if not messages or not self.fetch_wanted(fetch):
             return self.effects
-        self._deliver_all(self._deliver_group if fetch.group else self._deliver_device, messages, True, now)
+        self._deliver_all(self._deliver_group if fetch.group else self._deliver_device, messages, False, now)
         return self.effects
 
     def fetch_finished(self, fetch: FetchStored, now: int, more: bool = False) -> deque:
@@ -1050,7 +1051,7 @@ class ConnectionMachine:
             self.stored_sizes[dm.serial] = size
             self.stored_bytes += size
         self.deliver(m, m.qos, m.retain, m.subscription_ids, now, kind=DEVICE, fixed_id=dm.packet_id,
-                     ref=dm.serial, dup=dup, pubrel_only=pubrel)
+                     ref=dm.serial, dup=dup or dm.redelivery, pubrel_only=pubrel)
 
     # Shared DEVICE groups: while no member of a shared DEVICE group is connected, the router persists the
     # group's copies under the group store id ss_<share>_<filter> (tbmq_routing.shared_store_id). A persistent
@@ -1099,7 +1100,7 @@ class ConnectionMachine:
             return
         self.groups.holding(store_id, dm.serial, len(m.payload))  # until acknowledged: bounds the next page
         self.deliver(m, qos, retain, ids, now, kind=GROUP, ref=GroupRef(store_id, dm.packet_id, dm.serial),
-                     dup=dup)
+                     dup=dup or dm.redelivery)
 
     # ------------------------------------------------------------------------------------ APPLICATION
     def _open_app_stream(self) -> None:

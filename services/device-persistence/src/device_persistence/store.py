@@ -735,6 +735,8 @@ _PACKET_ID = bytes((2 << 3 | 0,))                # DevicePublishMsg.packet_id
 _SERIAL = bytes((3 << 3 | 0,))                   # DevicePublishMsg.serial
 _PUBREL = bytes((4 << 3 | 0, messages_pb2.DEVICE_PACKET_TYPE_PUBREL))  # packet_type (PUBLISH = 0: omitted)
 _MSG = bytes((5 << 3 | 2,))                      # DevicePublishMsg.msg
+_REDELIVERY = bytes((6 << 3 | 0, 1))             # DevicePublishMsg.redelivery = true
+_NOT_HANDED_OUT = b"\0\0"                        # the packet id bytes of a stored value never handed out
 _TYPE_PUBREL_BYTE = _TYPE_PUBREL[0]
 _SMALL_VARINTS = [bytes((n,)) for n in range(128)]
 
@@ -754,7 +756,8 @@ def _varint(n: int) -> bytes:
 def _stored_messages_wire(cid_field: bytes, reply: list[Any], start: int = 0) -> bytes:
     """fetch_undelivered.lua's {pid, serial, value, ...} (from reply[start]) as the wire bytes of the
     `messages` of a FetchUndeliveredResponse (value = type byte + 2 packet-id bytes + PublishMsg bytes,
-    the PublishMsg embedded as DevicePublishMsg.msg)."""
+    the PublishMsg embedded as DevicePublishMsg.msg). The value's packet id bytes are those from before
+    the script handed ids out: non-zero = handed out before, `redelivery` set."""
     parts: list[Any] = []
     append = parts.append
     for i in range(start, len(reply), 3):
@@ -762,10 +765,12 @@ def _stored_messages_wire(cid_field: bytes, reply: list[Any], start: int = 0) ->
         body = memoryview(value)[3:]
         head = b"".join((cid_field, _PACKET_ID, _varint(int(reply[i])), _SERIAL, _varint(int(reply[i + 1])),
                          _PUBREL if value[0] == _TYPE_PUBREL_BYTE else b"", _MSG, _varint(len(body))))
+        tail = b"" if value[1:3] == _NOT_HANDED_OUT else _REDELIVERY  # field 6 after 5: protobuf's order
         append(_RESPONSE_MESSAGE)
-        append(_varint(len(head) + len(body)))
+        append(_varint(len(head) + len(body) + len(tail)))
         append(head)
         append(body)
+        append(tail)
     return b"".join(parts)
 
 

@@ -144,18 +144,20 @@ class PersistedMsg(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
 
 class DevicePublishMsg(_message.Message):
-    __slots__ = ("client_id", "packet_id", "serial", "packet_type", "msg")
+    __slots__ = ("client_id", "packet_id", "serial", "packet_type", "msg", "redelivery")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PACKET_ID_FIELD_NUMBER: _ClassVar[int]
     SERIAL_FIELD_NUMBER: _ClassVar[int]
     PACKET_TYPE_FIELD_NUMBER: _ClassVar[int]
     MSG_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     packet_id: int
     serial: int
     packet_type: DevicePacketType
     msg: PublishMsg
-    def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
+    redelivery: bool
+    def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ..., redelivery: _Optional[bool] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
     __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay", "taken_over_will")
