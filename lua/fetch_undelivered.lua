@@ -24,7 +24,8 @@ Returns: {more, pid_1, serial_1, value_1, ..., pid_n, serial_n, value_n} in seri
   A message already handed out keeps its packet id (a re-send after a reconnect); others get one now.
   When the page reaches the end (more = 0) with "attach"/"check", the client becomes LIVE for ARGV[1]
   (state.live = ARGV[1]): save_messages.lua forwards the messages saved from now on to that connection,
-  with packet ids. Every save_messages.lua call runs wholly before or after this script (same slot), so
+  with packet ids. A page that does not reach the end makes it not live (state.live removed, also in
+  "check" mode): saves wait for the pages instead of being forwarded ahead of the backlog. Every save_messages.lua call runs wholly before or after this script (same slot), so
   a message saved before it is in this or a later page, and one saved after the last page is forwarded:
   none is stranded, and order by serial holds (a message saved while the client pages comes in a later
   page, after the backlog).
@@ -98,8 +99,15 @@ if last ~= last0 then redis.call('HSET', skey, 'pid', last) end
 if gone > 0 and redis.call('EXISTS', skey) == 1 then
   if redis.call('HINCRBY', skey, 'bytes', -gone) < 0 then redis.call('HSET', skey, 'bytes', 0) end
 end
-if more == 0 and hand then
-  redis.call('HSET', skey, 'live', value_of)
+if hand then
+  if more == 0 then
+    redis.call('HSET', skey, 'live', value_of)
+  else
+    -- not at the end: the client pages. Were it left live (a "check" page after the client was live
+    -- before, e.g. the re-sync after a device-persistence restart), new saves would be forwarded ahead
+    -- of the backlog still in the store; they wait for the pages instead.
+    redis.call('HDEL', skey, 'live')
+  end
 end
 if hand then keep_ttl({pkey, skey}, zkey, tonumber(ARGV[7]) or 604800000) end
 return out

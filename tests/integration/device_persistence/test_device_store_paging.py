@@ -180,3 +180,28 @@ async def test_ids_of_messages_that_expired_unacknowledged_do_not_count_towards_
     messages, more = await page(store, client_id, att, 5, n=100)  # their ids are free again
     assert seqs(messages) == [5, 6, 7] and not more
     await store.clear(client_id)
+
+
+async def test_a_check_page_that_does_not_reach_the_end_stops_the_forwards(store_factory, client_id):
+    """The re-sync after a device-persistence restart: the client was live when the backlog grew (its
+    forwards were handed out but never reached it), so the re-sync page (`check`) does not reach the end.
+    From then on saves must wait for the pages: forwarded, they would jump ahead of the backlog."""
+    store = await store_factory(messages_limit=1_000_000)
+    att = Attachment("conn", "s1")
+    _, more = await page(store, client_id, att, first=True)
+    assert not more                                       # live
+    res = await store.save_batch_attached(client_id, [msg(i) for i in range(30)])
+    assert res.attached == att and seqs(res.forwards) == list(range(30))  # forwards that got lost
+    got, more = await page(store, client_id, att, 0, n=10)  # the re-sync: after the last serial delivered (0)
+    assert more and seqs(got) == list(range(10))
+    assert all(d.redelivery for d in got)                 # handed out before (the lost forwards): DUP
+    res = await store.save_batch_attached(client_id, [msg(30)])
+    assert res.attached is None and res.forwards == []    # not live while paging: waits in Redis
+    while more:
+        messages, more = await page(store, client_id, att, got[-1].serial, n=10)
+        got += messages
+    assert seqs(got) == list(range(31))                   # the backlog, then what was saved meanwhile
+    assert not got[-1].redelivery                         # never handed out before: DUP=0
+    res = await store.save_batch_attached(client_id, [msg(31)])
+    assert res.attached == att and seqs(res.forwards) == [31]  # caught up: live again
+    await store.clear(client_id)

@@ -98,6 +98,43 @@ def test_a_resync_while_paging_reads_after_the_last_serial():
     assert c.take_effects(FetchStored) == [] and len(c.m.stored_sizes) == 10
 
 
+def test_forwards_ahead_of_the_backlog_wait_for_the_pages():
+    """After a device-persistence restart the re-sync page does not reach the end while forwards of newer
+    messages arrive: delivered, they would raise the last serial past the backlog and the next page (after
+    it) would skip what lies between. They are left to the pages (the store keeps them)."""
+    c, first = persistent(page_messages=10, page_bytes=1 << 20)
+    c.call("persisted", stored(50))                      # held during the first fetch
+    c.call("stored", first, [stored(s) for s in range(1, 11)])
+    c.call("fetch_finished", first, more=True)
+    got = c.take()
+    assert [p.packet_id for p in got] == list(range(1, 11))  # the held forward is not among them
+    c.call("persisted", stored(51))                      # while paging, not fetching: not delivered either
+    assert c.take() == [] and c.m.stats["forwards_behind_backlog"] == 2
+    ack(c, got)
+    (page,) = c.take_effects(FetchStored)
+    assert page.after == 10                              # not 51: nothing between is skipped
+    c.call("stored", page, [stored(s) for s in range(11, 21)] + [stored(50, redelivery=True), stored(51, redelivery=True)])
+    c.call("fetch_finished", page, more=False)
+    assert [p.packet_id for p in c.take()] == list(range(11, 21)) + [50, 51]
+    c.call("persisted", stored(52))                      # caught up: live forwards go at once
+    assert [p.packet_id for p in c.take()] == [52]
+
+
+def test_a_resync_answers_paging_again():
+    c, first = persistent(page_messages=10, page_bytes=1 << 20)
+    c.call("stored", first, [stored(s) for s in range(1, 9)])
+    c.call("fetch_finished", first, more=True)           # paging; eight held: no room for a page yet
+    c.take()
+    c.call("resync")                                     # a forward stream opened
+    (resync,) = c.take_effects(FetchStored)
+    assert (resync.resync, resync.after) == (True, 8)
+    c.call("stored", resync, [stored(9)])
+    c.call("fetch_finished", resync, more=False)         # reached the end: the store made the client live
+    assert [p.packet_id for p in c.take()] == [9]
+    c.call("persisted", stored(10))                      # so forwards go at once again
+    assert [p.packet_id for p in c.take()] == [10]
+
+
 def test_a_group_store_is_paged_the_same_way():
     from tbmq_connection.convert import topic_subscription
     from tbmq_routing import shared_store_id
@@ -115,6 +152,11 @@ def test_a_group_store_is_paged_the_same_way():
     c.call("fetch_finished", group, more=True)
     got = c.take()
     assert len(got) == 10 and c.take_effects(FetchStored) == []
+    # a forward of a newer message while the store still holds more: left to the pages (not delivered,
+    # so the next page is still fetched after serial 10)
+    c.call("group_persisted", pb.DevicePublishMsg(client_id=store, packet_id=60, serial=60,
+                                                  msg=pb.PublishMsg(topic="jobs/1", payload=b"x", qos=1)))
+    assert c.take() == [] and c.m.stats["forwards_behind_backlog"] == 1
     ack(c, got[:5])
     (page,) = c.take_effects(FetchStored)
     assert page == FetchStored(store, resync=True, group=True, after=10, max_messages=5, max_bytes=(1 << 20) - 5)

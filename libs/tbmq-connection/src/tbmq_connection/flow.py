@@ -255,20 +255,30 @@ class GroupStores:
 
     def refetch(self, store_id: str) -> bool:
         """A re-sync (a forward stream opened or ended): True when a fetch must be started now (holding
-        begins); False when the store is not attached, or a fetch is running (it is repeated after)."""
+        begins; the store's `more` is answered again by it); False when the store is not attached, or a
+        fetch is running (it is repeated after)."""
         if store_id not in self._key:
             return False
         if store_id in self._held:
             self._again.add(store_id)
             return False
+        self._more.discard(store_id)
         self._held[store_id] = []
         return True
+
+    def behind(self, store_id: str) -> bool:
+        """The store holds messages not fetched yet (`more`): a forward would jump ahead of them (and the
+        next page, fetched after the highest serial delivered, would skip them), so it is not delivered;
+        it stays stored and comes in a later page."""
+        return store_id in self._more
 
     def again(self, store_id: str) -> bool:
         """After `fetched`: True (once) when another fetch must follow (forwards are still held)."""
         if store_id in self._again:
             self._again.discard(store_id)
-            return store_id in self._held
+            if store_id in self._held:
+                self._more.discard(store_id)  # answered again by the fetch that follows
+                return True
         return False
 
     def accept(self, store_id: str, serial: int) -> bool:

@@ -487,6 +487,9 @@ class ConnectionMachine:
         if self.fetching:
             self.held_persisted.append(dm)  # delivered after the fetch's answer, in order
             return self.effects
+        if self.paging:  # behind the backlog still in the store: comes in a later page (see fetch_finished)
+            self.stats["forwards_behind_backlog"] += 1
+            return self.effects
         self._deliver_device(dm, False, now)
         return self.effects
 
@@ -494,8 +497,12 @@ class ConnectionMachine:
         """A forward of a shared group store this connection attached."""
         if self.state != CONNECTED or dm.client_id not in self.groups:
             return self.effects  # still in Redis: the next member's fetch gets it
-        if not self.groups.hold(dm.client_id, dm):
-            self._deliver_group(dm, False, now)
+        if self.groups.hold(dm.client_id, dm):
+            return self.effects
+        if self.groups.behind(dm.client_id):  # the store holds more before it: comes in a later page
+            self.stats["forwards_behind_backlog"] += 1
+            return self.effects
+        self._deliver_group(dm, False, now)
         return self.effects
 
     def fetch_wanted(self, fetch: FetchStored) -> bool:
@@ -524,7 +531,11 @@ class ConnectionMachine:
                 return self.fetch_abandoned(fetch, now)
             if more:
                 self.groups.set_more(store_id)
-            self._deliver_all(self._deliver_group, self.groups.fetched(store_id), False, now)
+            held = self.groups.fetched(store_id)
+            if self.groups.behind(store_id):
+                self.stats["forwards_behind_backlog"] += len(held)
+            else:
+                self._deliver_all(self._deliver_group, held, False, now)
             if self.groups.again(store_id) and self.state == CONNECTED:
                 self.effects.append(self._group_page(store_id, resync=True))
             else:
@@ -536,8 +547,16 @@ class ConnectionMachine:
         if more:
             self.paging = True
         held, self.held_persisted = self.held_persisted, []
-        self._deliver_all(self._deliver_device, held, False, now)
+        if self.paging:
+            # The store holds more than this page (or stopped forwarding meanwhile, store_paused): the
+            # forwards held are ahead of that backlog. Delivered now they would raise the highest serial
+            # delivered past it, and the next page (after that serial) would skip it until the client's
+            # next connect. They stay stored and come in a later page, in order (a DUP=1 re-send).
+            self.stats["forwards_behind_backlog"] += len(held)
+        else:
+            self._deliver_all(self._deliver_device, held, False, now)
         if again and self.state == CONNECTED:
+            self.paging = False  # answered again by this fetch (store_paused during it sets it again)
             self.effects.append(self._page(resync=True))
         else:
             self._next_page()
@@ -611,6 +630,7 @@ class ConnectionMachine:
             self.refetch = True
         else:
             self.fetching = True
+            self.paging = False  # answered again by this fetch (store_paused during it sets it again)
             self.stats["resyncs"] += 1
             self.effects.append(self._page(resync=True))
         for store_id in self.groups.attached():
