@@ -56,6 +56,7 @@ from tbmq_connection import (
 )
 from tbmq_auth import AuthResult
 from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck, ReasonCode
+from tbmq_platform.backoff import Backoff
 from tbmq_platform.tracing import fresh_trace_headers
 
 from .port import ConnectionPort
@@ -596,7 +597,7 @@ class Connection(asyncio.Protocol):
         reads nothing when another session attached since)."""
         m = self.m
         device = self.port.device
-        backoff = 0.5
+        backoff = Backoff()
         while True:
             try:
                 page = await device.fetch(e.store_id, m.cfg.service_id, m.session_id, resync=e.resync,
@@ -611,14 +612,13 @@ class Connection(asyncio.Protocol):
                     page = [], False
                     break
                 log.warning("client %r: FetchUndelivered(%r) failed (%s); retrying in %.1fs",
-                            m.client_id, e.store_id, exc.code().name, backoff)
+                            m.client_id, e.store_id, exc.code().name, backoff.next())
             except Exception as exc:
                 log.warning("client %r: FetchUndelivered(%r) failed (%r); stored messages come on the next "
                             "connect", m.client_id, e.store_id, exc)
                 page = [], False
                 break
-            await asyncio.sleep(backoff)  # the retry's back-off (not a synchronisation)
-            backoff = min(backoff * 2, 5.0)
+            await asyncio.sleep(backoff.current)  # the retry's back-off (not a synchronisation)
             if m.state != CONNECTED:
                 return None
         if m.state != CONNECTED:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import grpc
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
+from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, PEER_RETRY_INITIAL_S, PEER_RETRY_MAX_S, Backoff
 from tbmq_platform.metrics import grpc_client_interceptors
 from tbmq_platform.tracing import grpc_metadata
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 1024 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    *PEER_CHANNEL_OPTIONS,
 )
 
 
@@ -65,7 +67,8 @@ class AckBatcher:
 
     A call goes out `delay_s` after the first ack waiting, or at once when `max_batch` are waiting; at most
     `max_calls` calls are in flight (more acks wait and join the next call, so batches grow with the load).
-    A call that fails is logged and its acks are put back and retried with backoff (0.1 s ... 5 s): an ack
+    A call that fails is logged and its acks are put back and retried with backoff (tbmq_platform.backoff:
+    0.1 s ... 1 s): an ack
     that never arrives only means a redelivery with DUP on the next connect, never a loss, but none is
     dropped while the connector runs. Only INVALID_ARGUMENT (a bug: the ids come from the store) drops a
     batch, logged as an error.
@@ -82,7 +85,7 @@ class AckBatcher:
         self._pubrecs: list[tuple[str, int]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._calls: set[asyncio.Task] = set()
-        self._backoff = 0.0          # > 0 while device-persistence fails: the delay before the next call
+        self._backoff = Backoff()    # active while device-persistence fails: the delay before the next call
         self._closed = False
         self.stats = {"ack_calls": 0, "acks_sent": 0, "pubrecs_sent": 0, "ack_call_failures": 0}
 
@@ -101,7 +104,7 @@ class AckBatcher:
         if self._closed:
             return
         if self._timer is not None:
-            if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff:
+            if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff.active:
                 self._timer.cancel()
                 self._timer = None
                 self._flush()
@@ -109,10 +112,10 @@ class AckBatcher:
         if len(self._calls) >= self.max_calls:
             return  # a finishing call flushes what waits
         loop = asyncio.get_running_loop()
-        if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff:
+        if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff.active:
             self._flush()
         else:
-            self._timer = loop.call_later(self._backoff or self.delay_s, self._on_timer)
+            self._timer = loop.call_later(self._backoff.current or self.delay_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -155,12 +158,12 @@ class AckBatcher:
                           "redelivered on the next connect)", len(acks), len(pubrecs),
                           exc.details() if code is not None else exc)
                 return
-            self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
+            delay = self._backoff.next()
             log.warning("device-persistence AcknowledgeMany (%d acks, %d PUBRECs) failed: %s; retrying in %.1fs",
-                        len(acks), len(pubrecs), code.name if code is not None else repr(exc), self._backoff)
+                        len(acks), len(pubrecs), code.name if code is not None else repr(exc), delay)
             self._requeue(acks, pubrecs)
             return
-        self._backoff = 0.0
+        self._backoff.reset()
         self.stats["acks_sent"] += len(acks)
         self.stats["pubrecs_sent"] += len(pubrecs)
 
@@ -171,7 +174,7 @@ class AckBatcher:
     async def settle(self, timeout: float) -> None:
         """Send what waits now and wait (at most `timeout`) for the calls covering it, i.e. every ack made
         before this call (not those made meanwhile). Returns at once while backing off after a failure."""
-        if self._backoff:
+        if self._backoff.active:
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -190,7 +193,7 @@ class AckBatcher:
         deadline = loop.time() + timeout
         while self._acks or self._pubrecs or self._calls:
             if self._acks or self._pubrecs:
-                if self._timer is not None and not self._backoff:
+                if self._timer is not None and not self._backoff.active:
                     self._timer.cancel()
                     self._timer = None
                     self._flush()
@@ -237,15 +240,14 @@ class ForwardLink:
 
     def __init__(self, target: str, stub: sgrpc.DevicePersistenceStub, service_id: str, *,
                  on_batch: Callable, on_open: Callable, on_close: Callable,
-                 backoff_s: float = 0.2, max_backoff_s: float = 5.0) -> None:
+                 backoff_s: float = PEER_RETRY_INITIAL_S, max_backoff_s: float = PEER_RETRY_MAX_S) -> None:
         self.target = target
         self._stub = stub
         self.service_id = service_id
         self._on_batch = on_batch
         self._on_open = on_open
         self._on_close = on_close
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(backoff_s, max_backoff_s)
         self._queue: asyncio.Queue | None = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._seq = itertools.count(1)
@@ -283,7 +285,7 @@ class ForwardLink:
         return acked
 
     async def _run(self) -> None:
-        backoff = self._backoff_s
+        backoff = self._backoff
         loop = asyncio.get_running_loop()
         while True:
             queue: asyncio.Queue = asyncio.Queue()
@@ -305,13 +307,13 @@ class ForwardLink:
                     elif kind == "ready":
                         self.open = True
                         self.stats["opened"] += 1
-                        backoff = self._backoff_s
+                        backoff.reset()
                         log.info("forward stream to %s open (%s)", self.target, down.ready.instance_id)
                         self._on_open(self)
                 log.info("forward stream to %s ended by the server; reopening", self.target)
             except grpc.aio.AioRpcError as exc:
                 log.warning("forward stream to %s failed: %s; reopening in %.1fs", self.target,
-                            exc.code().name, backoff)
+                            exc.code().name, backoff.next())
             finally:
                 was_open, self.open = self.open, False
                 self._queue = None
@@ -325,8 +327,7 @@ class ForwardLink:
                 await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
                 if was_open and not self._stopped:
                     self._on_close(self)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._max_backoff_s)
+            await asyncio.sleep(backoff.current or backoff.next())  # the retry's back-off
 
 
 class DevicePersistenceClient:
@@ -473,7 +474,7 @@ class AppStream:
 
     def __init__(self, channels: AppDeliveryChannels, open_msg: spb.AppOpen,
                  on_record: Callable[[spb.AppRecord], None], *, on_records: Callable[..., None] | None = None,
-                 backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
+                 backoff_s: float = 0.5, max_backoff_s: float = 5.0) -> None:
         self.target, self._stub = channels.stub_for(open_msg.client_id)
         open_msg.batches = True
         self.open_msg = open_msg
@@ -526,7 +527,7 @@ class AppStream:
             pass  # the call is over: the read side reports how, and the attempt ends
 
     async def _run(self) -> None:
-        backoff = self._backoff_s
+        backoff = Backoff(self._backoff_s, self._max_backoff_s)
         client_id = self.open_msg.client_id
         loop = asyncio.get_running_loop()
         on_records = self._on_records
@@ -540,7 +541,7 @@ class AppStream:
                 async for down in call:
                     if not self.connected:
                         self.connected = True
-                        backoff = self._backoff_s
+                        backoff.reset()
                     kind = down.WhichOneof("kind")
                     if kind == "batch":
                         self._batched = True
@@ -550,7 +551,7 @@ class AppStream:
                 log.info("app-delivery stream of %s ended by %s; reopening", client_id, self.target)
             except grpc.aio.AioRpcError as exc:
                 log.warning("app-delivery stream of %s at %s failed: %s; retrying in %.1fs",
-                            client_id, self.target, exc.code().name, backoff)
+                            client_id, self.target, exc.code().name, backoff.next())
             finally:
                 self._queue = None
                 self.connected = False
@@ -558,5 +559,4 @@ class AppStream:
                 writer.cancel()
                 # shielded: a second cancellation of this task must not leave the writer un-awaited
                 await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._max_backoff_s)
+            await asyncio.sleep(backoff.current or backoff.next())  # the retry's back-off

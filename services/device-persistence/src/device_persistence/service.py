@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry import trace
 from redis.exceptions import RedisError
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.backoff import Backoff
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
 from tbmq_platform.retention import RetentionWatch
@@ -217,7 +218,7 @@ class DevicePersistenceService(Service):
                   (time.monotonic() - t0) * 1000)
 
     async def _save(self, groups):
-        delay = 0.1
+        backoff = Backoff()
         while True:
             try:
                 results = await self.store.save_many_attached(groups)
@@ -229,9 +230,9 @@ class DevicePersistenceService(Service):
                 if self._stopping:
                     log.warning("save failed while stopping (%r): batch left uncommitted", exc)
                     return None
+                delay = backoff.next()
                 log.warning("saving a batch in Redis failed (%r); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     def _start_commit(self) -> None:
         """Commit the pending (saved) offsets in the background, unless a commit is in flight (then they

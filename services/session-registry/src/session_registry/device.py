@@ -14,6 +14,7 @@ import time
 
 import grpc
 from tbmq.v1 import services_pb2, services_pb2_grpc
+from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff
 from tbmq_platform.tracing import grpc_metadata
 
 log = logging.getLogger(__name__)
@@ -30,16 +31,12 @@ class DeviceClearer:
         self._channel: grpc.aio.Channel | None = None
         self._stub: services_pb2_grpc.DevicePersistenceStub | None = None
         self._down_until = 0.0
-        self._backoff = 0.1
+        self._backoff = Backoff(max_s=5.0)  # while device-persistence fails, calls without a retry budget fail fast
         self.calls = 0
 
     def _ensure(self) -> services_pb2_grpc.DevicePersistenceStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=[
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ])
+            self._channel = grpc.aio.insecure_channel(self.target, options=PEER_CHANNEL_OPTIONS)
             self._stub = services_pb2_grpc.DevicePersistenceStub(self._channel)
         return self._stub
 
@@ -61,15 +58,14 @@ class DeviceClearer:
                                                   timeout=min(self.call_timeout_s, max(0.2, retry_for_s)),
                                                   metadata=grpc_metadata())
                 self._down_until = 0.0
-                self._backoff = 0.1
+                self._backoff.reset()
                 return resp.removed
             except grpc.aio.AioRpcError as exc:
                 last = exc
                 log.warning("DevicePersistence.Clear(%s) at %s failed: %s", client_id, self.target, exc.code())
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._down_until = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, 5.0)
+                self._down_until = time.monotonic() + self._backoff.next()
                 raise ClearFailed(f"device-persistence {self.target}: {last}")
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, 1.0)
