@@ -100,7 +100,12 @@ class Publisher:
         self.c = _client(self.id, clean=True, window=self.window)
         self.c.on_connect = lambda c, u, f, rc, p: self.connected.set() if not rc.is_failure else None
         self.c.on_disconnect = lambda c, u, f, rc, p: self.connected.clear()
+        self.c.on_publish = self._on_publish
         self.c.reconnect_delay_set(0.2, 2.0)
+        self._pubacked: set[int] = set()  # mids whose PUBACK arrived (paho's network thread adds them)
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        self._pubacked.add(mid)
 
     def start(self) -> None:
         self.c.connect(self.host, self.port, keepalive=10)
@@ -108,14 +113,17 @@ class Publisher:
 
     def poll(self) -> None:
         """Collect PUBACKs. (After a reconnect paho itself re-sends every QoS 1 message it has no PUBACK for,
-        with DUP set.)"""
+        with DUP set.) A message published while the connection was dropping has an error code in its
+        MessageInfo for good (is_published raises), although paho queued it, sent it after the reconnect and
+        got its PUBACK: its PUBACK is seen through on_publish instead."""
         now = time.monotonic()
         for seq, info in list(self.inflight.items()):
             try:
                 done = info.is_published()
             except RuntimeError:
-                done = False
+                done = info.mid in self._pubacked
             if done:
+                self._pubacked.discard(info.mid)
                 self.acked[seq] = now
                 del self.inflight[seq]
 

@@ -83,3 +83,11 @@ def test_retention_warn_fraction_must_be_a_fraction():
     with pytest.raises(SettingsError) as e:
         load(CommonSettings, {"TBMQ_RETENTION_WARN_FRACTION": "1.5", "TBMQ_RETENTION_WATCH_INTERVAL_S": "-1"})
     assert "TBMQ_RETENTION_WARN_FRACTION" in str(e.value) and "TBMQ_RETENTION_WATCH_INTERVAL_S" in str(e.value)
+
+
+def test_static_membership_uses_the_instance_id_unless_switched_off():
+    assert load(CommonSettings, {"TBMQ_SERVICE_ID": "router-2"}).group_instance_id == "router-2"
+    assert load(CommonSettings, {"TBMQ_SERVICE_ID": "router-2",
+                                 "TBMQ_KAFKA_STATIC_MEMBERSHIP": "false"}).group_instance_id is None
+    with pytest.raises(SettingsError, match="TBMQ_KAFKA_STATIC_MEMBERSHIP"):
+        load(CommonSettings, {"TBMQ_KAFKA_STATIC_MEMBERSHIP": "maybe"})

@@ -218,6 +218,11 @@ class CommonSettings:
     topic_min_insync_replicas: int = env("TBMQ_TOPIC_MIN_INSYNC_REPLICAS", 1, parse=integer(1, 32),
                                          doc="min.insync.replicas of the topics this service creates: an "
                                              "acknowledged record is on at least this many brokers (production: 2)")
+    kafka_static_membership: bool = env(
+        "TBMQ_KAFKA_STATIC_MEMBERSHIP", True, parse=boolean,
+        doc="the message-path consumer groups (router, device-persistence) join with group.instance.id = "
+            "TBMQ_SERVICE_ID: a restarted instance gets its partitions back at once instead of after its dead "
+            "predecessor's session timeout; a stopped one keeps them until that timeout (ids must be unique)")
     retention_watch_interval_s: float = env("TBMQ_RETENTION_WATCH_INTERVAL_S", 60.0, parse=number(0),
                                             doc="how often a consumer of the message topics compares its "
                                                 "backlog with the topic's retention.ms (0 = off; "
@@ -229,6 +234,11 @@ class CommonSettings:
     @property
     def instance_id(self) -> str:
         return self.service_id or f"{self.service_name}-1"
+
+    @property
+    def group_instance_id(self) -> str | None:
+        """Kafka static membership (KIP-345) of this instance's message-path consumer, or None."""
+        return self.instance_id if self.kafka_static_membership else None
 
     @property
     def bootstrap(self) -> str:

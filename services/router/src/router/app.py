@@ -780,6 +780,7 @@ def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[f
         broker_max_poll_records=settings.max_poll_records,
         stream_wait_empty=True,
         broker_session_timeout=settings.session_timeout_s,
+        consumer_group_instance_id=settings.group_instance_id,  # static membership: fast restarts
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         topic_disable_leader=True,
         key_serializer="raw",
