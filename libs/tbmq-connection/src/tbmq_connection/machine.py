@@ -487,22 +487,15 @@ class ConnectionMachine:
         if self.fetching:
             self.held_persisted.append(dm)  # delivered after the fetch's answer, in order
             return self.effects
-        if self.paging:  # behind the backlog still in the store: comes in a later page (see fetch_finished)
-            self.stats["forwards_behind_backlog"] += 1
-            return self.effects
-        self._deliver_device(dm, False, now)
+        self._deliver_forwards(self._deliver_device, (dm,), self.paging, now)
         return self.effects
 
     def group_persisted(self, dm: pb.DevicePublishMsg, now: int) -> deque:
         """A forward of a shared group store this connection attached."""
         if self.state != CONNECTED or dm.client_id not in self.groups:
             return self.effects  # still in Redis: the next member's fetch gets it
-        if self.groups.hold(dm.client_id, dm):
-            return self.effects
-        if self.groups.behind(dm.client_id):  # the store holds more before it: comes in a later page
-            self.stats["forwards_behind_backlog"] += 1
-            return self.effects
-        self._deliver_group(dm, False, now)
+        if not self.groups.hold(dm.client_id, dm):
+            self._deliver_forwards(self._deliver_group, (dm,), self.groups.behind(dm.client_id), now)
         return self.effects
 
     def fetch_wanted(self, fetch: FetchStored) -> bool:
@@ -531,11 +524,8 @@ class ConnectionMachine:
                 return self.fetch_abandoned(fetch, now)
             if more:
                 self.groups.set_more(store_id)
-            held = self.groups.fetched(store_id)
-            if self.groups.behind(store_id):
-                self.stats["forwards_behind_backlog"] += len(held)
-            else:
-                self._deliver_all(self._deliver_group, held, False, now)
+            self._deliver_forwards(self._deliver_group, self.groups.fetched(store_id),
+                                   self.groups.behind(store_id), now)
             if self.groups.again(store_id) and self.state == CONNECTED:
                 self.effects.append(self._group_page(store_id, resync=True))
             else:
@@ -547,14 +537,7 @@ class ConnectionMachine:
         if more:
             self.paging = True
         held, self.held_persisted = self.held_persisted, []
-        if self.paging:
-            # The store holds more than this page (or stopped forwarding meanwhile, store_paused): the
-            # forwards held are ahead of that backlog. Delivered now they would raise the highest serial
-            # delivered past it, and the next page (after that serial) would skip it until the client's
-            # next connect. They stay stored and come in a later page, in order (a DUP=1 re-send).
-            self.stats["forwards_behind_backlog"] += len(held)
-        else:
-            self._deliver_all(self._deliver_device, held, False, now)
+        self._deliver_forwards(self._deliver_device, held, self.paging, now)
         if again and self.state == CONNECTED:
             self.paging = False  # answered again by this fetch (store_paused during it sets it again)
             self.effects.append(self._page(resync=True))
@@ -1048,6 +1031,17 @@ class ConnectionMachine:
         return data
 
     # ------------------------------------------------------------------------------------ persistent DEVICE
+    def _deliver_forwards(self, deliver_one, forwards, behind: bool, now: int) -> None:
+        """Forwards of a store (saved while this connection was live on it), unless the store holds more
+        before them (`behind`: more than the last page, or it stopped forwarding, store_paused). Delivered
+        then, they would raise the highest serial delivered past that backlog, and the next page (after
+        that serial) would skip it until the client's next connect. They stay stored and come in a later
+        page, in order (a DUP=1 re-send)."""
+        if behind:
+            self.stats["forwards_behind_backlog"] += len(forwards)
+        else:
+            self._deliver_all(deliver_one, forwards, False, now)
+
     def _deliver_all(self, deliver_one, messages, dup: bool, now: int) -> None:
         """`deliver_one` for each of `messages`, then one write of what fits the window."""
         if not messages:

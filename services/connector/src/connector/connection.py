@@ -611,14 +611,15 @@ class Connection(asyncio.Protocol):
                                 "connect", m.client_id, e.store_id, exc.code().name)
                     page = [], False
                     break
+                delay = backoff.next()
                 log.warning("client %r: FetchUndelivered(%r) failed (%s); retrying in %.1fs",
-                            m.client_id, e.store_id, exc.code().name, backoff.next())
+                            m.client_id, e.store_id, exc.code().name, delay)
             except Exception as exc:
                 log.warning("client %r: FetchUndelivered(%r) failed (%r); stored messages come on the next "
                             "connect", m.client_id, e.store_id, exc)
                 page = [], False
                 break
-            await asyncio.sleep(backoff.current)  # the retry's back-off (not a synchronisation)
+            await asyncio.sleep(delay)  # the retry's back-off (not a synchronisation)
             if m.state != CONNECTED:
                 return None
         if m.state != CONNECTED:

@@ -47,7 +47,7 @@ class DeviceClearer:
 
     async def clear(self, client_id: str, retry_for_s: float = 0.0) -> int:
         deadline = time.monotonic() + retry_for_s
-        delay = 0.05
+        retry = Backoff(0.05, 1.0)  # between the attempts of this call, within retry_for_s
         last: Exception | None = None
         if retry_for_s <= 0 and time.monotonic() < self._down_until:
             raise ClearFailed(f"device-persistence {self.target} unavailable (backing off)")
@@ -67,5 +67,4 @@ class DeviceClearer:
             if remaining <= 0:
                 self._down_until = time.monotonic() + self._backoff.next()
                 raise ClearFailed(f"device-persistence {self.target}: {last}")
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, 1.0)
+            await asyncio.sleep(min(retry.next(), remaining))
