@@ -30,7 +30,9 @@ Returns: {more, pid_1, serial_1, value_1, ..., pid_n, serial_n, value_n} in seri
   none is stranded, and order by serial holds (a message saved while the client pages comes in a later
   page, after the backlog).
   References whose value expired are removed (lazy cleanup; their bytes leave state.bytes).
-Cost: O(page) (plus the expired references skipped), never the whole backlog.
+Cost: O(page) (plus the expired references skipped), never the whole backlog; per chunk of up to 256
+  members one ZRANGEBYSCORE, one MGET of the values, one HMGET and one HSET for the packet ids handed out,
+  and a SETRANGE per message handed out: no per-message GET/HGET/HSET.
 ]]
 local zkey, pkey, skey, akey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local value_of, mode = ARGV[1], ARGV[2]
@@ -57,42 +59,79 @@ local cursor = '(' .. (ARGV[3] or '0')
 local more = 0
 local chunk = 256
 if max_count > 0 and max_count < chunk then chunk = max_count + 1 end
+-- per chunk of members: one MGET of the values, one HMGET for the packet ids handed out (free_pids), one
+-- HSET recording them, a SETRANGE per newly handed-out value; never a call per message for the rest
 while true do
   local members = redis.call('ZRANGEBYSCORE', zkey, cursor, '+inf', 'LIMIT', 0, chunk)
+  -- the members that fit the page's bounds (their sizes are in the members)
+  local take, serials, mkeys = {}, {}, {}
+  local n_count, n_bytes = count, bytes
   local stop = false
   for i = 1, #members do
     local member = members[i]
-    local serial = member_serial(member)
     local size = member_size(member)
-    if (max_count > 0 and count >= max_count) or (max_bytes > 0 and count > 0 and bytes + size > max_bytes) then
+    if (max_count > 0 and n_count >= max_count) or (max_bytes > 0 and n_count > 0 and n_bytes + size > max_bytes) then
       more, stop = 1, true
       break
     end
-    local mkey = prefix .. serial
-    local value = redis.call('GET', mkey)
-    if not value then
-      redis.call('ZREM', zkey, member)
-      gone = gone + size
-    else
-      local pid = string.byte(value, 2) * 256 + string.byte(value, 3)
-      if pid == 0 and hand then
-        if handed >= hlimit then
-          more, stop = 1, true
-          break
-        end
-        pid = hand_out(pkey, last, member, prefix, mkey)
-        last = pid
-        handed = handed + 1
-      end
-      out[#out + 1] = pid
-      out[#out + 1] = tonumber(serial)
-      out[#out + 1] = value
-      count = count + 1
-      bytes = bytes + size
-    end
-    cursor = '(' .. serial
+    local serial = member_serial(member)
+    take[#take + 1] = member
+    serials[#serials + 1] = serial
+    mkeys[#mkeys + 1] = prefix .. serial
+    n_count = n_count + 1
+    n_bytes = n_bytes + size
   end
-  if stop or #members < chunk then break end
+  local chunk_gone = false
+  if #take > 0 then
+    local values = redis.call('MGET', unpack(mkeys))
+    local r_pid, r_serial, r_value, fresh = {}, {}, {}, {}
+    for i = 1, #take do
+      local value = values[i]
+      if not value then
+        redis.call('ZREM', zkey, take[i])
+        gone = gone + member_size(take[i])
+        chunk_gone = true
+      else
+        local pid = string.byte(value, 2) * 256 + string.byte(value, 3)
+        if pid == 0 and hand then
+          if handed >= hlimit then
+            more, stop, chunk_gone = 1, true, false
+            break
+          end
+          handed = handed + 1
+          fresh[#fresh + 1] = i
+        end
+        r_pid[i] = pid
+        count = count + 1
+        bytes = bytes + member_size(take[i])
+      end
+      cursor = '(' .. serials[i]
+    end
+    if #fresh > 0 then
+      local ids
+      ids, last = free_pids(pkey, last, #fresh, prefix)
+      local hargs = {}
+      for j = 1, #fresh do
+        local i = fresh[j]
+        r_pid[i] = ids[j]
+        hargs[#hargs + 1] = ids[j]
+        hargs[#hargs + 1] = take[i]
+        redis.call('SETRANGE', mkeys[i], 1, pid_bytes(ids[j]))
+      end
+      redis.call('HSET', pkey, unpack(hargs))
+    end
+    for i = 1, #take do
+      local pid = r_pid[i]
+      if pid then
+        out[#out + 1] = pid
+        out[#out + 1] = tonumber(serials[i])
+        out[#out + 1] = values[i]
+      end
+    end
+  end
+  -- a chunk cut short by the bounds but with expired references in it: the page has room left, go on
+  if (stop and not chunk_gone) or #members < chunk then break end
+  if stop then more, stop = 0, false end
 end
 out[1] = more
 if last ~= last0 then redis.call('HSET', skey, 'pid', last) end

@@ -28,23 +28,44 @@ local function pid_bytes(pid)
   return string.char(math.floor(pid / 256), pid % 256)
 end
 
+local function free_pids(pids_key, last, n, msg_prefix)
+  -- the next `n` free packet ids after `last`, in hand-out order, and the new last id: one HMGET per
+  -- round (not one HGET per id). The caller records them (HSET pids_key id member ...) and writes them
+  -- into the values. n + the ids in use <= 65534 (the callers' handed-out limit), so one turn of the id
+  -- space finds them.
+  local ids = {}
+  local tried = 0
+  while #ids < n do
+    local want = n - #ids
+    local cand = {}
+    for i = 1, want do
+      last = (last % 65535) + 1
+      cand[i] = last
+    end
+    tried = tried + want
+    local owners = redis.call('HMGET', pids_key, unpack(cand))
+    for i = 1, want do
+      local owner = owners[i]
+      if not owner or redis.call('EXISTS', msg_prefix .. member_serial(owner)) == 0 then
+        ids[#ids + 1] = cand[i]
+      end
+    end
+    if #ids < n and tried >= 65535 then
+      error('no free packet id')
+    end
+  end
+  return ids, last
+end
+
 -- a free packet id after `last`, recorded in `pids_key` for `member` and written into the stored value
 -- at `mkey`; returns the id (the caller keeps it as the new `last`)
 local function hand_out(pids_key, last, member, msg_prefix, mkey)
-  for _ = 1, 65535 do
-    last = (last % 65535) + 1
-    local owner = redis.call('HGET', pids_key, last)
-    if not owner or redis.call('EXISTS', msg_prefix .. member_serial(owner)) == 0 then
-      redis.call('HSET', pids_key, last, member)
-      redis.call('SETRANGE', mkey, 1, pid_bytes(last))
-      return last
-    end
-  end
-  return redis.error_reply('ERR no free packet id')
+  local _, new_last = free_pids(pids_key, last, 1, msg_prefix)
+  redis.call('HSET', pids_key, new_last, member)
+  redis.call('SETRANGE', mkey, 1, pid_bytes(new_last))
+  return new_last
 end
 
--- packet ids in use: HLEN of `pids_key`, after dropping (once per call, and only when `hlimit` is reached)
--- the entries of messages that expired unacknowledged (their value is gone, so nothing else frees them)
 local function handed_out(pids_key, msg_prefix, hlimit)
   local n = redis.call('HLEN', pids_key)
   if n < hlimit then return n end

@@ -165,6 +165,28 @@ async def test_page_byte_bound(store_factory, client_id):
     await store.clear(client_id)
 
 
+async def test_expired_references_inside_a_bounded_page_do_not_shorten_it(store_factory, client_id):
+    """A page is read a chunk at a time (one MGET of the values per chunk): references whose value expired
+    are dropped and do not count, so the page still holds `n` live messages when there are that many."""
+    store = await store_factory()
+    att = Attachment("conn", "s1")
+    await store.save_batch(client_id, [msg(i) for i in range(2)])
+    await store.save_batch(client_id, [msg(i) for i in range(2, 5)], default_ttl=1)
+    await store.save_batch(client_id, [msg(i) for i in range(5, 10)])
+
+    async def expired() -> bool:
+        return await store.redis.exists(*(client_keys(client_id).message(s) for s in range(3, 6))) == 0
+
+    await wait_until(expired, 5, "the three short-lived messages expired")
+    messages, more = await page(store, client_id, att, first=True, n=5)
+    assert seqs(messages) == [0, 1, 5, 6, 7] and more
+    assert [d.packet_id for d in messages] == [1, 2, 3, 4, 5]  # handed out in order, none for the expired
+    assert await store.redis.zcard(client_keys(client_id).messages) == 7  # the stale references dropped
+    messages, more = await page(store, client_id, att, messages[-1].serial, n=5)
+    assert seqs(messages) == [8, 9] and not more
+    await store.clear(client_id)
+
+
 async def test_ids_of_messages_that_expired_unacknowledged_do_not_count_towards_the_limit(store_factory, client_id):
     store = await store_factory(handed_out_limit=5)
     att = Attachment("conn", "s1")

@@ -1,7 +1,7 @@
 """A persistent DEVICE client's stored backlog in pages (issue 14: "stored backlogs fetched in pages", the
 outbound queue bounded for persistent DEVICE too): the machine holds at most one page of its own stored
-messages, asks for the room left after the last serial delivered, fetches the next page when what it holds
-drained to half a page, and pages again when device-persistence stops forwarding (`store_paused`). Pure: no
+messages, asks for the room left after the last serial delivered, fetches the next page once a quarter of a
+page is free (`MachineConfig.page_room`), and pages again when device-persistence stops forwarding (`store_paused`). Pure: no
 sockets, no loop, no sleeps."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def ack(c: Client, packets) -> None:
         c.send(PubAck(p.packet_id))
 
 
-def test_pages_after_the_last_serial_when_half_is_acknowledged():
+def test_pages_after_the_last_serial_once_a_quarter_of_a_page_is_free():
     c, first = persistent(page_messages=10, page_bytes=1 << 20)
     assert first == FetchStored("dev", resync=False, after=0, max_messages=10, max_bytes=1 << 20)
     c.call("stored", first, [stored(s) for s in range(1, 11)])
@@ -38,21 +38,29 @@ def test_pages_after_the_last_serial_when_half_is_acknowledged():
     # a backlog fetched for the first time: not re-sends [MQTT-3.3.1-1]
     assert [p.packet_id for p in got] == list(range(1, 11)) and all(isinstance(p, Publish) and not p.dup for p in got)
     assert c.take_effects(FetchStored) == []  # ten held: no room
-    ack(c, got[:4])
-    assert c.take_effects(FetchStored) == []  # six held: above the low-water mark (half a page)
-    ack(c, got[4:5])
-    (page,) = c.take_effects(FetchStored)     # five held: the room left, after serial 10, read only
-    assert page == FetchStored("dev", resync=True, after=10, max_messages=5, max_bytes=(1 << 20) - 5)
-    assert [e.packet_id for e in c.take_effects(AckStored)] == [1, 2, 3, 4, 5]
-    ack(c, got[5:7])
+    ack(c, got[:1])
+    assert c.take_effects(FetchStored) == []  # nine held: less than a quarter of a page free
+    ack(c, got[1:2])
+    (page,) = c.take_effects(FetchStored)     # eight held: the room left, after serial 10, read only
+    assert page == FetchStored("dev", resync=True, after=10, max_messages=2, max_bytes=(1 << 20) - 8)
+    assert [e.packet_id for e in c.take_effects(AckStored)] == [1, 2]
+    ack(c, got[2:7])
     assert c.take_effects(FetchStored) == []  # a page is already being fetched
-    c.call("stored", page, [stored(s) for s in range(11, 16)])
+    c.call("stored", page, [stored(s) for s in range(11, 13)])
+    c.call("fetch_finished", page, more=True)
+    assert [p.packet_id for p in c.take()] == [11, 12]
+    assert len(c.m.stored_sizes) == 5         # never more than a page held
+    # three held plus the two new: room for a quarter, so the next page is asked for at once (while the
+    # client still works through what it holds), sized to all the room there is
+    (page,) = c.take_effects(FetchStored)
+    assert (page.after, page.max_messages) == (12, 5)
+    c.call("stored", page, [stored(s) for s in range(13, 18)])
     c.call("fetch_finished", page, more=False)
-    assert [p.packet_id for p in c.take()] == list(range(11, 16))
-    assert len(c.m.stored_sizes) == 8         # never more than a page held
+    assert [p.packet_id for p in c.take()] == list(range(13, 18))
+    assert len(c.m.stored_sizes) == 10        # a full page held, never more
     ack(c, got[7:])
     assert c.take_effects(FetchStored) == []  # the store had no more: nothing to fetch
-    assert c.m.stats["stored_pages"] == 1
+    assert c.m.stats["stored_pages"] == 2
 
 
 def test_the_byte_bound_sizes_the_page():
@@ -61,10 +69,10 @@ def test_the_byte_bound_sizes_the_page():
     c.call("stored", first, [stored(s, size=300) for s in range(1, 4)])
     c.call("fetch_finished", first, more=True)
     got = c.take()
-    assert c.take_effects(FetchStored) == []  # 900 bytes held: above half
-    ack(c, got[:2])
+    assert c.take_effects(FetchStored) == []  # 900 bytes held: less than a quarter of the bytes free
+    ack(c, got[:1])
     (page,) = c.take_effects(FetchStored)
-    assert (page.after, page.max_messages, page.max_bytes) == (3, 99, 700)
+    assert (page.after, page.max_messages, page.max_bytes) == (3, 98, 400)
 
 
 def test_store_paused_pages_again_once_there_is_room():
@@ -76,9 +84,11 @@ def test_store_paused_pages_again_once_there_is_room():
     assert len(got) == 20
     c.call("store_paused", "dev")                       # the store's handed-out limit: forwards stopped
     assert c.take_effects(FetchStored) == []
-    ack(c, got[:15])
+    ack(c, got[:11])
+    assert c.take_effects(FetchStored) == []  # nine held: less than a quarter of a page free
+    ack(c, got[11:12])
     (page,) = c.take_effects(FetchStored)
-    assert (page.resync, page.after, page.max_messages) == (True, 20, 5)
+    assert (page.resync, page.after, page.max_messages) == (True, 20, 2)
     c.call("stored", page, [stored(21)])
     c.call("fetch_finished", page, more=False)
     assert [p.packet_id for p in c.take()] == [21]
@@ -86,15 +96,16 @@ def test_store_paused_pages_again_once_there_is_room():
 
 def test_a_resync_while_paging_reads_after_the_last_serial():
     c, first = persistent(page_messages=10, page_bytes=1 << 20)
-    c.call("stored", first, [stored(s) for s in range(1, 9)])
-    c.call("fetch_finished", first, more=True)
+    c.call("stored", first, [stored(s) for s in range(1, 10)])
+    c.call("fetch_finished", first, more=True)           # nine held: no room for a page yet
     c.take()
+    assert c.take_effects(FetchStored) == []
     c.call("resync")
     (resync,) = c.take_effects(FetchStored)
-    assert (resync.resync, resync.after, resync.max_messages) == (True, 8, 2)
+    assert (resync.resync, resync.after, resync.max_messages) == (True, 9, 1)
     c.call("stored", resync, [stored(7), stored(8), stored(9), stored(10)])  # overlap skipped by serial
     c.call("fetch_finished", resync, more=True)
-    assert [p.packet_id for p in c.take()] == [9, 10]
+    assert [p.packet_id for p in c.take()] == [10]
     assert c.take_effects(FetchStored) == [] and len(c.m.stored_sizes) == 10
 
 
@@ -122,17 +133,17 @@ def test_forwards_ahead_of_the_backlog_wait_for_the_pages():
 
 def test_a_resync_answers_paging_again():
     c, first = persistent(page_messages=10, page_bytes=1 << 20)
-    c.call("stored", first, [stored(s) for s in range(1, 9)])
-    c.call("fetch_finished", first, more=True)           # paging; eight held: no room for a page yet
+    c.call("stored", first, [stored(s) for s in range(1, 10)])
+    c.call("fetch_finished", first, more=True)           # paging; nine held: no room for a page yet
     c.take()
     c.call("resync")                                     # a forward stream opened
     (resync,) = c.take_effects(FetchStored)
-    assert (resync.resync, resync.after) == (True, 8)
-    c.call("stored", resync, [stored(9)])
+    assert (resync.resync, resync.after) == (True, 9)
+    c.call("stored", resync, [stored(10)])
     c.call("fetch_finished", resync, more=False)         # reached the end: the store made the client live
-    assert [p.packet_id for p in c.take()] == [9]
-    c.call("persisted", stored(10))                      # so forwards go at once again
     assert [p.packet_id for p in c.take()] == [10]
+    c.call("persisted", stored(11))                      # so forwards go at once again
+    assert [p.packet_id for p in c.take()] == [11]
 
 
 def test_a_group_store_is_paged_the_same_way():
@@ -157,12 +168,14 @@ def test_a_group_store_is_paged_the_same_way():
     c.call("group_persisted", pb.DevicePublishMsg(client_id=store, packet_id=60, serial=60,
                                                   msg=pb.PublishMsg(topic="jobs/1", payload=b"x", qos=1)))
     assert c.take() == [] and c.m.stats["forwards_behind_backlog"] == 1
-    ack(c, got[:5])
+    ack(c, got[:1])
+    assert c.take_effects(FetchStored) == []
+    ack(c, got[1:2])
     (page,) = c.take_effects(FetchStored)
-    assert page == FetchStored(store, resync=True, group=True, after=10, max_messages=5, max_bytes=(1 << 20) - 5)
-    assert sorted(e.packet_id for e in c.take_effects(AckStored)) == [1, 2, 3, 4, 5]  # the store's ids
+    assert page == FetchStored(store, resync=True, group=True, after=10, max_messages=2, max_bytes=(1 << 20) - 8)
+    assert sorted(e.packet_id for e in c.take_effects(AckStored)) == [1, 2]  # the store's ids
     c.call("fetch_finished", page, more=False)
-    ack(c, got[5:])
+    ack(c, got[2:])
     assert c.take_effects(FetchStored) == []
     c.call("store_paused", store)              # the group store's forwards stopped: page when there is room
     (again,) = c.take_effects(FetchStored)

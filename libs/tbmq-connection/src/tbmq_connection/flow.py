@@ -26,6 +26,7 @@ is the mapping local id -> (store id, store packet id) used to acknowledge the g
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,13 +311,12 @@ class GroupStores:
         out = self._out.get(store_id)
         return (len(out), sum(out.values())) if out else (0, 0)
 
-    def page_due(self, store_id: str, low_messages: int, low_bytes: int) -> bool:
+    def page_due(self, store_id: str, fits: Callable[[int, int], bool]) -> bool:
         """True (once: `more` is consumed and holding begins, as for a re-sync) when the store has more, no
-        fetch runs and what is held drained to the low-water mark: the caller fetches the next page."""
+        fetch runs and what is held (messages, bytes) `fits` the next page: the caller fetches it."""
         if store_id not in self._more or store_id in self._held:
             return False
-        n, b = self.room(store_id)
-        if n > low_messages or b > low_bytes:
+        if not fits(*self.room(store_id)):
             return False
         self._more.discard(store_id)
         self._held[store_id] = []

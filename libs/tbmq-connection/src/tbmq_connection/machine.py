@@ -147,7 +147,7 @@ class MachineConfig:
     connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
     page_messages: int = 1000            # own stored messages held per connection (a page; the next page is
-    page_bytes: int = 1024 * 1024        # ... fetched when what is held drained to half of these)
+    page_bytes: int = 1024 * 1024        # ... fetched once a quarter of these is free: `page_room`)
     response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
     # limits one client cannot push the connector past (tbmq_connection.limits; docs/security.md)
     max_topic_bytes: int = 4096          # topic names and filters, UTF-8 bytes
@@ -155,6 +155,14 @@ class MachineConfig:
     max_subscriptions: int = 1000        # per client
     max_user_properties: int = 64        # per PUBLISH (v5) and per Will
     max_queued_bytes: int = 8 * 1024 * 1024  # outbound queue per client (besides max_queued messages)
+
+    def page_room(self, held_messages: int, held_bytes: int) -> bool:
+        """Is there room for the next page of a store? Once what is held (queued or in flight, unacknowledged)
+        leaves a quarter of a page free, in messages and in bytes: the next page is then fetched while the
+        rest is delivered, so the client is not left waiting for a round trip between pages, and each page
+        still carries at least a quarter of one (the fetch asks for all the room there is when it starts)."""
+        return (held_messages <= self.page_messages - max(self.page_messages // 4, 1)
+                and held_bytes <= self.page_bytes - max(self.page_bytes // 4, 1))
 
 
 class ConnectionMachine:
@@ -571,7 +579,7 @@ class ConnectionMachine:
         if self.state != CONNECTED or not self.cfg.device_persistence:
             return
         cfg = self.cfg
-        if self.groups.page_due(store_id, cfg.page_messages // 2, cfg.page_bytes // 2):
+        if self.groups.page_due(store_id, cfg.page_room):
             self.stats["stored_pages"] += 1
             self.effects.append(self._group_page(store_id, resync=True))
 
@@ -584,12 +592,11 @@ class ConnectionMachine:
                            max_bytes=max(cfg.page_bytes - self.stored_bytes, 1))
 
     def _next_page(self) -> None:
-        """Fetch the next page when the store has more and what is held drained to the low-water mark (half
-        a page, in messages and in bytes)."""
+        """Fetch the next page when the store has more and what is held leaves room for it
+        (`MachineConfig.page_room`)."""
         if not self.paging or self.fetching or self.state != CONNECTED or not self.cfg.device_persistence:
             return
-        cfg = self.cfg
-        if len(self.stored_sizes) > cfg.page_messages // 2 or self.stored_bytes > cfg.page_bytes // 2:
+        if not self.cfg.page_room(len(self.stored_sizes), self.stored_bytes):
             return
         self.paging = False
         self.fetching = True

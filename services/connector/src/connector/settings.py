@@ -153,12 +153,16 @@ class ConnectorSettings(CommonSettings):
         "APP_DELIVERY_GRPC_TARGETS", ("localhost:50062",), parse=host_ports,
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
     stored_page_messages: int = env(
-        "DEVICE_PERSISTENCE_PAGE_MESSAGES", 1000, parse=integer(1, 65_534),
+        "CONNECTOR_STORED_PAGE_MESSAGES", 1000, parse=integer(1, 65_534),
+        fallback="DEVICE_PERSISTENCE_PAGE_MESSAGES",
         doc="stored messages of a persistent DEVICE client fetched per page (FetchUndelivered) and held per "
-            "connection at most; the next page is fetched when half of them are acknowledged")
+            "connection at most; the next page is fetched once a quarter of them is free (acknowledged); when "
+            "unset, DEVICE_PERSISTENCE_PAGE_MESSAGES (the name before 2026-11-25)")
     stored_page_bytes: int = env(
-        "DEVICE_PERSISTENCE_PAGE_BYTES", 1024 * 1024, parse=integer(1024),
-        doc="the same bound in payload bytes (one larger message still comes alone)")
+        "CONNECTOR_STORED_PAGE_BYTES", 1024 * 1024, parse=integer(1024),
+        fallback="DEVICE_PERSISTENCE_PAGE_BYTES",
+        doc="the same bound in payload bytes (one larger message still comes alone); when unset, "
+            "DEVICE_PERSISTENCE_PAGE_BYTES (the name before 2026-11-25)")
     grpc_timeout_s: float = env("GRPC_TIMEOUT_S", 10.0, parse=number(0.1),
                                 doc="deadline of unary gRPC calls to device-persistence")
     ack_delay_ms: float = env(
