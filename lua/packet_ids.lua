@@ -36,7 +36,7 @@ local function free_pids(pids_key, last, n, msg_prefix)
   local ids = {}
   local tried = 0
   while #ids < n do
-    local want = n - #ids
+    local want = math.min(n - #ids, 4000)  -- unpack() below is limited by the C stack (LUAI_MAXCSTACK = 8000)
     local cand = {}
     for i = 1, want do
       last = (last % 65535) + 1
@@ -55,15 +55,6 @@ local function free_pids(pids_key, last, n, msg_prefix)
     end
   end
   return ids, last
-end
-
--- a free packet id after `last`, recorded in `pids_key` for `member` and written into the stored value
--- at `mkey`; returns the id (the caller keeps it as the new `last`)
-local function hand_out(pids_key, last, member, msg_prefix, mkey)
-  local _, new_last = free_pids(pids_key, last, 1, msg_prefix)
-  redis.call('HSET', pids_key, new_last, member)
-  redis.call('SETRANGE', mkey, 1, pid_bytes(new_last))
-  return new_last
 end
 
 local function handed_out(pids_key, msg_prefix, hlimit)

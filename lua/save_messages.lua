@@ -37,6 +37,10 @@ Returns: a flat array of 6 elements per client, in KEYS order: {trimmed, skipped
   paused        1 when this save stopped forwarding because the handed-out limit was reached (the
                 client is paging again: its connection fetches the rest when it has room), else 0
 
+Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET, PTTL/PEXPIRE; when live
+  GET of the attachment, HLEN, one HMGET finding the packet ids and one HSET recording them) plus one SET per
+  message, the forwarded ones SET with their packet id already in the value.
+
 Rules (per client; a bad record or limit fails the whole call before anything is written):
   * Messages are keyed by serial; the serial grows forever, so order never depends on packet ids
     (TBMQ #207). A message gets a packet id only when handed out (lua/packet_ids.lua): here, when the
@@ -137,32 +141,44 @@ for c = 1, clients do
       attached, forwarding = current, true
     end
   end
-  local handed = forwarding and handed_out(pkey, prefix, hlimit) or 0
+  -- the packet ids of the messages forwarded, found at once (one HMGET: packet_ids.lua free_pids) and
+  -- written into their values as they are SET (no SETRANGE); the ids recorded with one HSET
+  local ids = {}
   local paused = 0
+  if forwarding and m > 0 then
+    local k = math.min(m, math.max(hlimit - handed_out(pkey, prefix, hlimit), 0))
+    if k > 0 then ids, last = free_pids(pkey, last, k, prefix) end
+    if k < m then
+      paused = 1
+      redis.call('HDEL', skey, 'live')
+    end
+  end
   local zargs = {}
   local pids = {}
+  local hargs = {}
   local max_ttl = 0
   for k = skipped + 1, n do
     local ttl = ttls[k]
     local value = values[k]
     serial = serial + 1
     local member = serial .. ':' .. #value
-    local mkey = prefix .. serial
-    redis.call('SET', mkey, value, 'PX', ttl)
-    if forwarding then
-      if handed >= hlimit then
-        forwarding, paused = false, 1
-        redis.call('HDEL', skey, 'live')
-      else
-        last = hand_out(pkey, last, member, prefix, mkey)
-        handed = handed + 1
-        pids[#pids + 1] = pid_bytes(last)
-      end
+    local pid = ids[k - skipped]
+    if pid then
+      local pb = pid_bytes(pid)
+      value = string.sub(value, 1, 1) .. pb .. string.sub(value, 4)
+      pids[#pids + 1] = pb
+      hargs[#hargs + 1] = pid
+      hargs[#hargs + 1] = member
     end
+    redis.call('SET', prefix .. serial, value, 'PX', ttl)
     zargs[#zargs + 1] = serial
     zargs[#zargs + 1] = member
     bytes = bytes + #value
     if ttl > max_ttl then max_ttl = ttl end
+  end
+  -- chunked: Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK = 8000)
+  for i = 1, #hargs, 7000 do
+    redis.call('HSET', pkey, unpack(hargs, i, math.min(i + 6999, #hargs)))
   end
 
   if m > 0 or trimmed > 0 then

@@ -120,3 +120,46 @@ def test_adaptive_fetch_factory_and_batches():
     a.polled_batches({"p0": [1, 2], "p1": [3]})
     a.polled_batches({})
     assert set(a.health()) == {"fetch_busy", "fetch_rate", "fetch_switches"}
+
+
+def _producer():
+    """A real (unstarted) aiokafka producer: its accumulator is made in the constructor."""
+    from aiokafka import AIOKafkaProducer
+
+    return AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", linger_ms=1)
+
+
+async def test_adaptive_linger_lingers_under_load_and_not_when_quiet():
+    from tbmq_platform.coalesce import AdaptiveLinger
+
+    p = _producer()
+    acc = p._message_accumulator
+    a = AdaptiveLinger(p, busy_ms=5, quiet_ms=1)
+    assert acc._linger_time == 0.001
+    t = 0.0
+    for _ in range(200):              # 100 records/s: half a record per 5 ms window
+        t += 0.01
+        a.sending(t)
+    assert acc._linger_time == 0.001 and not a.health()["linger_busy"]
+    for _ in range(500):              # 2,000 records/s: ten per window
+        t += 0.0005
+        a.sending(t)
+    assert acc._linger_time == 0.005 and a.health()["linger_busy"]
+    t += 1.0                          # the load stops: the next record does not wait for company
+    a.sending(t)
+    assert acc._linger_time == 0.001
+    assert a.health()["linger_switches"] == 2
+
+
+async def test_the_real_aiokafka_accumulator_reads_the_linger_when_it_opens_a_batch():
+    """The pinned aiokafka gives each new MessageBatch the accumulator's _linger_time."""
+    import inspect
+
+    from aiokafka.producer import message_accumulator
+    from tbmq_platform.coalesce import check_producer
+
+    src = inspect.getsource(message_accumulator.MessageAccumulator._append_batch)
+    assert "self._linger_time" in src
+    check_producer(_producer())
+    with pytest.raises(RuntimeError, match="adaptive linger"):
+        check_producer(object())

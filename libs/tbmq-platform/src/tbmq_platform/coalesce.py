@@ -20,6 +20,9 @@ It leaves the busy mode when fewer than `leave_records` arrive per window (hyste
 exponentially weighted average with time constant `tau_s` (roughly: the records of the last `tau_s`
 divided by `tau_s`), so one burst does not flip the mode.
 
+`AdaptiveLinger` applies the same decision to a producer's linger (busy: batches wait the window, so a
+produce request carries the records of the window; quiet: the short linger of `make_producer`).
+
 `AdaptiveFetch` applies the window to an aiokafka consumer (the fetcher reads `_fetch_min_bytes` and
 `_fetch_max_wait_ms` when it builds each fetch request: an internal of aiokafka 0.14, checked by
 `check_fetcher` at start-up so an upgrade that moves them fails loudly instead of silently not adapting).
@@ -122,6 +125,42 @@ class AdaptiveFetch:
         self._fetcher._fetch_max_wait_ms = w.max_wait_ms
 
 
+def check_producer(producer) -> None:
+    """The aiokafka internal AdaptiveLinger writes exists (MessageAccumulator._linger_time, in seconds, read
+    when a partition's next batch is opened)."""
+    acc = getattr(producer, "_message_accumulator", None)
+    if not aiokafka.__version__.startswith(CHECKED_AIOKAFKA) or acc is None or not isinstance(
+            getattr(acc, "_linger_time", None), (int, float)):
+        raise RuntimeError(f"aiokafka {aiokafka.__version__}: the adaptive linger needs MessageAccumulator."
+                           f"_linger_time as in {CHECKED_AIOKAFKA} (requirements.lock)")
+
+
+class AdaptiveLinger:
+    """A producer's linger adapted to the rate it is handed records at, with FetchWindow's rate and
+    hysteresis: quiet, a record waits at most `quiet_ms` for company (the latency floor is untouched); busy
+    (at least `enter_records` would arrive within `busy_ms`), a batch lingers `busy_ms`, so one produce
+    request carries what arrived in that window and its fixed cost (aiokafka's sender task and response
+    handling, Kafka's request handling and request metrics) is paid once per window instead of once per
+    one to three records. Call `sending(now)` before each `send`."""
+
+    def __init__(self, producer, *, busy_ms: float, quiet_ms: float) -> None:
+        check_producer(producer)
+        self._acc = producer._message_accumulator
+        self.window = FetchWindow(max_wait_s=busy_ms / 1000)
+        self._busy_s, self._quiet_s = busy_ms / 1000, quiet_ms / 1000
+        self._acc._linger_time = self._quiet_s
+
+    def sending(self, now: float, records: int = 1) -> None:
+        linger = self._busy_s if self.window.observe(records, now).busy else self._quiet_s
+        if linger != self._acc._linger_time:
+            self._acc._linger_time = linger
+
+    def health(self) -> dict:
+        """For /readyz: whether batches linger long now, the observed rate, how often the mode changed."""
+        w = self.window
+        return {"linger_busy": w.window.busy, "send_rate": round(w.rate, 1), "linger_switches": w.switches}
+
+
 def adaptive_fetch(consumer, window_ms: float) -> AdaptiveFetch | None:
     """The adaptive fetch window of a started consumer (a service's `<PREFIX>_FETCH_WINDOW_MS`), or None
     when the setting is 0 (fetches always return at once)."""
@@ -130,4 +169,5 @@ def adaptive_fetch(consumer, window_ms: float) -> AdaptiveFetch | None:
     return AdaptiveFetch(consumer, FetchWindow(max_wait_s=window_ms / 1000))
 
 
-__all__ = ["AdaptiveFetch", "FetchWindow", "Window", "adaptive_fetch", "check_fetcher"]
+__all__ = ["AdaptiveFetch", "AdaptiveLinger", "FetchWindow", "Window", "adaptive_fetch", "check_fetcher",
+           "check_producer"]

@@ -40,9 +40,9 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
-from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
+from tbmq_platform.coalesce import AdaptiveFetch, AdaptiveLinger, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
-from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, PRODUCER_LINGER_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_auth import AuthRequest, AuthResult, AuthTables, Authorizer
 from tbmq_platform.topics import (
@@ -134,6 +134,7 @@ class ConnectorService(Service):
         self.admission = Admission(settings.max_connections, settings.connect_rate_per_ip,
                                    settings.connect_burst_per_ip)
         self.adaptive_fetch: AdaptiveFetch | None = None
+        self.linger: AdaptiveLinger | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self.bound: dict[str, int] = {}  # listener name (mqtt, mqtts, ws, wss) -> bound port
         self._bg: set[asyncio.Task] = set()
@@ -168,6 +169,8 @@ class ConnectorService(Service):
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         await self.producer.start()
+        if s.producer_linger_ms > 0:
+            self.linger = AdaptiveLinger(self.producer, busy_ms=s.producer_linger_ms, quiet_ms=PRODUCER_LINGER_MS)
         # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
         # a service whose latest run is dead, never those of a service that came back; and before any CONNECT
         await self._heartbeat()
@@ -310,7 +313,8 @@ class ConnectorService(Service):
                 **{k: v for k, v in self.stats.items()},
                 **(self.device.acks.stats if self.device is not None else {}),
                 "forward_streams_open": self.device.open_links() if self.device is not None else 0,
-                **(self.adaptive_fetch.health() if self.adaptive_fetch is not None else {})}
+                **(self.adaptive_fetch.health() if self.adaptive_fetch is not None else {}),
+                **(self.linger.health() if self.linger is not None else {})}
 
     def spawn_bg(self, coro) -> None:
         """A short background job (a produce, a gRPC call): tracked so shutdown can wait for it."""
@@ -415,6 +419,8 @@ class ConnectorService(Service):
         # msg.topic == topic and msg.retain == retain (tbmq_connection.convert.publish_msg); the retained copy
         # (an empty payload deletes it [MQTT-3.3.1-6/-7]): tbmq_routing.wills.publish_records, also the registry's
         records = publish_records(msg, MSG_ALL, MSG_RETAINED)
+        if self.linger is not None:
+            self.linger.sending(time.monotonic())
         fut = await self.producer.send(records[0][0], records[0][2], key=records[0][1], headers=headers)
         fut2 = None
         if len(records) > 1:

@@ -176,6 +176,11 @@ class ConnectorSettings(CommonSettings):
         "DEVICE_ACK_MAX_CALLS", 4, parse=integer(1, 1000),
         doc="acknowledgement batches in flight at once; more acknowledgements wait for the next one")
     fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
+    producer_linger_ms: float = env(
+        "CONNECTOR_PRODUCER_LINGER_MS", 5.0, parse=number(0),
+        doc="adaptive linger of the PUBLISHes produced to tbmq.msg.all (ms): under load a batch waits up to "
+            "this long so one produce request carries the PUBLISHes of the window; when quiet 1 ms (0 = always "
+            "1 ms); tbmq_platform.coalesce.AdaptiveLinger")
     delivery_slice: int = env(
         "CONNECTOR_DELIVERY_SLICE", 256, parse=integer(1),
         doc="downlink records delivered before the event loop serves the connections again (a large "
