@@ -141,9 +141,13 @@ class AckBatcher:
             self._arm()
 
     async def _send(self, acks: list[tuple[str, int]], pubrecs: list[tuple[str, int]]) -> None:
-        PR = spb.PacketRequest
-        request = spb.PacketBatchRequest(acks=[PR(client_id=c, packet_id=p) for c, p in acks],
-                                         pubrecs=[PR(client_id=c, packet_id=p) for c, p in pubrecs])
+        request = spb.PacketBatchRequest()
+        add = request.acks.add  # built in place (a message built apart is copied into the list: twice the cost)
+        for c, p in acks:
+            add(client_id=c, packet_id=p)
+        add = request.pubrecs.add
+        for c, p in pubrecs:
+            add(client_id=c, packet_id=p)
         self.stats["ack_calls"] += 1
         try:
             await self._call(request, timeout=self.timeout)

@@ -61,6 +61,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tbmq.v1 import messages_pb2, services_pb2
+from tbmq_platform.wire import varint
 from tbmq_routing import expiry
 
 __all__ = [
@@ -738,21 +739,6 @@ _MSG = bytes((5 << 3 | 2,))                      # DevicePublishMsg.msg
 _REDELIVERY = bytes((6 << 3 | 0, 1))             # DevicePublishMsg.redelivery = true
 _NOT_HANDED_OUT = b"\0\0"                        # the packet id bytes of a stored value never handed out
 _TYPE_PUBREL_BYTE = _TYPE_PUBREL[0]
-_SMALL_VARINTS = [bytes((n,)) for n in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative int."""
-    if n < 128:
-        return _SMALL_VARINTS[n]
-    out = bytearray()
-    while n >= 128:
-        out.append((n & 127) | 128)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _stored_messages_wire(cid_field: bytes, reply: list[Any], start: int = 0) -> bytes:
     """fetch_undelivered.lua's {pid, serial, value, ...} (from reply[start]) as the wire bytes of the
     `messages` of a FetchUndeliveredResponse (value = type byte + 2 packet-id bytes + PublishMsg bytes,
@@ -763,11 +749,11 @@ def _stored_messages_wire(cid_field: bytes, reply: list[Any], start: int = 0) ->
     for i in range(start, len(reply), 3):
         value = reply[i + 2]
         body = memoryview(value)[3:]
-        head = b"".join((cid_field, _PACKET_ID, _varint(int(reply[i])), _SERIAL, _varint(int(reply[i + 1])),
-                         _PUBREL if value[0] == _TYPE_PUBREL_BYTE else b"", _MSG, _varint(len(body))))
+        head = b"".join((cid_field, _PACKET_ID, varint(int(reply[i])), _SERIAL, varint(int(reply[i + 1])),
+                         _PUBREL if value[0] == _TYPE_PUBREL_BYTE else b"", _MSG, varint(len(body))))
         tail = b"" if value[1:3] == _NOT_HANDED_OUT else _REDELIVERY  # field 6 after 5: protobuf's order
         append(_RESPONSE_MESSAGE)
-        append(_varint(len(head) + len(body) + len(tail)))
+        append(varint(len(head) + len(body) + len(tail)))
         append(head)
         append(body)
         append(tail)

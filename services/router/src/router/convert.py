@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.topics import TopicSpec
+from tbmq_platform.wire import varint
 from tbmq_routing import expiry
 from tbmq_routing.rules import APPLICATION, DEVICE, RoutingPlan, SessionView
 from tbmq_routing.topics import is_valid_topic_filter
@@ -121,15 +122,6 @@ def _cached_spec(cache: dict[str, TopicSpec], key: str, make) -> TopicSpec:
     return spec
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 _TAG_1_LEN = b"\x0a"  # field 1, wire type 2 (length-delimited)
 _TAG_2_LEN = b"\x12"  # field 2, wire type 2
 
@@ -143,7 +135,7 @@ def _recipient_field(client_id: str, qos: int, retain: bool, subscription_ids) -
             _recipients.clear()
         r = pb.Recipient(client_id=client_id, qos=qos, retain=retain,
                          subscription_ids=subscription_ids).SerializeToString()
-        b = _recipients[k] = _TAG_2_LEN + _varint(len(r)) + r
+        b = _recipients[k] = _TAG_2_LEN + varint(len(r)) + r
     return b
 
 
@@ -202,7 +194,7 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
     if plan.live:
         if msg_bytes is None:
             msg_bytes = msg.SerializeToString()
-        msg_field = _TAG_1_LEN + _varint(len(msg_bytes)) + msg_bytes
+        msg_field = _TAG_1_LEN + varint(len(msg_bytes)) + msg_bytes
         for service_id, deliveries in plan.live.items():
             name, spec = _downlink(service_id)
             for value in downlink_values(msg_field, deliveries):
@@ -214,10 +206,10 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
             field = copies.get(ck)
             if field is None:
                 c = receiver_copy(msg, d.qos, d.retain, d.subscription_ids).SerializeToString()
-                field = copies[ck] = _TAG_2_LEN + _varint(len(c)) + c
+                field = copies[ck] = _TAG_2_LEN + varint(len(c)) + c
             cid = d.client_id.encode("utf-8")
             # PersistedMsg{client_id = 1, msg = 2}, fields in order
-            value = (_TAG_1_LEN + _varint(len(cid)) + cid if cid else b"") + field
+            value = (_TAG_1_LEN + varint(len(cid)) + cid if cid else b"") + field
             out.append(OutRecord(topics.MSG_PERSISTED, cid, value))
     for a in plan.app:
         out.append(OutRecord(a.topic, key, receiver_copy(msg, a.qos, a.retain, a.subscription_ids)
