@@ -134,7 +134,7 @@ async def test_adaptive_linger_lingers_under_load_and_not_when_quiet():
 
     p = _producer()
     acc = p._message_accumulator
-    a = AdaptiveLinger(p, busy_ms=5, quiet_ms=1)
+    a = AdaptiveLinger(p, busy_ms=5)  # quiet: the producer's own linger (1 ms)
     assert acc._linger_time == 0.001
     t = 0.0
     for _ in range(200):              # 100 records/s: half a record per 5 ms window

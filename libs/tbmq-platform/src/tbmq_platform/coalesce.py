@@ -137,18 +137,18 @@ def check_producer(producer) -> None:
 
 class AdaptiveLinger:
     """A producer's linger adapted to the rate it is handed records at, with FetchWindow's rate and
-    hysteresis: quiet, a record waits at most `quiet_ms` for company (the latency floor is untouched); busy
+    hysteresis: quiet, a record waits at most the producer's own linger for company (make_producer's 1 ms:
+    the latency floor is untouched); busy
     (at least `enter_records` would arrive within `busy_ms`), a batch lingers `busy_ms`, so one produce
     request carries what arrived in that window and its fixed cost (aiokafka's sender task and response
     handling, Kafka's request handling and request metrics) is paid once per window instead of once per
     one to three records. Call `sending(now)` before each `send`."""
 
-    def __init__(self, producer, *, busy_ms: float, quiet_ms: float) -> None:
+    def __init__(self, producer, *, busy_ms: float) -> None:
         check_producer(producer)
         self._acc = producer._message_accumulator
         self.window = FetchWindow(max_wait_s=busy_ms / 1000)
-        self._busy_s, self._quiet_s = busy_ms / 1000, quiet_ms / 1000
-        self._acc._linger_time = self._quiet_s
+        self._busy_s, self._quiet_s = busy_ms / 1000, self._acc._linger_time
 
     def sending(self, now: float, records: int = 1) -> None:
         linger = self._busy_s if self.window.observe(records, now).busy else self._quiet_s

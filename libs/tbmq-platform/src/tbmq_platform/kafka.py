@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 # adaptive fetch (tbmq_platform.coalesce). Not for a consumer that seeks while it has nothing to read: a
 # seek waits for the parked fetch to return before the next fetch is sent (aiokafka: one per broker).
 IDLE_FETCH_WAIT_MS = 5000
-# a producer's linger (ms) by default: short, records also batch while the previous request is in flight
-PRODUCER_LINGER_MS = 1
 LONG_POLL_GROUP_TICK_MS = 1000
 
 
@@ -120,7 +118,7 @@ class KeyPartitioner:
 
 
 def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | None = None,
-                  linger_ms: int = PRODUCER_LINGER_MS, max_batch_size: int = 256 * 1024, **extra) -> AIOKafkaProducer:
+                  linger_ms: int = 1, max_batch_size: int = 256 * 1024, **extra) -> AIOKafkaProducer:
     """An idempotent acks=all producer. ``linger_ms`` is short: records also batch while the previous
     request to the broker is in flight (aiokafka keeps one per broker), so batches grow with the load
     while a quiet producer adds at most this much latency."""

@@ -42,7 +42,7 @@ from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.coalesce import AdaptiveFetch, AdaptiveLinger, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
-from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, PRODUCER_LINGER_MS, ensure_topics, make_consumer, make_producer, topic_partitions
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_auth import AuthRequest, AuthResult, AuthTables, Authorizer
 from tbmq_platform.topics import (
@@ -170,7 +170,7 @@ class ConnectorService(Service):
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         await self.producer.start()
         if s.producer_linger_ms > 0:
-            self.linger = AdaptiveLinger(self.producer, busy_ms=s.producer_linger_ms, quiet_ms=PRODUCER_LINGER_MS)
+            self.linger = AdaptiveLinger(self.producer, busy_ms=s.producer_linger_ms)  # quiet: its 1 ms
         # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
         # a service whose latest run is dead, never those of a service that came back; and before any CONNECT
         await self._heartbeat()
