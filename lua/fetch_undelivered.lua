@@ -84,7 +84,7 @@ while true do
   local chunk_gone = false
   if #take > 0 then
     local values = redis.call('MGET', unpack(mkeys))
-    local r_pid, r_serial, r_value, fresh = {}, {}, {}, {}
+    local r_pid, fresh = {}, {}
     for i = 1, #take do
       local value = values[i]
       if not value then
@@ -118,7 +118,7 @@ while true do
         hargs[#hargs + 1] = take[i]
         redis.call('SETRANGE', mkeys[i], 1, pid_bytes(ids[j]))
       end
-      redis.call('HSET', pkey, unpack(hargs))
+      record_pids(pkey, hargs)
     end
     for i = 1, #take do
       local pid = r_pid[i]

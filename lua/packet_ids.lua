@@ -28,11 +28,10 @@ local function pid_bytes(pid)
   return string.char(math.floor(pid / 256), pid % 256)
 end
 
+-- the next `n` free packet ids after `last`, in hand-out order, and the new last id: one HMGET per round
+-- (not one HGET per id). The caller records them (record_pids) and writes them into the values. n + the
+-- ids in use <= 65534 (the callers' handed-out limit), so one turn of the id space finds them.
 local function free_pids(pids_key, last, n, msg_prefix)
-  -- the next `n` free packet ids after `last`, in hand-out order, and the new last id: one HMGET per
-  -- round (not one HGET per id). The caller records them (HSET pids_key id member ...) and writes them
-  -- into the values. n + the ids in use <= 65534 (the callers' handed-out limit), so one turn of the id
-  -- space finds them.
   local ids = {}
   local tried = 0
   while #ids < n do
@@ -57,6 +56,16 @@ local function free_pids(pids_key, last, n, msg_prefix)
   return ids, last
 end
 
+-- record handed-out ids: `args` = {id_1, member_1, id_2, member_2, ...}, one HSET per 3500 ids (Lua's
+-- unpack() is limited by the C stack, LUAI_MAXCSTACK = 8000)
+local function record_pids(pids_key, args)
+  for i = 1, #args, 7000 do
+    redis.call('HSET', pids_key, unpack(args, i, math.min(i + 6999, #args)))
+  end
+end
+
+-- packet ids in use: HLEN of `pids_key`, after dropping (once per call, and only when `hlimit` is reached)
+-- the entries of messages that expired unacknowledged (their value is gone, so nothing else frees them)
 local function handed_out(pids_key, msg_prefix, hlimit)
   local n = redis.call('HLEN', pids_key)
   if n < hlimit then return n end

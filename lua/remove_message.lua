@@ -36,22 +36,22 @@ for c = 1, #KEYS / 3 do
   for s = 1, #pids, 4000 do
     local part = {unpack(pids, s, math.min(s + 3999, #pids))}
     local members = redis.call('HMGET', pkey, unpack(part))
-    local found, gone_members, mkeys = {}, {}, {}
+    local found, found_members, mkeys = {}, {}, {}
     for i = 1, #part do
       local member = members[i]
       if member then
         found[#found + 1] = part[i]
-        gone_members[#gone_members + 1] = member
+        found_members[#found_members + 1] = member
         mkeys[#mkeys + 1] = prefix .. member_serial(member)
       end
     end
     if #found > 0 then
       redis.call('HDEL', pkey, unpack(found))
-      local scores = redis.call('ZMSCORE', zkey, unpack(gone_members))
-      for i = 1, #gone_members do
-        if scores[i] then freed = freed + member_size(gone_members[i]) end
+      local scores = redis.call('ZMSCORE', zkey, unpack(found_members))
+      for i = 1, #found_members do
+        if scores[i] then freed = freed + member_size(found_members[i]) end
       end
-      redis.call('ZREM', zkey, unpack(gone_members))
+      redis.call('ZREM', zkey, unpack(found_members))
       removed = removed + redis.call('DEL', unpack(mkeys))
     end
   end

@@ -146,9 +146,9 @@ for c = 1, clients do
   local ids = {}
   local paused = 0
   if forwarding and m > 0 then
-    local k = math.min(m, math.max(hlimit - handed_out(pkey, prefix, hlimit), 0))
-    if k > 0 then ids, last = free_pids(pkey, last, k, prefix) end
-    if k < m then
+    local forwarded = math.min(m, math.max(hlimit - handed_out(pkey, prefix, hlimit), 0))
+    if forwarded > 0 then ids, last = free_pids(pkey, last, forwarded, prefix) end
+    if forwarded < m then
       paused = 1
       redis.call('HDEL', skey, 'live')
     end
@@ -176,10 +176,7 @@ for c = 1, clients do
     bytes = bytes + #value
     if ttl > max_ttl then max_ttl = ttl end
   end
-  -- chunked: Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK = 8000)
-  for i = 1, #hargs, 7000 do
-    redis.call('HSET', pkey, unpack(hargs, i, math.min(i + 6999, #hargs)))
-  end
+  if #hargs > 0 then record_pids(pkey, hargs) end
 
   if m > 0 or trimmed > 0 then
     -- chunked: Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK = 8000)
