@@ -11,7 +11,8 @@ KEYS: 3 per client, client c (1..N) at KEYS[3c-2 .. 3c] (in Redis Cluster the ca
 ARGV:
   ARGV[c]  client c's packet ids (1..65535), comma-separated decimal ("7", "7,8,12")
 Cost: per client and chunk of up to 4000 ids one HMGET, HDEL, ZMSCORE, ZREM and DEL (Redis >= 6.2), never a
-  call per id; an id listed twice counts once.
+  call per id, and one HINCRBY of the state; for a client with one id (the usual batch of a live client) no
+  ZMSCORE: ZREM's count says whether it was still stored. An id listed twice counts once.
 Returns: integer, how many of them named a message that still existed (not expired, not already
   removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired. The packet id is
   free again either way (only handed-out ids are in KEYS[2]: an id never handed out finds nothing).
@@ -47,16 +48,22 @@ for c = 1, #KEYS / 3 do
     end
     if #found > 0 then
       redis.call('HDEL', pkey, unpack(found))
-      local scores = redis.call('ZMSCORE', zkey, unpack(found_members))
-      for i = 1, #found_members do
-        if scores[i] then freed = freed + member_size(found_members[i]) end
+      if #found_members == 1 then
+        if redis.call('ZREM', zkey, found_members[1]) == 1 then freed = freed + member_size(found_members[1]) end
+      else
+        local scores = redis.call('ZMSCORE', zkey, unpack(found_members))
+        for i = 1, #found_members do
+          if scores[i] then freed = freed + member_size(found_members[i]) end
+        end
+        redis.call('ZREM', zkey, unpack(found_members))
       end
-      redis.call('ZREM', zkey, unpack(found_members))
       removed = removed + redis.call('DEL', unpack(mkeys))
     end
   end
-  if freed > 0 and redis.call('EXISTS', skey) == 1 then
-    if redis.call('HINCRBY', skey, 'bytes', -freed) < 0 then redis.call('HSET', skey, 'bytes', 0) end
+  if freed > 0 and redis.call('HINCRBY', skey, 'bytes', -freed) < 0 then
+    -- below 0: either the state was gone (cleared; HINCRBY just made one holding only `bytes`: delete it
+    -- again, nothing may outlive the client without a TTL) or the count drifted (clamp to 0)
+    if redis.call('HLEN', skey) == 1 then redis.call('DEL', skey) else redis.call('HSET', skey, 'bytes', 0) end
   end
 end
 return removed

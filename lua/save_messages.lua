@@ -9,7 +9,8 @@ KEYS: 4 per client, client c (1..N) at KEYS[4c-3 .. 4c] (each client's keys shar
                                   is at KEYS[1] .. "_" .. serial (same slot; not listed: its serial is
                                   only known inside the script)
   KEYS[2]  <p>{client}_pids       HASH packet id -> member: handed out and not acknowledged
-  KEYS[3]  <p>{client}_state      HASH pid (last handed out), serial (last), bytes (stored), live
+  KEYS[3]  <p>{client}_state      HASH pid (last handed out), serial (last), bytes (stored), live,
+                                  exp (Redis TIME in ms until which the client's keys were last given a TTL)
   KEYS[4]  <p>{client}_attached   STRING "<service_id>|<session_id>" set by fetch_undelivered.lua
 ARGV:
   ARGV[1]  count limit: most messages kept per client, 1..1000000
@@ -37,9 +38,10 @@ Returns: a flat array of 6 elements per client, in KEYS order: {trimmed, skipped
   paused        1 when this save stopped forwarding because the handed-out limit was reached (the
                 client is paging again: its connection fetches the rest when it has room), else 0
 
-Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET, PTTL/PEXPIRE; when live
-  GET of the attachment, HLEN, one HMGET finding the packet ids and one HSET recording them) plus one SET per
-  message, the forwarded ones SET with their packet id already in the value.
+Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET; when live GET of the
+  attachment, HLEN, one HMGET finding the packet ids and one HSET recording them; a PEXPIREAT only for a
+  key this call created or when the keys' deadline moves) plus one SET per message, the forwarded ones SET
+  with their packet id already in the value; one TIME per call.
 
 Rules (per client; a bad record or limit fails the whole call before anything is written):
   * Messages are keyed by serial; the serial grows forever, so order never depends on packet ids
@@ -49,7 +51,12 @@ Rules (per client; a bad record or limit fails the whole call before anything is
   * Before inserting, the oldest messages are trimmed (ZPOPMIN + DEL, their packet ids freed) until
     the count and byte limits hold with the new ones.
   * The client keys get a TTL of at least the longest message TTL saved so far, so a client that never
-    comes back leaves nothing behind once all its messages have expired.
+    comes back leaves nothing behind once all its messages have expired. They share one deadline,
+    state.exp: a save whose messages would outlive it moves it to now + TTL + slack (slack = TTL / 8, at
+    most an hour) and sets it on all three keys; other saves set it only on a ZSET or HASH this call
+    created (Redis deletes one that was emptied by acknowledgements, and a new key has no TTL). So the
+    keys outlive their last message by at most the slack, and a steady stream of saves to a client
+    costs no PTTL and no PEXPIRE of keys that still have theirs.
 ]]
 local limit, blimit, hlimit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 if limit == nil or limit < 1 or limit > 1000000 or blimit == nil or blimit < 1
@@ -83,6 +90,9 @@ for c = 1, clients do
   batches[c] = {ttls, values}
 end
 
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
 local reply = {}
 for c = 1, clients do
   local base = (c - 1) * 4
@@ -91,11 +101,12 @@ for c = 1, clients do
   local n = #values
   local prefix = zkey .. '_'
 
-  local state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live')
+  local state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live', 'exp')
   local last = tonumber(state[1] or '0')
   local serial = tonumber(state[2] or '0')
   local bytes = tonumber(state[3] or '0')
   local live = state[4]
+  local exp = tonumber(state[5] or '')
   local first_serial = serial + 1
 
   -- the batch alone beyond a limit: its oldest messages are not stored
@@ -111,8 +122,10 @@ for c = 1, clients do
 
   -- make room: oldest first, until both limits hold with the m new messages
   local trimmed = 0
+  local members = 0  -- left in the ZSET before the ZADD (0: the ZADD creates it)
   if m > 0 then
-    local excess = redis.call('ZCARD', zkey) + m - limit
+    members = redis.call('ZCARD', zkey)
+    local excess = members + m - limit
     while excess > 0 or bytes + batch_bytes > blimit do
       local popped = redis.call('ZPOPMIN', zkey, math.max(excess, 1))
       if #popped == 0 then break end
@@ -128,6 +141,7 @@ for c = 1, clients do
         bytes = bytes - member_size(member)
         excess = excess - 1
         trimmed = trimmed + 1
+        members = members - 1
       end
     end
     if bytes < 0 then bytes = 0 end
@@ -145,8 +159,11 @@ for c = 1, clients do
   -- written into their values as they are SET (no SETRANGE); the ids recorded with one HSET
   local ids = {}
   local paused = 0
+  local new_pids = false  -- the HSET of the ids creates the HASH
   if forwarding and m > 0 then
-    local forwarded = math.min(m, math.max(hlimit - handed_out(pkey, prefix, hlimit), 0))
+    local in_use = handed_out(pkey, prefix, hlimit)
+    local forwarded = math.min(m, math.max(hlimit - in_use, 0))
+    new_pids = in_use == 0 and forwarded > 0
     if forwarded > 0 then ids, last = free_pids(pkey, last, forwarded, prefix) end
     if forwarded < m then
       paused = 1
@@ -183,10 +200,14 @@ for c = 1, clients do
     for i = 1, #zargs, 7000 do
       redis.call('ZADD', zkey, unpack(zargs, i, math.min(i + 6999, #zargs)))
     end
-    redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes)
-    for _, key in ipairs({zkey, pkey, skey}) do
-      local cur = redis.call('PTTL', key)
-      if cur ~= -2 and cur < max_ttl then redis.call('PEXPIRE', key, max_ttl) end
+    if exp == nil or now + max_ttl > exp then  -- the deadline moves: all three keys
+      exp = now + max_ttl + math.min(math.floor(max_ttl / 8), 3600000)
+      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes, 'exp', exp)
+      for _, key in ipairs({zkey, pkey, skey}) do redis.call('PEXPIREAT', key, exp) end
+    else  -- the state keeps its TTL; only a ZSET or HASH created by this call needs one
+      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes)
+      if members == 0 then redis.call('PEXPIREAT', zkey, exp) end
+      if new_pids then redis.call('PEXPIREAT', pkey, exp) end
     end
   end
   reply[#reply + 1] = trimmed

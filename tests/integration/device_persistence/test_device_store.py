@@ -27,6 +27,12 @@ def msg(seq: int, **kw) -> pb.PublishMsg:
 SVC = Attachment("svc", "s1")
 
 
+def keys_ttl_max(ttl_ms: int) -> int:
+    """The longest TTL a client's bookkeeping keys get from a save of messages with TTL `ttl_ms`: their
+    shared deadline is the TTL plus a slack of TTL / 8, at most an hour (lua/save_messages.lua)."""
+    return ttl_ms + min(ttl_ms // 8, 3_600_000)
+
+
 async def take(store, client_id, **kw):
     """A page handed out to (and attaching) SVC: every message in it has its packet id."""
     return await store.fetch_undelivered(client_id, attach=SVC, **kw)
@@ -84,6 +90,25 @@ async def test_acknowledge(store_factory, client_id):
         await store.acknowledge(client_id, 65536)
 
 
+async def test_acknowledge_one_gives_its_bytes_back_and_never_revives_a_state(store_factory, client_id):
+    """remove_message.lua's one-id path (ZREM's count instead of ZMSCORE) keeps `bytes` exact, and an
+    acknowledgement whose client state is gone leaves no state behind (it would have no TTL)."""
+    store = await store_factory()
+    k = client_keys(client_id)
+    r = store.redis
+    size = len(msg(0).SerializeToString()) + 3  # stored value: type byte + packet id + PublishMsg
+    await store.save_batch(client_id, [msg(0), msg(1), msg(2)])
+    assert [d.packet_id for d in await take(store, client_id)] == [1, 2, 3]
+    assert int(await r.hget(k.state, "bytes")) == 3 * size
+    assert await store.acknowledge(client_id, 2) is True
+    assert int(await r.hget(k.state, "bytes")) == 2 * size
+    assert await store.acknowledge(client_id, 2) is False  # already removed: nothing freed twice
+    assert int(await r.hget(k.state, "bytes")) == 2 * size
+    await r.delete(k.state)  # the state gone (as after an expiry) while a message is still handed out
+    assert await store.acknowledge(client_id, 1) is True
+    assert await r.exists(k.state) == 0
+
+
 async def test_apply_acks_many_clients(store_factory, client_id):
     """AcknowledgeMany's store side: PUBRECs then acknowledgements of several clients, pipelined."""
     store = await store_factory()
@@ -133,8 +158,8 @@ async def test_default_ttl_expiry(store_factory, client_id):
     await store.save_batch(client_id, [msg(i) for i in range(3)], default_ttl=1)
     assert 0 < await store.redis.pttl(k.message(1)) <= 1000
     await take(store, client_id, max_messages=1)
-    for key in (k.messages, k.pids, k.state):  # client keys expire with the last message
-        assert 0 < await store.redis.pttl(key) <= 1000
+    for key in (k.messages, k.pids, k.state):  # client keys expire with the last message (and a slack)
+        assert 0 < await store.redis.pttl(key) <= keys_ttl_max(1000)
     assert len(await store.fetch_undelivered(client_id)) == 3
 
     async def gone():
@@ -172,10 +197,30 @@ async def test_client_keys_expire_with_last_message(store_factory, client_id):
     await store.save_batch(client_id, [msg(1)], default_ttl=1)  # shorter: must not shorten the keys
     await take(store, client_id, max_messages=1)
     for key in (k.messages, k.pids, k.state):
-        assert 90_000 < await r.pttl(key) <= 100_000
+        assert 90_000 < await r.pttl(key) <= keys_ttl_max(100_000)
     await store.save_batch(client_id, [msg(2)], default_ttl=200)  # longer: extends them
     for key in (k.messages, k.pids, k.state):
-        assert 190_000 < await r.pttl(key) <= 200_000
+        assert 190_000 < await r.pttl(key) <= keys_ttl_max(200_000)
+
+
+async def test_keys_emptied_by_acknowledgements_get_a_ttl_again(store_factory, client_id):
+    """A live client's ZSET and packet-id HASH are deleted by Redis when its acknowledgements empty them;
+    the next save creates them anew, and they must get the keys' deadline again (a key without a TTL
+    would outlive a client that never comes back)."""
+    store = await store_factory()
+    k = client_keys(client_id)
+    r = store.redis
+    await store.save_batch(client_id, [msg(0)], default_ttl=100)
+    assert [d.packet_id for d in await take(store, client_id)] == [1]  # live from now on
+    assert await store.acknowledge(client_id, 1) is True
+    assert await r.exists(k.messages, k.pids) == 0  # emptied: gone
+    state_ttl = await r.pttl(k.state)
+    assert 100_000 < state_ttl <= keys_ttl_max(100_000)
+    saved = await store.save_batch(client_id, [msg(1)], default_ttl=50)  # forwarded: a packet id
+    assert [d.packet_id for d in saved] == [2]
+    for key in (k.messages, k.pids):
+        assert state_ttl - 1_000 <= await r.pttl(key) <= state_ttl  # the shared deadline
+    assert await r.pttl(k.state) <= state_ttl  # a shorter TTL does not move the deadline
 
 
 async def test_message_expiry(store_factory, client_id):
