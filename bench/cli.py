@@ -97,6 +97,9 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--broker-warmup-rate", type=float, help="msg/s of that load (default 500, --quick 200)")
     ap.add_argument("--idle-warmup", type=float,
                     help="seconds with no clients before the broker's idle CPU is measured (default 60, --quick 5)")
+    ap.add_argument("--jit-settle-max", type=float,
+                    help="after the warm-up load, at most this many more seconds of it while the broker's JVM "
+                         "(Kafka) is still JIT-compiling (default 120, --quick 0)")
     ap.add_argument("--idle-window", type=float, help="seconds the idle CPU is measured over (default 10)")
     ap.add_argument("--cooldown-max", type=float,
                     help="before each step wait at most this long for the broker to be back near idle CPU "
@@ -114,8 +117,8 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
 
 
 _PROFILE_ARGS = ("duration", "warmup", "pairs", "fanin_pubs", "fanout_subs", "backlog", "backlog_big", "backlog_app",
-                 "search_steps", "broker_warmup", "broker_warmup_rate", "idle_warmup", "idle_window", "cooldown_max",
-                 "cooldown_margin")
+                 "search_steps", "broker_warmup", "broker_warmup_rate", "jit_settle_max", "idle_warmup", "idle_window",
+                 "cooldown_max", "cooldown_margin")
 
 
 def profile_from(args) -> Profile:
@@ -202,6 +205,11 @@ def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Prof
                     print(f"  warm-up load: {w['seconds']:.0f}s of p2p at {w['rate']:.0f}/s (not measured), "
                           f"broker {w['broker_cpu_pct']:.0f}% of a core, {w['us_per_msg'].get('total', math.nan):.0f}"
                           " µs/msg")
+                    if w.get("jit"):
+                        j = w["jit"]
+                        print(f"  JIT: {'settled' if j['settled'] else 'NOT settled'} after {j['extra_s']:.0f}s more "
+                              f"(compiler threads {j['last_chunk_pct']:.1f}% of a core in the last chunk, "
+                              f"{j['compile_cpu_s']:.0f}s of CPU since the JVM started)")
                 idle = runner.measure_idle()
                 meta[bname]["idle"] = idle
                 parts = ", ".join("%s %.1f%%" % (k, v["cpu_pct"]) for k, v in idle["processes"].items())

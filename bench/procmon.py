@@ -16,6 +16,65 @@ import psutil
 from .stats import expand_names
 
 
+# HotSpot names its JIT compiler threads "C1 CompilerThread<n>" / "C2 CompilerThread<n>" (comm: 15 chars)
+_COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def compiler_ticks(stats: list[str]) -> int:
+    """CPU clock ticks (user + system) of the JIT compiler threads among /proc/<pid>/task/*/stat lines.
+
+    A stat line is "<tid> (<comm>) <state> ..." with utime and stime the 14th and 15th fields; comm may hold
+    spaces and parentheses, so the fields are counted after its last ')'."""
+    total = 0
+    for line in stats:
+        open_, close = line.find("("), line.rfind(")")
+        if open_ < 0 or close < open_:
+            continue
+        if line[open_ + 1:close].startswith(_COMPILER_THREADS):
+            rest = line[close + 2:].split()
+            total += int(rest[11]) + int(rest[12])  # fields 14 and 15 of the line
+    return total
+
+
+def jit_compile_cpu_s(pid: int) -> float | None:
+    """CPU seconds so far of a JVM's JIT compiler threads (None: no such process, or not a HotSpot JVM)."""
+    stats = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    stats.append(f.read())
+            except OSError:  # the thread ended meanwhile
+                continue
+    except OSError:
+        return None
+    if not any(f"({name}" in line for line in stats for name in _COMPILER_THREADS):
+        return None
+    return compiler_ticks(stats) / os.sysconf("SC_CLK_TCK")
+
+
+class JitSettle:
+    """Pure rule: has a JVM's JIT compilation settled? Fed the compiler threads' CPU seconds so far after
+    every chunk of warm-up load; settled once a whole chunk of at least `min_chunk_s` used at most `max_pct`
+    % of one core in them. C2 keeps compiling for minutes on a 2-core host (about 20 s of compiler CPU
+    for Kafka), so a fixed warm-up leaves it inside the first measured steps."""
+
+    def __init__(self, max_pct: float = 2.0, min_chunk_s: float = 5.0) -> None:
+        self.max_pct = max_pct
+        self.min_chunk_s = min_chunk_s
+        self._last: tuple[float, float] | None = None  # (compiler cpu s, time)
+        self.last_pct: float | None = None
+
+    def feed(self, compile_cpu_s: float, now: float) -> bool:
+        last, self._last = self._last, (compile_cpu_s, now)
+        if last is None or now - last[1] < self.min_chunk_s:
+            if last is not None:
+                self._last = last  # too short to judge: keep measuring from the earlier point
+            return False
+        self.last_pct = 100.0 * (compile_cpu_s - last[0]) / (now - last[1])
+        return self.last_pct <= self.max_pct
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         p = psutil.Process(pid)

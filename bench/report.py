@@ -555,8 +555,11 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         "rows a ratio > 1 means the first broker is worse).",
         "",
         f"Per broker start: {prof.get('broker_warmup', '–')} s of unmeasured p2p load at "
-        f"{prof.get('broker_warmup_rate', '–')} msg/s (Kafka's JVM JIT-compiles during its first ~30 s under load), "
-        f"then the idle CPU of every process over {prof.get('idle_window', '–')} s after "
+        f"{prof.get('broker_warmup_rate', '–')} msg/s, "
+        + (f"continued in {prof.get('jit_chunk')} s chunks while Kafka's JVM is still JIT-compiling (its compiler "
+           f"threads above {prof.get('jit_settled_pct')} % of a core over a chunk; at most "
+           f"{prof.get('jit_settle_max')} s more), " if prof.get("jit_settle_max") else "")
+        + f"then the idle CPU of every process over {prof.get('idle_window', '–')} s after "
         f"{prof.get('idle_warmup', '–')} s with no clients. Before every measured step the run waits until the "
         f"broker's processes are back within idle + {prof.get('cooldown_margin', '–')} % of one core (1 s windows, "
         f"at most {prof.get('cooldown_max', '–')} s; the wait is in the \"cool-down\" column). CPU µs per delivered "
@@ -580,7 +583,11 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
             if w:
                 lines.append(f"- {b}: warm-up load {_num(w['seconds'])} s at {_num(w['rate'])} msg/s: broker "
                              f"{_num(w['broker_cpu_pct'])} % of a core, {_num((w.get('us_per_msg') or {}).get('total'))}"
-                             f" µs/msg, p99 {_num((w.get('e2e_ms') or {}).get('p99'))} ms")
+                             f" µs/msg, p99 {_num((w.get('e2e_ms') or {}).get('p99'))} ms"
+                             + (f"; then {_num(w['jit']['extra_s'])} s more until Kafka's JIT "
+                                + ("settled" if w["jit"]["settled"] else "was still compiling (limit reached)")
+                                + f" ({_num(w['jit']['compile_cpu_s'])} s of compiler CPU since its start)"
+                                if w.get("jit") else ""))
         lines += ["", "Summary (max-rate search, the fixed step at the search's start rate, backlogs, connect storm):",
                   "", table(res, brokers, "md"), ""]
         fs = fixed_steps_table(res, brokers, "md")

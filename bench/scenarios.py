@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .faults import FaultProfile, run_faults
 from .gen import Generator
-from .procmon import ProcMonitor
+from .procmon import JitSettle, ProcMonitor, jit_compile_cpu_s
 from .stats import expand_names, judge, latency_summary, merge_ranges, merge_us, search_max_rate, us_per_msg, wait_cool
 
 RATE_SCENARIOS = ("p2p", "fan-in-app", "fan-in-dev", "fan-out-q0", "fan-out-q1")
@@ -51,9 +51,14 @@ class Profile:
     storm_rates: tuple = (250, 500, 1000, 2000, 4000, 8000)
     storm_step: float = 1.0
     mqtt_version: int = 4
-    # after a broker starts: an unmeasured p2p load (Kafka's JVM JIT-compiles during its first ~30 s under load)
+    # after a broker starts: an unmeasured p2p load of broker_warmup s; then, while a JVM of the broker (Kafka)
+    # is still JIT-compiling (its compiler threads above jit_settled_pct % of one core over a chunk), more of it
+    # in chunks of jit_chunk s, at most jit_settle_max s (procmon.JitSettle: C2 compiles for minutes on 2 cores)
     broker_warmup: float = 25.0
     broker_warmup_rate: float = 500.0
+    jit_settled_pct: float = 3.0
+    jit_chunk: float = 10.0
+    jit_settle_max: float = 120.0
     # idle CPU of the broker's processes: a window of idle_window s after idle_warmup s with no clients
     idle_warmup: float = 60.0
     idle_window: float = 10.0
@@ -71,7 +76,7 @@ class Profile:
                           "fan-out-q1": [10.0]},
                    search_start={"p2p": 500.0}, search=("p2p",),
                    search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0,
-                   broker_warmup=5.0, broker_warmup_rate=200.0, idle_warmup=5.0, idle_window=2.0,
+                   broker_warmup=5.0, broker_warmup_rate=200.0, jit_settle_max=0.0, idle_warmup=5.0, idle_window=2.0,
                    cooldown_max=5.0, faults=FaultProfile.quick())
 
     def start_rate(self, scenario: str) -> float:
@@ -155,24 +160,46 @@ class Runner:
         return wait_cool(measure, self.idle_pct, margin_pct=self.prof.cooldown_margin,
                          max_wait=self.prof.cooldown_max)
 
+    def _jvm_pid(self) -> int | None:
+        """The broker's JVM (tbmq-py's Kafka), if it has one."""
+        return self.mon.labels.get("kafka")
+
     def warm_up(self) -> dict | None:
-        """Unmeasured p2p load right after the broker started (Kafka's JVM JIT-compiles in its first ~30 s)."""
+        """Unmeasured p2p load right after the broker started: `broker_warmup` s, then more in chunks of
+        `jit_chunk` s while the broker's JVM is still JIT-compiling (procmon.JitSettle), at most
+        `jit_settle_max` s more, so the measured steps see Kafka's steady state."""
         p = self.prof
         if p.broker_warmup <= 0 or p.broker_warmup_rate <= 0:
             return None
         saved = (p.duration, p.warmup, self.idle_pct)
         self.idle_pct = None
         t0 = time.monotonic()
+        jvm = self._jvm_pid()
+        settle = JitSettle(max_pct=p.jit_settled_pct)
+        c0 = jit_compile_cpu_s(jvm) if jvm else None
+        jit = None
         self._setup(*self._p2p_clients("warm"))
         try:
             p.duration, p.warmup = p.broker_warmup, 0.0
+            if c0 is not None:
+                settle.feed(c0, time.monotonic())
             r = self.step(p.broker_warmup_rate, label="warm-up ")
+            if c0 is not None:
+                extra = 0.0
+                settled = settle.feed(jit_compile_cpu_s(jvm) or 0.0, time.monotonic())
+                p.duration = p.jit_chunk
+                while not settled and extra + p.jit_chunk <= p.jit_settle_max:
+                    r = self.step(p.broker_warmup_rate, label="warm-up (JIT) ")
+                    extra += p.jit_chunk
+                    settled = settle.feed(jit_compile_cpu_s(jvm) or 0.0, time.monotonic())
+                jit = {"settled": settled, "extra_s": extra, "last_chunk_pct": round(settle.last_pct or 0.0, 1),
+                       "compile_cpu_s": round((jit_compile_cpu_s(jvm) or 0.0), 1)}
         finally:
             p.duration, p.warmup, self.idle_pct = saved
             self._cleanup()
         return {"rate": p.broker_warmup_rate, "seconds": p.broker_warmup, "took_s": round(time.monotonic() - t0, 1),
                 "e2e_ms": r["e2e_ms"], "lost": r["lost"], "broker_cpu_pct": r["broker_cpu_pct"],
-                "us_per_msg": r["us_per_msg"]}
+                "us_per_msg": r["us_per_msg"], "jit": jit}
 
     # -- a fixed-rate step -----------------------------------------------------------------------------
     def step(self, rate: float, *, label: str = "") -> dict:
@@ -187,9 +214,12 @@ class Runner:
         # CPU/RSS window = the measured part of the step
         w0 = start_ns / 1e9 + p.warmup
         time.sleep(max(w0 - time.monotonic(), 0))
+        jvm = self._jvm_pid()
+        jit0 = jit_compile_cpu_s(jvm) if jvm else None
         win = self.mon.window_start()
         time.sleep(max(w0 + p.duration - time.monotonic(), 0))
         procs = self.mon.window_end(win)
+        jit1 = jit_compile_cpu_s(jvm) if jit0 is not None else None
         runs = self.gen.recv(p.warmup + p.duration + p.drain + 30)
         ranges = merge_ranges(runs)
         cols = self.gen.call("collect", {"ranges": ranges, "timeout": p.drain}, timeout=p.drain + 30)
@@ -215,6 +245,8 @@ class Runner:
             "broker_us_per_msg": round(cpu_s * 1e6 / out_w, 1) if out_w else math.nan,
             "us_per_msg": us_per_msg(procs, out_w),
             "generator_cpu_pct": round(gen_pct, 1), "processes": procs, "cooldown": cool,
+            # of the broker's CPU: its JVM's JIT compiler threads (counted in "kafka" too)
+            "jit_cpu_pct": None if jit1 is None else round(100.0 * (jit1 - jit0) / p.duration, 1),
         }
         # rate × duration is not an integer: allow one message per publishing worker of rounding
         slack = sum(1 for share in self._pub_share if share > 0) / p.duration
@@ -233,6 +265,7 @@ class Runner:
                  f"p50 {e2e['p50']:7.1f} p99 {e2e['p99']:7.1f} ms  lost {lost} dup {dups}  "
                  f"broker {cpu_pct:5.0f}% {res['broker_us_per_msg']:.0f} µs/msg "
                  f"gen {gen_pct:4.0f}%{' (SATURATED)' if res['generator_saturated'] else ''}  "
+                 + (f"JIT {res['jit_cpu_pct']:.0f}%  " if res["jit_cpu_pct"] else "")
                  + (f"cool-down {cool['waited_s']:.0f}s{'' if cool['reached'] else ' (not reached)'}  " if cool else "")
                  + f"{'PASS' if ok.ok else 'FAIL: ' + ok.reason}"
                  + (f" (then {res['stragglers']} late deliveries over {res['quiesce_s']}s)"

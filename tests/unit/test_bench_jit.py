@@ -1,0 +1,51 @@
+"""bench.procmon's JIT-settle rule and the /proc parsing behind it (pure: fed stat lines and times)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.procmon import JitSettle, compiler_ticks  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def stat(tid: int, comm: str, utime: int, stime: int) -> str:
+    """A /proc/<pid>/task/<tid>/stat line: utime and stime are fields 14 and 15."""
+    fields = ["S", "1", "1", "1", "0", "-1", "4194368", "10", "0", "0", "0", str(utime), str(stime), "0", "0"]
+    return f"{tid} ({comm}) " + " ".join(fields) + " 20 0 30 0\n"
+
+
+def test_compiler_ticks_counts_only_the_jit_compiler_threads():
+    lines = [
+        stat(100, "java", 500, 20),
+        stat(101, "C2 CompilerThre", 1500, 30),
+        stat(102, "C1 CompilerThre", 200, 5),
+        stat(103, "data-plane-kafk", 900, 40),
+        stat(104, "a (weird) name)", 7, 7),  # comm may hold spaces and parentheses
+    ]
+    assert compiler_ticks(lines) == 1500 + 30 + 200 + 5
+    assert compiler_ticks([stat(1, "python3", 10, 10)]) == 0
+    assert compiler_ticks(["garbage"]) == 0
+
+
+def test_jit_settles_once_a_whole_chunk_is_quiet():
+    s = JitSettle(max_pct=3.0, min_chunk_s=5.0)
+    assert s.feed(0.0, 100.0) is False            # the first point only starts a chunk
+    assert s.feed(16.0, 125.0) is False           # 16 s of compiling in 25 s: 64 % of a core
+    assert round(s.last_pct) == 64
+    assert s.feed(17.0, 135.0) is False           # 10 % in the next chunk
+    assert s.feed(17.2, 145.0) is True            # 2 %: settled
+    assert round(s.last_pct, 1) == 2.0
+
+
+def test_a_chunk_too_short_to_judge_is_measured_on():
+    s = JitSettle(max_pct=3.0, min_chunk_s=5.0)
+    s.feed(10.0, 0.0)
+    assert s.feed(10.0, 2.0) is False             # 2 s: too short, even though nothing was compiled
+    assert s.last_pct is None
+    assert s.feed(10.1, 6.0) is True              # 0.1 s over the 6 s since the start of the chunk
