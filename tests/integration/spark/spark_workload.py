@@ -77,13 +77,38 @@ async def partitions(bootstrap: str, names: list[str]) -> dict[str, list[int]]:
 
 async def end_offsets(bootstrap: str, *, pattern: str | None = None, topics: list[str] | None = None) -> str:
     """Spark `startingOffsets` JSON: the current end of every partition of the matching topics, so a job
-    started from it sees only what the test produces afterwards (the broker is shared by the whole run)."""
+    started from it sees only what the test produces afterwards (the broker is shared by the whole run).
+
+    A topic of the pattern can be deleted between the listing and the ListOffsets (app-delivery deletes the
+    tbmq.msg.app.* topic of an APPLICATION client other tests removed): aiokafka then retries it as stale
+    metadata until its request timeout. Such an attempt fails after 10 s and the topics are listed again
+    (a deleted topic is gone from the new listing; Spark, subscribed by pattern, would not read it)."""
     import json
+
+    from aiokafka.errors import KafkaError
+    from waits import wait_until
+
+    async def attempt():
+        try:
+            return await _end_offsets_once(bootstrap, pattern, topics)
+        except KafkaError:
+            return None
+
+    ends = await wait_until(attempt, 90, f"the end offsets of {pattern or topics}")
+    out: dict[str, dict[str, int]] = {}
+    for tp, off in ends.items():
+        out.setdefault(tp.topic, {})[str(tp.partition)] = off
+    return json.dumps(out)
+
+
+async def _end_offsets_once(bootstrap: str, pattern: str | None, topics: list[str] | None) -> dict:
+    """One listing and one ListOffsets (10 s at most) of the matching topics' partitions: {tp: end offset}
+    (an `_Ends`, truthy even when empty)."""
     import re
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=10_000)
     await c.start()
     try:
         names = await c.topics()
@@ -91,13 +116,16 @@ async def end_offsets(bootstrap: str, *, pattern: str | None = None, topics: lis
         chosen = sorted(n for n in names if (rx.fullmatch(n) if rx else n in (topics or [])))
         parts = await partitions(bootstrap, chosen)
         tps = [TopicPartition(t, p) for t in chosen for p in parts.get(t, ())]
-        ends = await c.end_offsets(tps) if tps else {}
+        return _Ends(await c.end_offsets(tps) if tps else {})
     finally:
         await c.stop()
-    out: dict[str, dict[str, int]] = {}
-    for tp, off in ends.items():
-        out.setdefault(tp.topic, {})[str(tp.partition)] = off
-    return json.dumps(out)
+
+
+class _Ends(dict):
+    """The end offsets found: truthy even when no topic matched (wait_until stops at a truthy answer)."""
+
+    def __bool__(self) -> bool:
+        return True
 
 
 async def read_all(bootstrap: str, topic: str, start: dict[int, int] | None = None) -> list:
