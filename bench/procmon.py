@@ -59,7 +59,7 @@ class JitSettle:
     % of one core in them. C2 keeps compiling for minutes on a 2-core host (about 20 s of compiler CPU
     for Kafka), so a fixed warm-up leaves it inside the first measured steps."""
 
-    def __init__(self, max_pct: float = 2.0, min_chunk_s: float = 5.0) -> None:
+    def __init__(self, max_pct: float = 3.0, min_chunk_s: float = 5.0) -> None:
         self.max_pct = max_pct
         self.min_chunk_s = min_chunk_s
         self._last: tuple[float, float] | None = None  # (compiler cpu s, time)

@@ -186,14 +186,16 @@ class Runner:
             r = self.step(p.broker_warmup_rate, label="warm-up ")
             if c0 is not None:
                 extra = 0.0
-                settled = settle.feed(jit_compile_cpu_s(jvm) or 0.0, time.monotonic())
+                compiled = jit_compile_cpu_s(jvm) or 0.0
+                settled = settle.feed(compiled, time.monotonic())
                 p.duration = p.jit_chunk
                 while not settled and extra + p.jit_chunk <= p.jit_settle_max:
                     r = self.step(p.broker_warmup_rate, label="warm-up (JIT) ")
                     extra += p.jit_chunk
-                    settled = settle.feed(jit_compile_cpu_s(jvm) or 0.0, time.monotonic())
+                    compiled = jit_compile_cpu_s(jvm) or 0.0
+                    settled = settle.feed(compiled, time.monotonic())
                 jit = {"settled": settled, "extra_s": extra, "last_chunk_pct": round(settle.last_pct or 0.0, 1),
-                       "compile_cpu_s": round((jit_compile_cpu_s(jvm) or 0.0), 1)}
+                       "compile_cpu_s": round(compiled, 1)}
         finally:
             p.duration, p.warmup, self.idle_pct = saved
             self._cleanup()
