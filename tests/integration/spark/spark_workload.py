@@ -88,13 +88,18 @@ async def end_offsets(bootstrap: str, *, pattern: str | None = None, topics: lis
     from aiokafka.errors import KafkaError
     from waits import wait_until
 
+    errors: list[BaseException] = []
+
     async def attempt():
         try:
             return await _end_offsets_once(bootstrap, pattern, topics)
-        except KafkaError:
+        except KafkaError as e:
+            errors.append(e)
             return None
 
-    ends = await wait_until(attempt, 90, f"the end offsets of {pattern or topics}")
+    ends = await wait_until(attempt, 90, lambda: f"the end offsets of {pattern or topics} "
+                                                 f"({len(errors)} attempts failed, the last: {errors[-1]!r})"
+                            if errors else f"the end offsets of {pattern or topics}")
     out: dict[str, dict[str, int]] = {}
     for tp, off in ends.items():
         out.setdefault(tp.topic, {})[str(tp.partition)] = off
@@ -116,7 +121,13 @@ async def _end_offsets_once(bootstrap: str, pattern: str | None, topics: list[st
         chosen = sorted(n for n in names if (rx.fullmatch(n) if rx else n in (topics or [])))
         parts = await partitions(bootstrap, chosen)
         tps = [TopicPartition(t, p) for t in chosen for p in parts.get(t, ())]
-        return _Ends(await c.end_offsets(tps) if tps else {})
+        if not tps:
+            return _Ends()
+        # assigned first, so one metadata update covers every topic: end_offsets alone learns an unknown topic
+        # per retry (100 ms backoff each), which outlasted the request timeout with the hundred-odd topics the
+        # integration suite leaves behind
+        c.assign(tps)
+        return _Ends(await c.end_offsets(tps))
     finally:
         await c.stop()
 
