@@ -31,7 +31,7 @@ class Recorder:
     """Per-worker measurement state of the current step (reset between steps)."""
 
     __slots__ = ("step", "w0", "w1", "lat_us", "puback_us", "in_window", "late", "dups", "received",
-                 "last_recv_ns", "disconnects")
+                 "first_recv_ns", "last_recv_ns", "disconnects")
 
     def __init__(self) -> None:
         self.step = -1
@@ -47,6 +47,7 @@ class Recorder:
         self.late = 0          # deliveries tagged with an older step
         self.dups = 0          # deliveries of a (publisher, seq) already seen by that subscriber
         self.received = 0      # all deliveries
+        self.first_recv_ns = 0
         self.last_recv_ns = 0
 
 
@@ -199,6 +200,8 @@ class MqttConn(asyncio.Protocol):
                         rec.dups += 1
                     else:
                         bm[seq] = 1
+                    if not rec.first_recv_ns:
+                        rec.first_recv_ns = now
                     rec.last_recv_ns = now
             elif t == 4:  # PUBACK
                 pub = self.pub

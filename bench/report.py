@@ -66,6 +66,8 @@ def rows_for(scenario: str, res_by_broker: dict) -> list[tuple[str, tuple, bool 
         return [
             (f"{_num(n)} msgs{' to ' + kind if kind else ''}: drain s (after reconnect)", ("drain_s",), False),
             ("drain msg/s", ("drain_rate",), True),
+            ("CONNACK s (after reconnect)", ("connack_s",), False),
+            ("first message s (after reconnect)", ("first_msg_s",), False),
             ("delivered", ("delivered",), True),
             ("lost / dup", None, None),
             ("publish msg/s (offline sub)", ("publish_rate",), True),

@@ -372,6 +372,7 @@ class Runner:
             cpu_s, cpu_pct, rss = self._broker_cpu(procs)
             delivered = sum(c["received"] for c in cols)
             drain_s = (last - start_ns) / 1e9 if last > start_ns else math.nan
+            firsts = [c.get("first_recv_ns", 0) for c in cols if c.get("first_recv_ns")]
             res = {
                 "params": {"messages": count, "qos": 1, "payload": self.prof.payload,
                            "subscriber": f"bench-{kind}-…",
@@ -379,6 +380,9 @@ class Runner:
                 "publish_s": round(b[0]["publish_s"], 3), "publish_rate": round(count / b[0]["publish_s"], 1),
                 "unacked": sum(x["unacked"] for x in b), "session_present": rc[0]["session_present"],
                 "drain_s": round(drain_s, 4),
+                # where the drain's time went: the CONNACK, then the first stored message, after the reconnect
+                "connack_s": round(max(r.get("connack_ns", 0) for r in rc) / 1e9, 4),
+                "first_msg_s": round((min(firsts) - start_ns) / 1e9, 4) if firsts else math.nan,
                 "drain_rate": round(delivered / drain_s, 1) if delivered and drain_s > 0 else math.nan,
                 "delivered": delivered, "lost": lost, "dup": sum(c["dups"] for c in cols),
                 "e2e_ms": latency_summary(merge_us(c["lat_us"] for c in cols)),
@@ -387,7 +391,8 @@ class Runner:
             }
             self.log(f"    {tag} {count} ({res['params']['client_type']}): published in {res['publish_s']:.2f}s, "
                      f"session_present={res['session_present']}, drained in {res['drain_s']:.3f}s "
-                     f"({res['drain_rate']:,.0f} msg/s), lost {lost} dup {res['dup']}")
+                     f"({res['drain_rate']:,.0f} msg/s; CONNACK {res['connack_s']:.3f}s, first "
+                     f"{res['first_msg_s']:.3f}s), lost {lost} dup {res['dup']}")
             return res
         finally:
             self._cleanup()

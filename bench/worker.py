@@ -276,7 +276,7 @@ class Worker:
         out = {
             "expected": expected, "missing": missing, "dups": rec.dups, "late": rec.late,
             "received": rec.received, "in_window": rec.in_window, "lat_us": rec.lat_us.tobytes(),
-            "last_recv_ns": rec.last_recv_ns, "disconnects": rec.disconnects,
+            "first_recv_ns": rec.first_recv_ns, "last_recv_ns": rec.last_recv_ns, "disconnects": rec.disconnects,
         }
         if reset:
             rec.reset()
@@ -316,7 +316,9 @@ class Worker:
         res = await asyncio.gather(*(self._connect_sub(s) for s in self.subs), return_exceptions=True)
         errors = [repr(r) for r in res if isinstance(r, BaseException)]
         present = [r[0] for r in res if not isinstance(r, BaseException)]
-        return {"ok": not errors, "errors": errors[:5], "start_ns": t0, "session_present": present}
+        connack_ns = max((r[1] for r in res if not isinstance(r, BaseException)), default=0)
+        return {"ok": not errors, "errors": errors[:5], "start_ns": t0, "session_present": present,
+                "connack_ns": connack_ns}
 
     # -- connect storm ---------------------------------------------------------------------------------
     async def cmd_storm(self, rate: float, start_ns: int, duration: float, prefix: str,

@@ -146,7 +146,7 @@ class MachineConfig:
     server_keep_alive_max: int = 600     # largest keep alive granted to a v5 client (0 = as asked)
     connect_timeout_ms: int = 10_000     # a new connection has this long to send CONNECT
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
-    page_messages: int = 1000            # own stored messages held per connection (a page; the next page is
+    page_messages: int = 2500            # own stored messages held per connection (a page; the next page is
     page_bytes: int = 1024 * 1024        # ... fetched once a quarter of these is free: `page_room`)
     response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
     # limits one client cannot push the connector past (tbmq_connection.limits; docs/security.md)

@@ -153,7 +153,7 @@ class ConnectorSettings(CommonSettings):
         "APP_DELIVERY_GRPC_TARGETS", ("localhost:50062",), parse=host_ports,
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
     stored_page_messages: int = env(
-        "CONNECTOR_STORED_PAGE_MESSAGES", 1000, parse=integer(1, 65_534),
+        "CONNECTOR_STORED_PAGE_MESSAGES", 2500, parse=integer(1, 65_534),
         fallback="DEVICE_PERSISTENCE_PAGE_MESSAGES",
         doc="stored messages of a persistent DEVICE client fetched per page (FetchUndelivered) and held per "
             "connection at most; the next page is fetched once a quarter of them is free (acknowledged); when "
