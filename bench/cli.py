@@ -355,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "doc":
         return doc_cmd(argv[1:])
+    if argv and argv[0] == "kafka-clients":  # aiokafka against librdkafka on one local Kafka (issue 12, 3.)
+        from .kafka_clients import build_parser as kc_parser, drive
+        return drive(kc_parser().parse_args(argv[1:]))
     if argv and argv[0] == "chart":  # python -m bench chart results.json: re-render the PNGs next to it
         import json
         src = Path(argv[1])
