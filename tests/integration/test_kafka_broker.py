@@ -122,3 +122,48 @@ async def test_transactions_work_on_the_single_node(kafka, unique):
     finally:
         await consumer.stop()
     assert values == [b"committed", b"committed-2"]
+
+
+async def test_a_restart_on_a_formatted_log_dir_skips_the_format_tool_and_keeps_the_data(tmp_path, unique):
+    """The supervisor's restart (and make run on a kept dir): no StorageTool JVM when meta.properties is
+    there, the same cluster id, and what was acknowledged before the restart is read after it."""
+    from tbmq_launcher.kafka import KafkaBroker
+    from tbmq_launcher.redis import find_free_port
+
+    broker = KafkaBroker(port=find_free_port(), controller_port=find_free_port(), workdir=tmp_path / "kafka",
+                         heap="256m", cds=False)
+    topic = unique("restart")
+    await broker.start()
+    try:
+        first_id = broker.cluster_id
+        await ensure_topics(broker.bootstrap_servers, [catalogue.TopicSpec(topic, "k", "bytes", 1, "test", "test")])
+        producer = make_producer(broker.bootstrap_servers, client_id=unique("p"))
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, key=b"k", value=b"before the restart")
+        finally:
+            await producer.stop()
+    finally:
+        await broker.stop(timeout=10)
+
+    await broker.start()
+    try:
+        consumer = make_consumer(broker.bootstrap_servers, group_id=None, client_id=unique("c"))
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            await consumer.seek_to_beginning(TopicPartition(topic, 0))
+            async with asyncio.timeout(30):
+                got = []
+                while not got:
+                    for records in (await consumer.getmany(timeout_ms=1000)).values():
+                        got.extend(r.value for r in records)
+        finally:
+            await consumer.stop()
+    finally:
+        await broker.stop(timeout=10)
+    log = broker.log_path.read_text(errors="replace")
+    assert log.count("--- StorageTool format ---") == 1
+    assert log.count("--- StorageTool format: skipped, the log dir is formatted") == 1
+    assert broker.cluster_id == first_id
+    assert got == [b"before the restart"]
