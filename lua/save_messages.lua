@@ -17,15 +17,18 @@ ARGV:
   ARGV[2]  byte limit: most bytes of stored values kept per client, >= 1
   ARGV[3]  handed-out limit: most packet ids in use per client, 1..65534
   ARGV[3+c] client c's batch, oldest first, as concatenated records (one argument instead of 2 per
-           message: much less client-side encoding work):
-               <ttl_ms> "," <length> ":" <value>
+           message: much less client-side encoding work), optionally after a source header:
+               ["@" <partition> ":" <offset> ("," <offset>)* ";"] (<ttl_ms> "," <length> ":" <value>)*
+           source  the tbmq.msg.persisted partition and the offsets of the batch's records, one per
+                   record, ascending: records at or below the client's last applied offset of the same
+                   partition (state.srcp / state.srco) are a replay and are not stored again
            ttl_ms  decimal TTL in milliseconds (> 0)
            length  decimal byte length of value (>= 3)
            value   1 type byte ("P" = PUBLISH, "R" = PUBREL) + "\0\0" (no packet id yet) + a
                    serialized tbmq.v1.PublishMsg
            e.g. "604800000,6:P\0\0abc1000,4:P\0\0x" (two messages)
-Returns: a flat array of 6 elements per client, in KEYS order: {trimmed, skipped, first_serial,
-  pids, attached, paused} of client 1, then of client 2, ...
+Returns: a flat array of 7 elements per client, in KEYS order: {trimmed, skipped, first_serial,
+  pids, attached, paused, replayed} of client 1, then of client 2, ...
   trimmed       previously stored messages dropped (oldest first) to respect the count and byte limits
   skipped       how many of the batch's OLDEST messages were not stored because the batch alone held
                 more than a limit allows: messages skipped+1 .. n are stored
@@ -37,6 +40,8 @@ Returns: a flat array of 6 elements per client, in KEYS order: {trimmed, skipped
                 client is not connected, or it is still paging and gets these messages in a later page)
   paused        1 when this save stopped forwarding because the handed-out limit was reached (the
                 client is paging again: its connection fetches the rest when it has room), else 0
+  replayed      how many of the batch's OLDEST records were already applied (source header): messages
+                replayed+1 .. n are new; `skipped` counts among those
 
 Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET; when live GET of the
   attachment, HLEN, one HMGET finding the packet ids and one HSET recording them; a PEXPIREAT only for a
@@ -44,6 +49,12 @@ Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET
   with their packet id already in the value; one TIME per call.
 
 Rules (per client; a bad record or limit fails the whole call before anything is written):
+  * A batch with a source header is applied once: device-persistence replays the records it saved but
+    had not committed after a crash, and retries a save whose reply it did not get; the client's state
+    keeps the partition and the last offset applied (state.srcp, state.srco, written with the state), so
+    the replayed records (a prefix of the batch: one client's records come from one partition, in
+    offset order) are skipped and the rest is stored as usual. Another partition (the topic's partition
+    count changed) is not compared: its records are stored.
   * Messages are keyed by serial; the serial grows forever, so order never depends on packet ids
     (TBMQ #207). A message gets a packet id only when handed out (lua/packet_ids.lua): here, when the
     client is live and fewer than the handed-out limit ids are in use; else in a fetched page. So the
@@ -75,6 +86,24 @@ for c = 1, clients do
   local blob = ARGV[c + 3] or ''
   local ttls, values = {}, {}
   local pos, size = 1, #blob
+  local src_part, offsets = nil, nil
+  if string.sub(blob, 1, 1) == '@' then
+    local colon = string.find(blob, ':', 2, true)
+    local semi = colon and string.find(blob, ';', colon + 1, true)
+    src_part = colon and string.sub(blob, 2, colon - 1)
+    if not (semi and src_part ~= '' and tonumber(src_part)) then
+      return redis.error_reply('ERR save_messages: bad source header of batch ' .. c)
+    end
+    offsets = {}
+    for o in string.gmatch(string.sub(blob, colon + 1, semi - 1), '[^,]+') do
+      local v = tonumber(o)
+      if v == nil or (#offsets > 0 and v <= offsets[#offsets]) then
+        return redis.error_reply('ERR save_messages: source offsets of batch ' .. c .. ' must ascend')
+      end
+      offsets[#offsets + 1] = v
+    end
+    pos = semi + 1
+  end
   while pos <= size do
     local comma = string.find(blob, ',', pos, true)
     local colon = comma and string.find(blob, ':', comma + 1, true)
@@ -87,7 +116,11 @@ for c = 1, clients do
     values[#values + 1] = string.sub(blob, colon + 1, colon + len)
     pos = colon + len + 1
   end
-  batches[c] = {ttls, values}
+  if offsets and #offsets ~= #values then
+    return redis.error_reply('ERR save_messages: ' .. #offsets .. ' source offsets for ' .. #values
+                             .. ' records in batch ' .. c)
+  end
+  batches[c] = {ttls, values, src_part, offsets}
 end
 
 local time = redis.call('TIME')
@@ -97,17 +130,35 @@ local reply = {}
 for c = 1, clients do
   local base = (c - 1) * 4
   local zkey, pkey, skey, akey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
-  local ttls, values = batches[c][1], batches[c][2]
+  local ttls, values, src_part, offsets = batches[c][1], batches[c][2], batches[c][3], batches[c][4]
   local n = #values
   local prefix = zkey .. '_'
 
-  local state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live', 'exp')
+  local state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live', 'exp', 'srcp', 'srco')
   local last = tonumber(state[1] or '0')
   local serial = tonumber(state[2] or '0')
   local bytes = tonumber(state[3] or '0')
   local live = state[4]
   local exp = tonumber(state[5] or '')
   local first_serial = serial + 1
+
+  -- a replay (records already applied, same partition) is dropped from the front of the batch
+  local replayed = 0
+  local applied = src_part and state[6] == src_part and tonumber(state[7] or '')
+  if applied then
+    while replayed < n and offsets[replayed + 1] <= applied do replayed = replayed + 1 end
+    if replayed > 0 then
+      local t2, v2 = {}, {}
+      for k = replayed + 1, n do
+        t2[#t2 + 1] = ttls[k]
+        v2[#v2 + 1] = values[k]
+      end
+      ttls, values, n = t2, v2, n - replayed
+    end
+  end
+  -- the state fields that record the source, written with the state
+  local src_fields = {}
+  if src_part and n > 0 then src_fields = {'srcp', src_part, 'srco', offsets[#offsets]} end
 
   -- the batch alone beyond a limit: its oldest messages are not stored
   local skipped = 0
@@ -202,10 +253,10 @@ for c = 1, clients do
     end
     if exp == nil or now + max_ttl > exp then  -- the deadline moves: all three keys
       exp = now + max_ttl + math.min(math.floor(max_ttl / 8), 3600000)
-      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes, 'exp', exp)
+      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes, 'exp', exp, unpack(src_fields))
       for _, key in ipairs({zkey, pkey, skey}) do redis.call('PEXPIREAT', key, exp) end
     else  -- the state keeps its TTL; only a ZSET or HASH created by this call needs one
-      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes)
+      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes, unpack(src_fields))
       if members == 0 then redis.call('PEXPIREAT', zkey, exp) end
       if new_pids then redis.call('PEXPIREAT', pkey, exp) end
     end
@@ -216,5 +267,6 @@ for c = 1, clients do
   reply[#reply + 1] = table.concat(pids)
   reply[#reply + 1] = attached
   reply[#reply + 1] = paused
+  reply[#reply + 1] = replayed
 end
 return reply

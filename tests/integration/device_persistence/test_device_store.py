@@ -11,7 +11,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 from tbmq.v1 import messages_pb2 as pb
 
-from device_persistence.store import Attachment, DeviceMsgStore, StoreConfig, client_keys
+from device_persistence.store import Attachment, DeviceMsgStore, Source, StoreConfig, client_keys
 from waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -334,6 +334,38 @@ async def test_save_many_clients(store_factory):
         assert await store.clear(cid) == 6
 
 
+async def test_a_replayed_batch_is_stored_once_per_source_offset(store_factory, client_id):
+    """device-persistence replays what it saved but had not committed (a crash) and retries a save whose
+    reply it lost: the records' partition and offsets make the save apply each of them once, the new
+    ones of a replayed batch are stored after the old ones, and a live client is forwarded only those."""
+    store = await store_factory()
+    other = client_id + "-other"
+    first = await store.save_many_attached({client_id: [msg(1), msg(2), msg(3)], other: [msg(7)]},
+                                           sources={client_id: Source(4, [10, 12, 13]), other: Source(2, [3])})
+    assert [d.serial for d in first[client_id].messages] == [1, 2, 3]
+    # the crash: the same records again, now with one more of each client behind them
+    again = await store.save_many_attached({client_id: [msg(1), msg(2), msg(3), msg(4)], other: [msg(7), msg(8)]},
+                                           sources={client_id: Source(4, [10, 12, 13, 20]), other: Source(2, [3, 9])})
+    assert [(seqs([d])[0], d.serial) for d in again[client_id].messages] == [(4, 4)]
+    assert again[client_id].indexes == [3]
+    assert [(seqs([d])[0], d.serial) for d in again[other].messages] == [(8, 2)]
+    assert store.stats.replayed == 4
+    # entirely replayed: nothing stored, nothing forwarded, even to a live client
+    await take(store, client_id)  # attached and live on SVC
+    replay = await store.save_many_attached({client_id: [msg(3), msg(4)]}, sources={client_id: Source(4, [13, 20])})
+    assert replay[client_id].messages == [] and replay[client_id].forwards == []
+    new = await store.save_many_attached({client_id: [msg(4), msg(5)]}, sources={client_id: Source(4, [20, 21])})
+    assert [(seqs([d])[0], d.serial) for d in new[client_id].forwards] == [(5, 5)]
+    # another partition (the topic was resized) is not compared; no source: stored as given
+    moved = await store.save_many_attached({client_id: [msg(6)]}, sources={client_id: Source(0, [1])})
+    plain = await store.save_many_attached({client_id: [msg(6)]})
+    assert [d.serial for d in moved[client_id].messages] == [6] and [d.serial for d in plain[client_id].messages] == [7]
+    assert seqs(await store.fetch_undelivered(client_id)) == [1, 2, 3, 4, 5, 6, 6]
+    assert seqs(await store.fetch_undelivered(other)) == [7, 8]
+    await store.clear(client_id)
+    await store.clear(other)
+
+
 async def test_save_many_one_call_per_group_of_clients(store_factory, redis_backend):
     """save_many saves many clients per save_messages.lua call: all of them (up to
     save_clients_per_call) on standalone Redis, those of one hash slot on a cluster. Each client keeps
@@ -390,8 +422,15 @@ async def test_save_messages_bad_batch_writes_nothing(store_factory):
     with pytest.raises(ResponseError, match="bad record"):  # shorter than type byte + packet id
         await store._call("save_messages", keys, [*limits, good, b"604800000,2:Px"])
     assert await store.redis.exists(first.messages, first.message(1), second.messages) == 0
+    with pytest.raises(ResponseError, match="source offsets of batch 2 must ascend"):
+        await store._call("save_messages", keys, [*limits, good, b"@0:5,5;" + good + good])
+    with pytest.raises(ResponseError, match="1 source offsets for 2 records in batch 2"):
+        await store._call("save_messages", keys, [*limits, good, b"@0:5;" + good + good])
+    with pytest.raises(ResponseError, match="bad source header of batch 1"):
+        await store._call("save_messages", keys, [*limits, b"@x:5;" + good, good])
+    assert await store.redis.exists(first.messages, first.message(1), second.messages) == 0
     reply = await store._call("save_messages", keys, [*limits, good, good + good])
-    assert reply[:6] == [0, 0, 1, b"", b"", 0] and reply[6:10] == [0, 0, 1, b""]
+    assert reply[:7] == [0, 0, 1, b"", b"", 0, 0] and reply[7:11] == [0, 0, 1, b""]
     await store.clear(base + "-a")
     await store.redis.delete(second.messages, second.pids, second.state, second.message(1), second.message(2))
 

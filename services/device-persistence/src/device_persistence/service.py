@@ -6,7 +6,8 @@ one partition, in order):
 
   1. getmany (up to DEVICE_PERSISTENCE_MAX_POLL_RECORDS records), grouped per client in record order;
   2. save_many_attached: one save_messages.lua call per client, pipelined; each call also reads the
-     client's attachment atomically with the save;
+     client's attachment atomically with the save, and carries the records' partition and offsets, so
+     a record is stored once however often it is saved;
   3. the stored messages of attached clients are queued, one batch per connector service id, on that
      connector's Forward stream (forward.ForwardRegistry) — nothing is awaited: the next getmany
      starts at once;
@@ -16,7 +17,9 @@ one partition, in order):
      instance's forwards go out before the next owner's) and the in-flight and pending commits are done.
 
 Guarantee: an offset is committed only when every record below it is SAVED in Redis (step 2 returned).
-A crash before the commit replays those records (stored again: QoS 1 duplicates in order, never a loss).
+A crash before the commit replays those records, and a save retried after a Redis error repeats one: the
+client's state in Redis keeps the last offset applied, so neither stores a message twice (no duplicate,
+never a loss).
 Forwards never hold a commit back and never block the loop: Redis holds every message until the
 connector acknowledges it, and a forward that is not delivered (no stream, stream overflowing, crash)
 is fetched by the connector when its stream (re)opens or ends, or by the client's next connect.
@@ -45,7 +48,7 @@ from tbmq_platform.topics import MSG_PERSISTED, spec
 from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
 from .settings import Settings
-from .store import DeviceMsgStore
+from .store import DeviceMsgStore, Source
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence")
@@ -116,6 +119,8 @@ class DevicePersistenceService(Service):
         m.counter("stored_messages", "messages saved to Redis for persistent DEVICE clients", lambda: st["saved"])
         m.counter("stored_trimmed", "stored messages dropped (oldest first) to keep a client's limit",
                   lambda: store.trimmed)
+        m.counter("stored_replayed", "tbmq.msg.persisted records not stored again: saved before (a replay after "
+                  "a crash or a retried save)", lambda: store.replayed)
         m.counter("persisted_records", "tbmq.msg.persisted records consumed", lambda: st["records"])
         m.counter("forwarded_messages", "stored messages forwarded to connectors on Forward streams",
                   lambda: fw["forwarded"])
@@ -191,6 +196,7 @@ class DevicePersistenceService(Service):
     async def _process(self, batches) -> None:
         t0 = time.monotonic()
         groups: dict[str, list[pb.PublishMsg]] = {}
+        sources: dict[str, Source | None] = {}  # each client's records applied once (save_messages.lua)
         records = 0
         for tp, recs in batches.items():
             for r in recs:
@@ -201,10 +207,21 @@ class DevicePersistenceService(Service):
                     self.stats["bad_records"] += 1
                     log.error("undecodable PersistedMsg at %s[%d]@%d: skipped", tp.topic, tp.partition, r.offset)
                     continue
-                groups.setdefault(pm.client_id, []).append(pm.msg)
+                cid = pm.client_id
+                msgs = groups.get(cid)
+                if msgs is None:
+                    msgs = groups[cid] = []
+                    sources[cid] = Source(tp.partition, [])
+                src = sources[cid]
+                if src is not None:
+                    if src.partition == tp.partition:
+                        src.offsets.append(r.offset)
+                    else:  # the key moved partition (the topic was resized): this batch is not deduplicated
+                        sources[cid] = None
+                msgs.append(pm.msg)
         with tracer.start_as_current_span("device-persistence.save", attributes={
                 "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
-            results = await self._save(groups)
+            results = await self._save(groups, {c: s for c, s in sources.items() if s is not None})
             if results is None:
                 return  # stopping while Redis is down: nothing committed, the batch is replayed
             # queued on the connectors' streams, not awaited (forward.py)
@@ -218,15 +235,15 @@ class DevicePersistenceService(Service):
         log.debug("batch of %d records, %d clients in %.1f ms", records, len(groups),
                   (time.monotonic() - t0) * 1000)
 
-    async def _save(self, groups):
+    async def _save(self, groups, sources):
         backoff = Backoff()
         while True:
             try:
-                results = await self.store.save_many_attached(groups)
+                results = await self.store.save_many_attached(groups, sources=sources)
                 self.stats["saved"] += sum(len(r.messages) for r in results.values())
                 return results
             except (RedisError, OSError) as exc:
-                # Nothing is committed; a retry may store some clients' messages twice (QoS 1 allows it).
+                # Nothing is committed; a retry stores nothing twice (the batch's source offsets).
                 self.stats["save_failures"] += 1
                 if self._stopping:
                     log.warning("save failed while stopping (%r): batch left uncommitted", exc)

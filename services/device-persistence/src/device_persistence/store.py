@@ -213,6 +213,15 @@ class Attachment:
         return cls(service_id, session_id) if sep else None
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a client's batch came from: its tbmq.msg.persisted partition and the offset of each message
+    (aligned with the batch, ascending). save_messages.lua applies a batch with a source once per offset."""
+
+    partition: int
+    offsets: Sequence[int]
+
+
 @dataclass
 class SaveResult:
     """What one client's save produced: the stored messages (serial assigned, in order; the first
@@ -247,6 +256,7 @@ class StoreStats:
     saved: int = 0
     trimmed: int = 0  # stored references dropped because of the limit (oldest first)
     dropped_on_save: int = 0  # not stored: already expired, or beyond the limit within one batch
+    replayed: int = 0  # not stored again: their source offsets were applied before (a replay after a crash)
     save_calls: int = 0  # save_messages.lua calls made by save_many (one per group of clients)
     ack_calls: int = 0  # remove_message.lua calls made by apply_acks (one per group of clients)
     noscript_reloads: int = 0
@@ -341,10 +351,13 @@ class DeviceMsgStore:
         return default_ttl_s * 1000
 
     def _save_args(
-        self, messages: Sequence[messages_pb2.PublishMsg], default_ttl_s: int | None, now_ms: int
+        self, messages: Sequence[messages_pb2.PublishMsg], default_ttl_s: int | None, now_ms: int,
+        source: Source | None = None,
     ) -> tuple[list[Any], list[int]]:
         """ARGV for save_messages.lua (limits, records) and the indexes (into `messages`) of what is
-        sent; a record is b"<ttl_ms>,<len>:" + b"P\\0\\0" + PublishMsg bytes (no packet id yet)."""
+        sent; a record is b"<ttl_ms>,<len>:" + b"P\\0\\0" + PublishMsg bytes (no packet id yet). With
+        `source` the batch starts with its header, b"@<partition>:<offset>,...;" (the offsets of the records
+        sent), and the script stores it once (a replay of applied offsets is skipped)."""
         ttl_s = self.config.messages_ttl_s if default_ttl_s is None else default_ttl_s
         records: list[bytes] = []
         sent: list[int] = []
@@ -357,6 +370,9 @@ class DeviceMsgStore:
             records.append(b"%d,%d:P\x00\x00" % (ttl, len(body) + 3))
             records.append(body)
             sent.append(i)
+        if source is not None and sent:
+            offsets = source.offsets
+            records.insert(0, b"@%d:%s;" % (source.partition, b",".join(b"%d" % offsets[i] for i in sent)))
         return [*self._limits(), b"".join(records)], sent
 
     def _limits(self) -> list[int]:
@@ -372,10 +388,14 @@ class DeviceMsgStore:
         reply: list[Any],
     ) -> SaveResult:
         """reply = {trimmed, skipped, first_serial, pids of the forwarded (2-byte big-endian), attached,
-        paused}."""
+        paused, replayed}: of `sent`, the first `replayed` were applied before, the next `skipped` were
+        beyond a limit, the rest is stored."""
         trimmed, skipped, serial, blob = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
+        replayed = int(reply[6])
         self.stats.trimmed += trimmed
         self.stats.dropped_on_save += skipped
+        self.stats.replayed += replayed
+        sent = sent[replayed:]
         pids = memoryview(blob).cast("B")
         forwarded = len(blob) // 2
         out = []
@@ -559,9 +579,11 @@ class DeviceMsgStore:
         self,
         batches: Mapping[str, Sequence[messages_pb2.PublishMsg]],
         default_ttl: int | None = None,
+        sources: Mapping[str, Source] | None = None,
     ) -> dict[str, SaveResult]:
         """save_many, also returning each client's attachment read atomically with its save: the
-        service forwards a client's stored messages to its attached connector."""
+        service forwards a client's stored messages to its attached connector. A client with a `sources`
+        entry has its batch applied once per source offset (a replay stores nothing again)."""
         now_ms = int(time.time() * 1000)
         out: dict[str, SaveResult] = {}
         todo: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int], ClientKeys, bytes]] = []
@@ -569,7 +591,8 @@ class DeviceMsgStore:
             out[client_id] = SaveResult([])
             if not messages:
                 continue
-            args, sent = self._save_args(messages, default_ttl, now_ms)
+            args, sent = self._save_args(messages, default_ttl, now_ms,
+                                         sources.get(client_id) if sources else None)
             if not sent:
                 continue
             todo.append((client_id, messages, sent, self.keys(client_id), args[-1]))
@@ -587,10 +610,10 @@ class DeviceMsgStore:
             calls.append((keys, args))
         replies = await self._call_many("save_messages", calls)
         for part, reply in zip(metas, replies):
-            if len(reply) != 6 * len(part):
+            if len(reply) != 7 * len(part):
                 raise RuntimeError(f"save_messages.lua answered {len(reply)} elements for {len(part)} clients")
             for j, (client_id, messages, sent, _, _) in enumerate(part):
-                out[client_id] = self._save_result(client_id, messages, sent, reply[6 * j:6 * j + 6])
+                out[client_id] = self._save_result(client_id, messages, sent, reply[7 * j:7 * j + 7])
         self.stats.save_calls += len(calls)
         return out
 
