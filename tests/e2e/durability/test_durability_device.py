@@ -69,4 +69,8 @@ async def test_durability_device_router_killed_subscriber_offline(healed, unique
 @pytest.mark.parametrize("victim,instance", [("router", 1), ("device-persistence", 1), ("connector", 1),
                                              ("connector", 2)])
 async def test_durability_device_qos2_fan_in_wide_windows(healed, unique, victim, instance):
-    await crash_scenario(healed, unique, victim, instance, publishers=3, qos=2, window=100)
+    verdicts = await crash_scenario(healed, unique, victim, instance, publishers=3, qos=2, window=100)
+    if victim == "device-persistence":
+        # exactly once across its crash: the records it replays (saved, not committed) are not stored again
+        # (save_messages.lua's source offsets); before, about 50 of each publisher's 450 came twice
+        assert all(v.duplicates == 0 for v in verdicts), [v.summary() for v in verdicts]
