@@ -241,8 +241,8 @@ class KafkaBroker:
         log dir is not formatted yet: a dir with meta.properties is what the tool itself leaves alone ("All of
         the log directories are already formatted"; it writes meta.properties last, after the bootstrap
         checkpoint and the metadata log). Skipping it saves a JVM start on every restart of a kept dir (make
-        run, the supervisor's restart after a crash): 1.6 s of the 16 s a Kafka restart stalled deliveries
-        under load on a 2-core machine (docs/performance.md)."""
+        run, the supervisor's restart after a crash): `make bench` faults' Kafka restart stalled deliveries
+        3.6–6.1 s instead of 7.4–9.0 s on a 2-core machine (docs/performance.md, "The fourth round")."""
         existing = self._existing_cluster_id()
         if existing is not None:
             self.cluster_id = existing
