@@ -41,6 +41,10 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
+from .stats import percentile
+
 CLIENTS = ("aiokafka", "librdkafka")
 BASELINE = "loop-only"  # the same paced loop and futures without Kafka: what the clients' figures include besides the client
 TOPIC = "kc.bench"
@@ -54,13 +58,6 @@ KEYS = [f"bench/kc/{i}".encode() for i in range(100)]
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 class _AioClient:
@@ -269,17 +266,19 @@ async def _child(client: str, bootstrap: str, rate: float, seconds: float, warm:
     return {"client": client, "rate": rate, "sent": sent, "wall_s": round(wall, 2),
             "client_us_per_msg": round((cpu1 - cpu0) / sent * 1e6, 1), "client_cpu_pct": round((cpu1 - cpu0) / wall * 100, 1),
             "requests_per_s": round(c.requests_per_s(t0, t1) if isinstance(c, _RdClient) else (c.requests - req0) / wall, 1),
-            "ack_ms": {"p50": round(_pct(acks, 0.5), 2), "p99": round(_pct(acks, 0.99), 2), "n": len(acks)},
-            "e2e_ms": {"p50": round(_pct(e2e, 0.5), 2), "p99": round(_pct(e2e, 0.99), 2), "n": len(e2e)}}
+            "ack_ms": _p50_p99(acks), "e2e_ms": _p50_p99(e2e)}
+
+
+def _p50_p99(ms: list[float]) -> dict:
+    ms = sorted(ms)
+    return {"p50": round(percentile(ms, 50), 2), "p99": round(percentile(ms, 99), 2), "n": len(ms)}
 
 
 # ------------------------------------------------------------------------------------------ driver side
 def _proc_cpu_s(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        rest = f.read().rsplit(")", 1)[1].split()
-    tck = os.sysconf("SC_CLK_TCK")
-    return int(rest[11]) / tck, int(rest[12]) / tck
+    t = psutil.Process(pid).cpu_times()
+    return t.user, t.system
 
 
 def _step(client: str, bootstrap: str, rate: float, seconds: float, kafka_pid: int, warm: float = 2.0) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kafka_clients import _pct, summarize, table  # noqa: E402
+from bench.kafka_clients import summarize, table  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -45,10 +44,3 @@ def test_table_has_one_row_per_summary_entry():
     assert len(lines) == 4
     assert lines[2].startswith("| 1,000 | aiokafka | 100.0 | 300.0 (25 %) | 500 |")
     assert lines[3].startswith("| 1,000 | librdkafka | 40.0 | 100.0 (25 %) | 90 |")
-
-
-def test_percentile_of_nothing_is_nan_and_of_values_is_a_member():
-    assert math.isnan(_pct([], 0.5))
-    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
-    assert _pct(xs, 0.5) == 3.0
-    assert _pct(xs, 0.99) == 5.0
