@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import aiokafka
 
 from .kafka import IDLE_FETCH_WAIT_MS
+from .settings import WINDOW_MS
 
 CHECKED_AIOKAFKA = ("0.14.",)
 
@@ -50,7 +51,7 @@ class Window:
 
 
 class FetchWindow:
-    def __init__(self, *, max_wait_s: float = 0.005, idle_wait_ms: int = IDLE_FETCH_WAIT_MS,
+    def __init__(self, *, max_wait_s: float = WINDOW_MS / 1000, idle_wait_ms: int = IDLE_FETCH_WAIT_MS,
                  busy_min_bytes: int = 1 << 20,
                  enter_records: float = 3.0, leave_records: float = 1.0, tau_s: float = 0.05) -> None:
         if tau_s <= 0:

@@ -114,7 +114,14 @@ def nonempty(raw: str) -> str:
     return raw.strip()
 
 
-def fetch_window_env(name: str, topic: str, default: float = 5.0) -> Any:
+# The busy window of every adaptive fetch and linger on the message path (tbmq_platform.coalesce), in ms.
+# 10, not 5: on the 2-core co-hosted benchmark it cut the stack's CPU per message by a quarter at 1,000
+# msg/s and a sixth at 2,500 for about 5 ms more p50, with p99 no worse; 20 pushed p99 at 1,000 msg/s
+# past 70 ms (docs/performance.md, "The fifth round"). Quiet traffic never waits for it.
+WINDOW_MS = 10.0
+
+
+def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
     """The `<PREFIX>_FETCH_WINDOW_MS` setting of a consumer on the message path (tbmq_platform.coalesce)."""
     return env(name, default, parse=number(0),
                doc=f"adaptive fetch window of {topic} (ms): under load a fetch waits up to this long so the "

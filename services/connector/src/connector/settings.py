@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tbmq_auth import DEFAULT_PROVIDERS, anonymous_default, parse_providers
 from tbmq_platform.settings import (
+    WINDOW_MS,
     CommonSettings,
     boolean,
     choice,
@@ -177,7 +178,7 @@ class ConnectorSettings(CommonSettings):
         doc="acknowledgement batches in flight at once; more acknowledgements wait for the next one")
     fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
     producer_linger_ms: float = env(
-        "CONNECTOR_PRODUCER_LINGER_MS", 5.0, parse=number(0),
+        "CONNECTOR_PRODUCER_LINGER_MS", WINDOW_MS, parse=number(0),
         doc="adaptive linger of the PUBLISHes produced to tbmq.msg.all (ms): under load a batch waits up to "
             "this long so one produce request carries the PUBLISHes of the window; when quiet 1 ms (0 = always "
             "1 ms); tbmq_platform.coalesce.AdaptiveLinger")
