@@ -239,9 +239,7 @@ class ConnectionMachine:
         self.paging = False              # the own store holds more for this session: next page when there is room
         self.stored_sizes: dict[int, int] = {}  # serial -> payload bytes of own-store messages held (queued/in flight)
         self.stored_bytes = 0
-        # PUBREC'd QoS 2 ids in PUBREC order -> whether their PUBREL may go (a stored message's once the store
-        # has the mark); PUBRELs leave in that order [MQTT-4.6.0-3]
-        self.pubrel_waiting: dict[int, bool] = {}
+        self.pubrel_waiting: set[int] = set()  # PUBREC'd stored QoS 2 ids: PUBREL once the store has the mark
         self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
         self.app_open = False
         self.app_refs: dict[tuple, int] = {}
@@ -497,25 +495,12 @@ class ConnectionMachine:
 
     def pubrec_stored(self, packet_id: int, now: int) -> deque:
         """device-persistence recorded the client's PUBREC of stored message `packet_id` (`PubrecStored`):
-        the PUBREL it waited for goes out, after those of earlier PUBRECs (nothing if the id no longer waits)."""
+        the PUBREL it waited for goes out now (nothing if the id is no longer waiting, e.g. closed)."""
         if packet_id in self.pubrel_waiting:
-            self.pubrel_waiting[packet_id] = True
-            self._release_pubrels()
+            self.pubrel_waiting.discard(packet_id)
+            if self.state == CONNECTED:
+                self._send(encode(PubRel(packet_id), self.level))
         return self.effects
-
-    def _release_pubrels(self) -> None:
-        """Send the PUBRELs that may go, in PUBREC order, up to the first still waiting for its mark."""
-        waiting = self.pubrel_waiting
-        out = []
-        for pid, ready in waiting.items():
-            if not ready:
-                break
-            out.append(pid)
-        for pid in out:
-            del waiting[pid]
-        if out and self.state == CONNECTED:
-            level = self.level
-            self._send(b"".join(encode(PubRel(pid), level) for pid in out))
 
     def persisted(self, dm: pb.DevicePublishMsg, now: int) -> deque:
         """A forward of this client's own store (persistent DEVICE)."""
@@ -972,18 +957,13 @@ class ConnectionMachine:
             up = upstream_ack(msg, self.client_id)  # own store, or the group store (local id mapped back)
             if up is not None:
                 # PUBREL once the mark is stored (pubrec_stored): see the module docstring
-                self.pubrel_waiting[p.packet_id] = False
+                self.pubrel_waiting.add(p.packet_id)
                 self.effects.append(PubrecStored(*up, p.packet_id))
                 return
-        if self.pubrel_waiting:  # behind earlier PUBRECs' PUBRELs
-            self.pubrel_waiting[p.packet_id] = True
-            self._release_pubrels()
-        else:
-            self._send(encode(PubRel(p.packet_id), self.level))
+        self._send(encode(PubRel(p.packet_id), self.level))
 
     def _on_pubcomp(self, p: PubComp) -> None:
-        if self.pubrel_waiting.pop(p.packet_id, None) is not None:  # completed early: no PUBREL for a reused id
-            self._release_pubrels()
+        self.pubrel_waiting.discard(p.packet_id)  # a client that completes early: no PUBREL for a reused id
         msg = self.out.on_pubcomp(p.packet_id)
         if msg is not None:
             self._delivered(msg)
