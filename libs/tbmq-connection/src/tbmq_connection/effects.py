@@ -161,12 +161,10 @@ class AckStored:
 
 @dataclass(slots=True)
 class PubrecStored:
-    """The client sent PUBREC for a stored QoS 2 message: MarkPubrec(store_id, packet_id), then
-    `pubrec_stored(client_packet_id)` once device-persistence applied it (the machine sends PUBREL then)."""
+    """The client sent PUBREC for a stored QoS 2 message: MarkPubrec(store_id, packet_id)."""
 
     store_id: str
     packet_id: int
-    client_packet_id: int
 
 
 @dataclass(slots=True)
