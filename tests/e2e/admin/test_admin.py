@@ -262,7 +262,8 @@ async def test_statistics_windows_of_the_spark_job(suite, api):
 @pytest.mark.skipif(chromium() is None, reason="no chromium (scripts/bootstrap.sh installs Debian's chromium)")
 async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, tmp_path):
     cid = unique("ui")
-    c = Client(cid)
+    # a persistent session: its subscription is still there (on the subscriptions page) after the UI's Disconnect
+    c = Client(cid, clean=False, session_expiry=600)
     await run(c.connect, suite.mqtt_ports[0])
     await run(c.subscribe, f"{cid}/status", 1)
     await run(c.publish, f"{cid}/status", b"online", 1, retain=True)

@@ -1,4 +1,4 @@
-"""One suite for the durability tests of this folder: 2 connectors + router + session-registry +
+"""One suite per test module of this folder (`dsuite`): 2 connectors + router + session-registry +
 device-persistence (+ app-delivery when it has an entry point), client ids `app-.*` are APPLICATION.
 
 Every test kills one service and starts it again; `healed` (autouse) restarts whatever a failed test left
@@ -8,6 +8,12 @@ Tests with a suite of their own (test_durability_forward.py: two device-persiste
 before `dsuite` exists: two suites on one Kafka would split the routers', registries' and
 device-persistence instances' consumer groups between them (a message routed by the other suite's router
 never reaches this suite's subscriber).
+
+`dsuite` is module-scoped, one per test module, stopped when the module ends. Not package-scoped: this folder
+has no __init__.py, so pytest would keep a "package" fixture to the end of the session (pytest-dev/pytest
+#13216), and its services (app-delivery deleting APPLICATION topics, device-persistence in the shared
+consumer group) would then work inside every later suite's test (tests/e2e/spark, tests/e2e/connector when
+run after this folder).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
         items[n] = item
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 async def dsuite(kafka, tmp_path_factory):
     services = ["session-registry", "device-persistence", "router", "connector"]
     if HAS_APP_DELIVERY:

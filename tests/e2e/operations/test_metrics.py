@@ -30,8 +30,8 @@ def value(samples: dict, name: str, **labels) -> float:
 
 
 async def test_every_service_serves_prometheus_metrics_that_follow_the_traffic(make_suite, unique):
-    # a Kafka of its own: a suite of another folder still alive on the session's Kafka (tests/e2e/durability's
-    # package suite lives to the end of the session) would share the services' consumer groups
+    # a Kafka of its own: the metrics count the work of the services' consumer groups, which a suite still
+    # alive on the session's Kafka would share (docs/testing.md, "Suites that share the session's Kafka")
     suite = await make_suite(services=SERVICES, topic_profile="single-node", kafka=None)
     port = suite.mqtt_ports[0]
     u = unique("m")

@@ -145,18 +145,56 @@ def test_qos2_outbound_live_and_stored(level):
     assert c.take() == [PubRel(pub.packet_id)]
     c.send(PubComp(pub.packet_id))
     assert not c.m.out.inflight and c.of(AckStored) == [] and c.of(PubrecStored) == []  # live: nothing upstream
-    # a stored message keeps the store's id and is acknowledged upstream at PUBREC (mark) and PUBCOMP
+    # a stored message keeps the store's id and is acknowledged upstream at PUBREC (mark) and PUBCOMP; its
+    # PUBREL waits until the mark is stored (a repeated PUBREC meanwhile gets nothing: the PUBREL follows)
     dm = pb.DevicePublishMsg(client_id="dev", packet_id=42, serial=1, msg=msg(qos=2))
     c.call("persisted", dm)
     (pub,) = c.take()
     assert pub.packet_id == 42
     c.send(PubRec(42))
-    assert c.take() == [PubRel(42)] and c.take_effects(PubrecStored) == [PubrecStored("dev", 42)]
+    assert c.take() == [] and c.take_effects(PubrecStored) == [PubrecStored("dev", 42, 42)]
+    c.send(PubRec(42))
+    assert c.take() == [] and c.take_effects(PubrecStored) == []
+    c.call("pubrec_stored", 42)
+    assert c.take() == [PubRel(42)]
+    c.call("pubrec_stored", 42)  # once only
+    assert c.take() == []
     c.send(PubComp(42))
     assert c.take_effects(AckStored) == [AckStored("dev", 42)]
     # a PUBREC for an id we do not have: PUBREL all the same so the client can finish
     c.send(PubRec(77))
     assert c.take() == [PubRel(77, RC.PACKET_IDENTIFIER_NOT_FOUND if level == 5 else 0)]
+
+
+def test_qos2_stored_pubrels_wait_for_their_marks_and_keep_pubrec_order():
+    c = Client(4)
+    c.connect(answer(persistent=True))
+    (fetch,) = c.take_effects(FetchStored)
+    c.call("fetch_finished", fetch)
+    for pid, serial in ((10, 1), (11, 2)):
+        c.call("persisted", pb.DevicePublishMsg(client_id="dev", packet_id=pid, serial=serial, msg=msg(qos=2)))
+    c.call("deliver", msg(qos=2), 2, False, ())  # a live one
+    pubs = c.take()
+    live = pubs[2].packet_id
+    c.send(PubRec(10))
+    c.send(PubRec(11))
+    c.send(PubRec(live))
+    assert c.take() == []  # the live PUBREL queues behind the stored ones [MQTT-4.6.0-3]
+    c.call("pubrec_stored", 11)
+    assert c.take() == []  # 10's mark is not there yet
+    c.call("pubrec_stored", 10)
+    assert c.take() == [PubRel(10), PubRel(11), PubRel(live)]
+    # a client that sends PUBCOMP before its PUBREL: the id stops waiting, those behind it go
+    c.call("persisted", pb.DevicePublishMsg(client_id="dev", packet_id=12, serial=3, msg=msg(qos=2)))
+    c.call("persisted", pb.DevicePublishMsg(client_id="dev", packet_id=13, serial=4, msg=msg(qos=2)))
+    c.take()
+    c.send(PubRec(12))
+    c.send(PubRec(13))
+    c.call("pubrec_stored", 13)
+    c.send(PubComp(12))
+    assert c.take() == [PubRel(13)]
+    c.call("pubrec_stored", 12)  # late: nothing for an id already completed
+    assert c.take() == []
 
 
 # ------------------------------------------------------------------------------------------ takeover

@@ -26,6 +26,7 @@ class FakeDevice:
         self.calls: list[tuple] = []
         self.answers: dict[str, asyncio.Future] = {}
         self.pages: list[tuple] = []  # (client id, after, max_messages, max_bytes) of every fetch
+        self.marks: list = []  # the `done` of each mark_pubrec not applied yet
 
     async def fetch(self, client_id, service_id, session_id, *, resync=False, after=0, max_messages=0,
                     max_bytes=0):
@@ -45,8 +46,16 @@ class FakeDevice:
     def acknowledge(self, client_id, packet_id):
         self.calls.append(("ack", client_id, packet_id))
 
-    def mark_pubrec(self, client_id, packet_id):
+    def mark_pubrec(self, client_id, packet_id, done=None):
         self.calls.append(("pubrec", client_id, packet_id))
+        self.marks.append(done)
+
+    def apply_marks(self) -> None:
+        """The PUBREC marks made so far are applied (AckBatcher calls `done` then)."""
+        marks, self.marks = self.marks, []
+        for done in marks:
+            if done is not None:
+                done()
 
     def detach(self, client_id, session_id):
         self.calls.append(("detach", client_id, session_id))

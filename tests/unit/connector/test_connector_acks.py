@@ -79,13 +79,16 @@ async def test_failed_calls_are_retried_with_backoff_not_dropped():
     call = FakeCall(fail=3)
     b = AckBatcher(call, 1.0, delay_s=0.001)
     b.acknowledge("c", 1)
-    b.mark_pubrec("c", 2)
+    marked = []
+    b.mark_pubrec("c", 2, done=lambda: marked.append(call.attempts))
     await wait_until(lambda: b.stats["ack_call_failures"] >= 1, 2.0, "the first failed call")
+    assert marked == []  # the PUBREL waits for a mark that is applied, not for a failed call
     b.acknowledge("c", 3)  # made while backing off: joins the retry
     assert await b.drain(5.0)
     assert call.attempts >= 4
     assert sorted(call.acks()) == [("c", 1), ("c", 3)]
     assert call.pubrecs() == [("c", 2)]
+    assert marked == [call.attempts]  # once, after the call that applied it
     assert b.stats["ack_call_failures"] == 3
     assert not b._backoff.active  # reset by the success
     await b.close()
@@ -95,8 +98,11 @@ async def test_invalid_argument_is_not_retried():
     call = FakeCall(fail=1, code=grpc.StatusCode.INVALID_ARGUMENT)
     b = AckBatcher(call, 1.0, delay_s=0.001)
     b.acknowledge("c", 1)
+    marked = []
+    b.mark_pubrec("c", 2, done=lambda: marked.append(2))
     assert await b.drain(1.0)
     assert call.attempts == 1 and call.acks() == []
+    assert marked == [2]  # dropped, but the client's QoS 2 flow still finishes (PUBREL)
     await b.close()
 
 

@@ -11,7 +11,7 @@ from connector_fakes import FakePort, connected, until
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_connection.convert import topic_subscription
 from tbmq_connection.flow import DEVICE, GROUP, GroupRef, GroupStores, OutboundWindow, OutMsg, upstream_ack
-from tbmq_mqtt import Connect, PubAck, PubComp, PubRec, Subscribe, Subscription, Unsubscribe
+from tbmq_mqtt import Connect, PubAck, PubComp, PubRec, PubRel, Subscribe, Subscription, Unsubscribe
 from tbmq_routing import shared_store_id
 
 pytestmark = pytest.mark.unit
@@ -136,8 +136,12 @@ async def test_qos_capping_qos2_flow_and_pubrel_owed_entries():
     assert m.qos == 2 and m.publish.qos == 2 and m.ref == GroupRef(STORE, 7, 1)
     # PUBREL owed from an earlier member: the group already got it exactly once -> acknowledged, nothing sent
     assert svc.device.of("ack") == [(STORE, 8)]
+    conn.transport.data = b""
     client_sends(conn, PubRec(m.packet_id))
     assert svc.device.of("pubrec") == [(STORE, 7)]
+    assert conn.transport.data == b""  # PUBREL only once the group store has the mark
+    svc.device.apply_marks()
+    assert conn.transport.packets(5) == [PubRel(m.packet_id)]
     client_sends(conn, PubComp(m.packet_id))
     assert svc.device.of("ack") == [(STORE, 8), (STORE, 7)]
     assert not conn.m.out.inflight

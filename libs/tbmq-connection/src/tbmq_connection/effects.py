@@ -161,10 +161,12 @@ class AckStored:
 
 @dataclass(slots=True)
 class PubrecStored:
-    """The client sent PUBREC for a stored QoS 2 message: MarkPubrec(store_id, packet_id)."""
+    """The client sent PUBREC for a stored QoS 2 message: MarkPubrec(store_id, packet_id), then
+    `pubrec_stored(client_packet_id)` once device-persistence applied it (the machine sends PUBREL then)."""
 
     store_id: str
     packet_id: int
+    client_packet_id: int
 
 
 @dataclass(slots=True)

@@ -16,6 +16,10 @@ Guarantees kept here (each where the code enforces it):
 * Outbound: at most the client's Receive Maximum in flight (`flow.OutboundWindow`); stored DEVICE messages
   keep the store's packet ids; upstream acknowledgements (device-persistence, app-delivery) only after the
   client's PUBACK / PUBCOMP.
+* Exactly-once delivery of a stored QoS 2 message across a crash of this connector: its PUBREL goes out only
+  once device-persistence has recorded the client's PUBREC (`PubrecStored` → `pubrec_stored`). Before that
+  the store still owes the PUBLISH, and the client, still awaiting PUBREL, answers its redelivery (same
+  packet id) with PUBREC instead of taking it as a new message [MQTT-4.3.3].
 * Keep alive [MQTT-3.1.2-22]: closed (v5: DISCONNECT 0x8D) when nothing arrived for 1.5 × the keep alive.
 * Authorization (with a `tbmq_auth.Authorizer`): nothing is asked of the registry before the CONNECT is
   authenticated (`Authenticate` → `authenticated`); a PUBLISH, a Will or a SUBSCRIBE is checked against the
@@ -235,6 +239,9 @@ class ConnectionMachine:
         self.paging = False              # the own store holds more for this session: next page when there is room
         self.stored_sizes: dict[int, int] = {}  # serial -> payload bytes of own-store messages held (queued/in flight)
         self.stored_bytes = 0
+        # PUBREC'd QoS 2 ids in PUBREC order -> whether their PUBREL may go (a stored message's once the store
+        # has the mark); PUBRELs leave in that order [MQTT-4.6.0-3]
+        self.pubrel_waiting: dict[int, bool] = {}
         self.groups = GroupStores()      # shared DEVICE group stores attached by this (persistent) member
         self.app_open = False
         self.app_refs: dict[tuple, int] = {}
@@ -487,6 +494,28 @@ class ConnectionMachine:
         if not self._pump_held:
             self._pump()
         return self.effects
+
+    def pubrec_stored(self, packet_id: int, now: int) -> deque:
+        """device-persistence recorded the client's PUBREC of stored message `packet_id` (`PubrecStored`):
+        the PUBREL it waited for goes out, after those of earlier PUBRECs (nothing if the id no longer waits)."""
+        if packet_id in self.pubrel_waiting:
+            self.pubrel_waiting[packet_id] = True
+            self._release_pubrels()
+        return self.effects
+
+    def _release_pubrels(self) -> None:
+        """Send the PUBRELs that may go, in PUBREC order, up to the first still waiting for its mark."""
+        waiting = self.pubrel_waiting
+        out = []
+        for pid, ready in waiting.items():
+            if not ready:
+                break
+            out.append(pid)
+        for pid in out:
+            del waiting[pid]
+        if out and self.state == CONNECTED:
+            level = self.level
+            self._send(b"".join(encode(PubRel(pid), level) for pid in out))
 
     def persisted(self, dm: pb.DevicePublishMsg, now: int) -> deque:
         """A forward of this client's own store (persistent DEVICE)."""
@@ -928,6 +957,8 @@ class ConnectionMachine:
         failed = p.reason_code >= RC.UNSPECIFIED_ERROR
         msg = self.out.on_pubrec(p.packet_id, failed)
         if msg is None:
+            if p.packet_id in self.pubrel_waiting:
+                return  # a repeat while the mark is on its way: the PUBREL follows it
             # not ours (or a repeat): PUBREL all the same so the client can finish [MQTT-4.3.3]
             if not failed:
                 self._send(encode(PubRel(p.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if self.v5 else RC.SUCCESS),
@@ -937,13 +968,22 @@ class ConnectionMachine:
             self._delivered(msg)
             self._pump()
             return
-        self._send(encode(PubRel(p.packet_id), self.level))
         if self.cfg.device_persistence:
             up = upstream_ack(msg, self.client_id)  # own store, or the group store (local id mapped back)
             if up is not None:
-                self.effects.append(PubrecStored(*up))
+                # PUBREL once the mark is stored (pubrec_stored): see the module docstring
+                self.pubrel_waiting[p.packet_id] = False
+                self.effects.append(PubrecStored(*up, p.packet_id))
+                return
+        if self.pubrel_waiting:  # behind earlier PUBRECs' PUBRELs
+            self.pubrel_waiting[p.packet_id] = True
+            self._release_pubrels()
+        else:
+            self._send(encode(PubRel(p.packet_id), self.level))
 
     def _on_pubcomp(self, p: PubComp) -> None:
+        if self.pubrel_waiting.pop(p.packet_id, None) is not None:  # completed early: no PUBREL for a reused id
+            self._release_pubrels()
         msg = self.out.on_pubcomp(p.packet_id)
         if msg is not None:
             self._delivered(msg)

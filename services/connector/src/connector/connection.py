@@ -497,7 +497,15 @@ class Connection(asyncio.Protocol):
 
     def _pubrec_stored(self, e: PubrecStored) -> None:
         if self.port.device is not None:
-            self.port.device.mark_pubrec(e.store_id, e.packet_id)
+            self.port.device.mark_pubrec(e.store_id, e.packet_id,
+                                         done=lambda pid=e.client_packet_id: self._pubrec_marked(pid))
+        else:
+            self._pubrec_marked(e.client_packet_id)
+
+    def _pubrec_marked(self, packet_id: int) -> None:
+        """device-persistence applied the PUBREC's mark: the machine sends the PUBREL it held."""
+        self.m.pubrec_stored(packet_id, _now_ms())
+        self._drain()
 
     def _ack_app(self, e: AckApp) -> None:
         if self._app_stream is not None:

@@ -65,6 +65,10 @@ class AckBatcher:
     every connection into batches: `call(PacketBatchRequest, timeout)` sends one (up a forward stream,
     or as a `DevicePersistence.AcknowledgeMany` call) and returns once it is applied.
 
+    `mark_pubrec`'s `done` is called once the batch carrying the mark was applied (the connection sends
+    PUBREL then); a batch device-persistence refuses as invalid calls it too (the flow must finish; the
+    message is redelivered on the next connect).
+
     A call goes out `delay_s` after the first ack waiting, or at once when `max_batch` are waiting; at most
     `max_calls` calls are in flight (more acks wait and join the next call, so batches grow with the load).
     A call that fails is logged and its acks are put back and retried with backoff (tbmq_platform.backoff:
@@ -82,7 +86,7 @@ class AckBatcher:
         self.max_batch = max_batch
         self.max_calls = max_calls
         self._acks: list[tuple[str, int]] = []
-        self._pubrecs: list[tuple[str, int]] = []
+        self._pubrecs: list[tuple[str, int, Callable[[], None] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._calls: set[asyncio.Task] = set()
         self._backoff = Backoff()    # active while device-persistence fails: the delay before the next call
@@ -96,8 +100,8 @@ class AckBatcher:
         self._acks.append((client_id, packet_id))
         self._arm()
 
-    def mark_pubrec(self, client_id: str, packet_id: int) -> None:
-        self._pubrecs.append((client_id, packet_id))
+    def mark_pubrec(self, client_id: str, packet_id: int, done: Callable[[], None] | None = None) -> None:
+        self._pubrecs.append((client_id, packet_id, done))
         self._arm()
 
     def _arm(self) -> None:
@@ -140,13 +144,13 @@ class AckBatcher:
                 return
             self._arm()
 
-    async def _send(self, acks: list[tuple[str, int]], pubrecs: list[tuple[str, int]]) -> None:
+    async def _send(self, acks: list[tuple[str, int]], pubrecs: list[tuple[str, int, Callable | None]]) -> None:
         request = spb.PacketBatchRequest()
         add = request.acks.add  # built in place (a message built apart is copied into the list: twice the cost)
         for c, p in acks:
             add(client_id=c, packet_id=p)
         add = request.pubrecs.add
-        for c, p in pubrecs:
+        for c, p, _ in pubrecs:
             add(client_id=c, packet_id=p)
         self.stats["ack_calls"] += 1
         try:
@@ -161,6 +165,7 @@ class AckBatcher:
                 log.error("device-persistence refused %d acks / %d PUBRECs: %s (dropped; the messages are "
                           "redelivered on the next connect)", len(acks), len(pubrecs),
                           exc.details() if code is not None else exc)
+                self._marked(pubrecs)
                 return
             delay = self._backoff.next()
             log.warning("device-persistence AcknowledgeMany (%d acks, %d PUBRECs) failed: %s; retrying in %.1fs",
@@ -170,6 +175,16 @@ class AckBatcher:
         self._backoff.reset()
         self.stats["acks_sent"] += len(acks)
         self.stats["pubrecs_sent"] += len(pubrecs)
+        self._marked(pubrecs)
+
+    @staticmethod
+    def _marked(pubrecs) -> None:
+        for _, _, done in pubrecs:
+            if done is not None:
+                try:
+                    done()
+                except Exception:
+                    log.exception("a PUBREC's completion failed")
 
     def _requeue(self, acks, pubrecs) -> None:
         self._acks[:0] = acks
@@ -424,9 +439,9 @@ class DevicePersistenceClient:
         """PUBACK/PUBCOMP of a stored message: batched (AckBatcher)."""
         self.acks.acknowledge(client_id, packet_id)
 
-    def mark_pubrec(self, client_id: str, packet_id: int) -> None:
-        """PUBREC of a stored message: batched (AckBatcher)."""
-        self.acks.mark_pubrec(client_id, packet_id)
+    def mark_pubrec(self, client_id: str, packet_id: int, done: Callable[[], None] | None = None) -> None:
+        """PUBREC of a stored message: batched (AckBatcher); `done()` once it is applied."""
+        self.acks.mark_pubrec(client_id, packet_id, done)
 
     def detach(self, client_id: str, session_id: str) -> None:
         self._background("Detach", self._stub().Detach(

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable, Mapping
 from functools import partial
 
+import aiokafka
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.tuples import ack_lock
@@ -68,7 +69,7 @@ _FAUST_METHODS = ("_wait_next_records", "_drain_messages", "_add_gap", "_to_mess
                   "perform_seek", "commit", "track_message", "_new_consumer_thread")
 # ... and of mode's ServiceThread, which InLoopConsumerThread runs without a thread:
 _THREAD_METHODS = ("Worker", "_serve", "_gather_remaining_tasks", "call_thread", "cast_thread",
-                   "on_thread_stop", "start")
+                   "on_thread_stop", "start", "_create_worker_consumer")
 _FAUST_ATTRIBUTES = ("_read_offset", "_unacked_messages", "_committed_offset", "_acked_index", "_acked",
                      "_n_acked", "_commit_every", "_buffered_partitions", "_waiting_for_ack", "suspend_flow",
                      "_thread")
@@ -106,7 +107,29 @@ class _InLoopWorker:
         pass
 
 
-class InLoopConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+class _ReadCommitted:
+    """tbmq.msg.all is read read_committed. The session registry publishes Wills there inside its
+    transactions (with the session change that decided them): a Will whose transaction aborted must not be
+    routed, and when the registry redoes the work it must not be routed twice. Faust reads read_committed
+    only under exactly_once processing (which also makes its producer transactional), so the consumer it
+    builds is switched before it starts: aiokafka reads ``AIOKafkaConsumer._isolation_level`` in
+    ``start()`` to build its fetcher (aiokafka 0.14, requirements.lock; checked here). Records of the
+    connectors (no transactions) are not held: for them the last stable offset is the high watermark."""
+
+    def _create_worker_consumer(self, transport):
+        consumer = super()._create_worker_consumer(transport)
+        if getattr(consumer, "_isolation_level", None) not in ("read_uncommitted", "read_committed"):
+            raise RuntimeError(f"router: aiokafka {aiokafka.__version__}: AIOKafkaConsumer._isolation_level "
+                               "is not where the router sets read_committed (checked against 0.14)")
+        consumer._isolation_level = "read_committed"
+        return consumer
+
+
+class ThreadConsumerThread(_ReadCommitted, faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's own consumer thread (``ROUTER_CONSUMER_IN_LOOP=false``), read_committed."""
+
+
+class InLoopConsumerThread(_ReadCommitted, faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's aiokafka consumer, run on the worker's own event loop.
 
     Faust runs its consumer in a thread with an event loop of its own and hands every call across
@@ -158,7 +181,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self):
         if getattr(self.app, "consumer_in_loop", False):
             return InLoopConsumerThread(self, loop=self.loop, thread_loop=self.loop, beacon=self.beacon)
-        return super()._new_consumer_thread()
+        return ThreadConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     """Faust's aiokafka consumer, delivering the records of ``batch_topic`` in batches.
 
