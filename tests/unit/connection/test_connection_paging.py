@@ -63,6 +63,21 @@ def test_pages_after_the_last_serial_once_a_quarter_of_a_page_is_free():
     assert c.m.stats["stored_pages"] == 2
 
 
+def test_the_first_page_is_small_and_the_rest_of_the_room_is_asked_for_as_soon_as_it_arrives():
+    c, first = persistent(page_messages=10, page_bytes=1 << 20, first_page_messages=3)
+    assert first == FetchStored("dev", resync=False, after=0, max_messages=3, max_bytes=1 << 20)
+    c.call("stored", first, [stored(s) for s in range(1, 4)])
+    c.call("fetch_finished", first, more=True)
+    assert [p.packet_id for p in c.take()] == [1, 2, 3]
+    # three held, nothing acknowledged yet: the next page at once, for the rest of the page
+    (page,) = c.take_effects(FetchStored)
+    assert page == FetchStored("dev", resync=True, after=3, max_messages=7, max_bytes=(1 << 20) - 3)
+    c.call("stored", page, [stored(s) for s in range(4, 11)])
+    c.call("fetch_finished", page, more=True)
+    assert [p.packet_id for p in c.take()] == list(range(4, 11))
+    assert c.take_effects(FetchStored) == []  # a full page held: the usual quarter rule from here on
+
+
 def test_the_byte_bound_sizes_the_page():
     c, first = persistent(page_messages=100, page_bytes=1000)
     assert first.max_bytes == 1000

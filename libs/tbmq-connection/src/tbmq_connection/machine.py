@@ -152,6 +152,8 @@ class MachineConfig:
     device_persistence: bool = True      # persistent DEVICE sessions are served (stores fetched, acks sent)
     page_messages: int = 2500            # own stored messages held per connection (a page; the next page is
     page_bytes: int = 1024 * 1024        # ... fetched once a quarter of these is free: `page_room`)
+    first_page_messages: int = 250       # the first page of a connection asks at most this many: its first
+    #                                      message goes out sooner, and the next page is asked for at once
     response_information: str = ""       # v5 CONNACK Response Information when the client asks ("" = never)
     # limits one client cannot push the connector past (tbmq_connection.limits; docs/security.md)
     max_topic_bytes: int = 4096          # topic names and filters, UTF-8 bytes
@@ -612,12 +614,16 @@ class ConnectionMachine:
             self.stats["stored_pages"] += 1
             self.effects.append(self._group_page(store_id, resync=True))
 
-    def _page(self, *, resync: bool) -> FetchStored:
+    def _page(self, *, resync: bool, first: bool = False) -> FetchStored:
         """The next page of the own store: after the last serial delivered, sized to the room left so that
-        what is held stays within one page (messages and bytes)."""
+        what is held stays within one page (messages and bytes). The `first` page of a connection is at most
+        `first_page_messages`: the time to its first message grows with the page (device-persistence reads
+        and sends the whole page first), and the rest of the room is asked for as soon as it arrives
+        (`page_room`), while it is delivered."""
         cfg = self.cfg
+        room = max(cfg.page_messages - len(self.stored_sizes), 1)
         return FetchStored(self.client_id, resync=resync, after=max(self.max_serial, 0),
-                           max_messages=max(cfg.page_messages - len(self.stored_sizes), 1),
+                           max_messages=min(room, cfg.first_page_messages) if first else room,
                            max_bytes=max(cfg.page_bytes - self.stored_bytes, 1))
 
     def _next_page(self) -> None:
@@ -818,7 +824,7 @@ class ConnectionMachine:
         if self.persistent and self.client_type == pb.CLIENT_TYPE_DEVICE and cfg.device_persistence:
             self.device = True
             self.fetching = True
-            self.effects.append(self._page(resync=False))
+            self.effects.append(self._page(resync=False, first=True))
             self._attach_groups()
         elif self.persistent and self.client_type == pb.CLIENT_TYPE_APPLICATION:
             self._open_app_stream()

@@ -150,6 +150,7 @@ class ConnectorService(Service):
             server_keep_alive_max=settings.server_keep_alive_max,
             connect_timeout_ms=int(settings.connect_timeout_s * 1000),
             page_messages=settings.stored_page_messages, page_bytes=settings.stored_page_bytes,
+            first_page_messages=settings.stored_first_page_messages,
             response_information=settings.response_information,
             max_topic_bytes=settings.max_topic_bytes, max_topic_levels=settings.max_topic_levels,
             max_subscriptions=settings.max_subscriptions, max_user_properties=settings.max_user_properties,

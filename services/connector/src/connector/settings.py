@@ -159,6 +159,10 @@ class ConnectorSettings(CommonSettings):
         doc="stored messages of a persistent DEVICE client fetched per page (FetchUndelivered) and held per "
             "connection at most; the next page is fetched once a quarter of them is free (acknowledged); when "
             "unset, DEVICE_PERSISTENCE_PAGE_MESSAGES (the name before 2026-11-25)")
+    stored_first_page_messages: int = env(
+        "CONNECTOR_STORED_FIRST_PAGE_MESSAGES", 250, parse=integer(1, 65_534),
+        doc="the first page of a connection asks at most this many stored messages (at most a page): the first "
+            "message reaches the client sooner, and the rest of the page is asked for as soon as it arrives")
     stored_page_bytes: int = env(
         "CONNECTOR_STORED_PAGE_BYTES", 1024 * 1024, parse=integer(1024),
         fallback="DEVICE_PERSISTENCE_PAGE_BYTES",
