@@ -21,9 +21,14 @@ async def test_archive_and_rebuild(stats_run, spark, tmp_path):
     cfg = ArchiveConfig(bootstrap=stats_run.bootstrap, output=str(tmp_path))
     report = run_archive(spark, cfg)
     # 1. the event log: the whole topic history (shared broker: at least our workload), by date
-    day = dt.datetime.fromtimestamp(stats_run.base_ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d")
+    def date_of(ms: int) -> str:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d")
+
+    day = date_of(stats_run.base_ms)
+    # the workload's five minutes may straddle midnight (UTC): its records are then in two date partitions
+    days = sorted({day, date_of(stats_run.base_ms + 5 * 60_000)})
     msgs = ds.dataset(cfg.messages_path, format="parquet", partitioning="hive").to_table(
-        filter=ds.field("date") == day).to_pylist()
+        filter=ds.field("date").isin(days)).to_pylist()
     ours = [m for m in msgs if m["publisher_id"] == stats_run.publisher and
             stats_run.base_ms <= m["created_at"].timestamp() * 1000 < stats_run.base_ms + 5 * 60_000]
     assert len(ours) == 12 + 5 + 1 + 3 + 1          # both runs' publishes and ticks
