@@ -83,17 +83,30 @@ class Tail:
                 return r
 
         async def read_and_find():
-            batches = await self.consumer.getmany(timeout_ms=200)
             found = None
-            for _, recs in batches.items():
-                for r in recs:
-                    self.records.append(r)
-                    if found is None and pred(r):
-                        found = r
+            for r in await self._read():
+                if found is None and pred(r):
+                    found = r
             return found
 
         return await wait_until(read_and_find, timeout,
                                 lambda: f"a matching record on {self.topics} ({len(self.records)} seen)", step=0)
+
+    async def wait_for_count(self, pred: Callable, n: int, timeout: float = BOUND) -> None:
+        """Until `n` records (seen before or read now) satisfy `pred(record)`."""
+        async def enough() -> bool:
+            await self._read()
+            return sum(1 for r in self.records if pred(r)) >= n
+
+        await wait_until(enough, timeout, lambda: f"{n} matching records on {self.topics} "
+                                                  f"({sum(1 for r in self.records if pred(r))} so far)", step=0)
+
+    async def _read(self) -> list:
+        """One fetch of up to 200 ms; its records are kept in `records` and returned."""
+        batches = await self.consumer.getmany(timeout_ms=200)
+        got = [r for recs in batches.values() for r in recs]
+        self.records.extend(got)
+        return got
 
 
 class FakeRegistry:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,6 +18,7 @@ from connector_helpers import Tail
 from mqtt_clients import PROBE, Client, poll, real, routed, run, wait_until
 from suites import module_suite
 from tbmq_launcher.launcher import Suite
+from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.topics import MSG_PERSISTED
 from tbmq_routing import shared_store_id
 
@@ -52,6 +54,31 @@ async def stored_at_least(suite: Suite, store_id: str, n: int, timeout: float = 
         return await stored_count(suite, store_id) >= n
 
     await wait_until(enough, timeout, f"{n} messages in {store_id}", step=0.1)
+
+
+def job_copy_for(store_id: str) -> Callable:
+    """Is a tbmq.msg.persisted record a copy of a job message (payload m<i>, not a probe) stored under
+    `store_id`?"""
+    key = store_id.encode()
+
+    def match(r) -> bool:
+        if r.key != key:
+            return False
+        m = pb.PersistedMsg()
+        m.ParseFromString(r.value)
+        return m.msg.payload[:1] == b"m"
+
+    return match
+
+
+async def jobs_to_group_store(suite: Suite, pub: Client, topic: str | Callable[[int], str], store_id: str) -> None:
+    """Publish the N job messages (QoS 1, each acknowledged before the next) and wait until the router stored
+    every one under the group store: a PUBACK says only that Kafka has it, and a member that connects while the
+    router still routes would get the rest as a live member, not from the group store."""
+    async with Tail(suite.bootstrap_servers, MSG_PERSISTED) as tail:
+        for i in range(N):
+            await run(pub.publish, topic(i) if callable(topic) else topic, b"m%d" % i, 1)
+        await tail.wait_for_count(job_copy_for(store_id), N)
 
 
 async def store_emptied(suite: Suite, store_id: str, timeout: float = 20) -> None:
@@ -107,8 +134,7 @@ async def test_offline_group_store_handed_to_the_member_that_reconnects_then_rou
     await run(b.close, wait=True)
     await group_stores_now(ss, pub, f"{u}/jobs/probe", store)
 
-    for i in range(N):  # each acknowledged (PUBACK) before the next
-        await run(pub.publish, f"{u}/jobs/{i % 3}", b"m%d" % i, 1)
+    await jobs_to_group_store(ss, pub, lambda i: f"{u}/jobs/{i % 3}", store)
     await stored_at_least(ss, store, N)  # saved by device-persistence (after the PUBACKs: asynchronously)
 
     # member a comes back on the OTHER connector: every message of the group store, in order
@@ -167,8 +193,7 @@ async def test_group_messages_not_acknowledged_are_redelivered_to_the_next_membe
     await run(c.close, wait=True)
     await run(d.close, wait=True)
     await group_stores_now(ss, pub, f"{u}/jobs/probe", store)
-    for i in range(N):
-        await run(pub.publish, f"{u}/jobs/1", b"m%d" % i, 1)
+    await jobs_to_group_store(ss, pub, f"{u}/jobs/1", store)
 
     # c comes back but never acknowledges (paho manual ack), then goes away
     c2 = Client(u + "c", v5=False, clean=False)
