@@ -60,72 +60,81 @@ local more = 0
 local chunk = 256
 if max_count > 0 and max_count < chunk then chunk = max_count + 1 end
 -- per chunk of members: one MGET of the values, one HMGET for the packet ids handed out (free_pids), one
--- HSET recording them, a SETRANGE per newly handed-out value; never a call per message for the rest
+-- HSET recording them, a SETRANGE per newly handed-out value; never a call per message for the rest.
+-- Tables grow through explicit counters, not `t[#t + 1]` (Lua's # searches for the border, O(log n) per
+-- append), and each member is parsed once (member_parts): the script is per-message Lua work.
 while true do
   local members = redis.call('ZRANGEBYSCORE', zkey, cursor, '+inf', 'LIMIT', 0, chunk)
   -- the members that fit the page's bounds (their sizes are in the members)
-  local take, serials, mkeys = {}, {}, {}
+  local take, serials, sizes, mkeys = {}, {}, {}, {}
+  local n_take = 0
   local n_count, n_bytes = count, bytes
   local stop = false
   for i = 1, #members do
     local member = members[i]
-    local size = member_size(member)
+    local serial, size = member_parts(member)
     if (max_count > 0 and n_count >= max_count) or (max_bytes > 0 and n_count > 0 and n_bytes + size > max_bytes) then
       more, stop = 1, true
       break
     end
-    local serial = member_serial(member)
-    take[#take + 1] = member
-    serials[#serials + 1] = serial
-    mkeys[#mkeys + 1] = prefix .. serial
+    n_take = n_take + 1
+    take[n_take] = member
+    serials[n_take] = serial
+    sizes[n_take] = size
+    mkeys[n_take] = prefix .. serial
     n_count = n_count + 1
     n_bytes = n_bytes + size
   end
   local chunk_gone = false
-  if #take > 0 then
+  if n_take > 0 then
     local values = redis.call('MGET', unpack(mkeys))
     local r_pid, fresh = {}, {}
-    for i = 1, #take do
+    local n_fresh = 0
+    for i = 1, n_take do
       local value = values[i]
       if not value then
         redis.call('ZREM', zkey, take[i])
-        gone = gone + member_size(take[i])
+        gone = gone + sizes[i]
         chunk_gone = true
       else
-        local pid = string.byte(value, 2) * 256 + string.byte(value, 3)
+        local hi, lo = string.byte(value, 2, 3)
+        local pid = hi * 256 + lo
         if pid == 0 and hand then
           if handed >= hlimit then
             more, stop, chunk_gone = 1, true, false
             break
           end
           handed = handed + 1
-          fresh[#fresh + 1] = i
+          n_fresh = n_fresh + 1
+          fresh[n_fresh] = i
         end
         r_pid[i] = pid
         count = count + 1
-        bytes = bytes + member_size(take[i])
+        bytes = bytes + sizes[i]
       end
       cursor = '(' .. serials[i]
     end
-    if #fresh > 0 then
+    if n_fresh > 0 then
       local ids
-      ids, last = free_pids(pkey, last, #fresh, prefix)
+      ids, last = free_pids(pkey, last, n_fresh, prefix)
       local hargs = {}
-      for j = 1, #fresh do
-        local i = fresh[j]
-        r_pid[i] = ids[j]
-        hargs[#hargs + 1] = ids[j]
-        hargs[#hargs + 1] = take[i]
-        redis.call('SETRANGE', mkeys[i], 1, pid_bytes(ids[j]))
+      for j = 1, n_fresh do
+        local i, id = fresh[j], ids[j]
+        r_pid[i] = id
+        hargs[2 * j - 1] = id
+        hargs[2 * j] = take[i]
+        redis.call('SETRANGE', mkeys[i], 1, pid_bytes(id))
       end
       record_pids(pkey, hargs)
     end
-    for i = 1, #take do
+    local n_out = #out
+    for i = 1, n_take do
       local pid = r_pid[i]
       if pid then
-        out[#out + 1] = pid
-        out[#out + 1] = tonumber(serials[i])
-        out[#out + 1] = values[i]
+        out[n_out + 1] = pid
+        out[n_out + 2] = tonumber(serials[i])
+        out[n_out + 3] = values[i]
+        n_out = n_out + 3
       end
     end
   end

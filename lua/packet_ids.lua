@@ -24,6 +24,12 @@ local function member_size(member)
   return tonumber(string.match(member, ':(%d+)$')) or 0
 end
 
+-- serial (string) and size (number) of a member, one match for both
+local function member_parts(member)
+  local serial, size = string.match(member, '^(%d+):(%d+)$')
+  return serial, tonumber(size) or 0
+end
+
 local function pid_bytes(pid)
   return string.char(math.floor(pid / 256), pid % 256)
 end
@@ -33,9 +39,9 @@ end
 -- ids in use <= 65534 (the callers' handed-out limit), so one turn of the id space finds them.
 local function free_pids(pids_key, last, n, msg_prefix)
   local ids = {}
-  local tried = 0
-  while #ids < n do
-    local want = math.min(n - #ids, 4000)  -- unpack() below is limited by the C stack (LUAI_MAXCSTACK = 8000)
+  local got, tried = 0, 0
+  while got < n do
+    local want = math.min(n - got, 4000)  -- unpack() below is limited by the C stack (LUAI_MAXCSTACK = 8000)
     local cand = {}
     for i = 1, want do
       last = (last % 65535) + 1
@@ -46,10 +52,11 @@ local function free_pids(pids_key, last, n, msg_prefix)
     for i = 1, want do
       local owner = owners[i]
       if not owner or redis.call('EXISTS', msg_prefix .. member_serial(owner)) == 0 then
-        ids[#ids + 1] = cand[i]
+        got = got + 1
+        ids[got] = cand[i]
       end
     end
-    if #ids < n and tried >= 65535 then
+    if got < n and tried >= 65535 then
       error('no free packet id')
     end
   end

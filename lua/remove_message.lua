@@ -26,10 +26,12 @@ for c = 1, #KEYS / 3 do
   local prefix = zkey .. '_'
   local freed = 0
   local pids, seen = {}, {}
+  local n_pids = 0
   for pid in string.gmatch(ARGV[c] or '', '%d+') do
     if not seen[pid] then
       seen[pid] = true
-      pids[#pids + 1] = pid
+      n_pids = n_pids + 1
+      pids[n_pids] = pid
     end
   end
   -- a few calls per chunk of ids (HMGET, HDEL, ZMSCORE, ZREM, DEL), never a call per id; chunked because
@@ -37,23 +39,27 @@ for c = 1, #KEYS / 3 do
   for s = 1, #pids, 4000 do
     local part = {unpack(pids, s, math.min(s + 3999, #pids))}
     local members = redis.call('HMGET', pkey, unpack(part))
-    local found, found_members, mkeys = {}, {}, {}
+    local found, found_members, sizes, mkeys = {}, {}, {}, {}
+    local n = 0
     for i = 1, #part do
       local member = members[i]
       if member then
-        found[#found + 1] = part[i]
-        found_members[#found_members + 1] = member
-        mkeys[#mkeys + 1] = prefix .. member_serial(member)
+        local serial, size = member_parts(member)
+        n = n + 1
+        found[n] = part[i]
+        found_members[n] = member
+        sizes[n] = size
+        mkeys[n] = prefix .. serial
       end
     end
-    if #found > 0 then
+    if n > 0 then
       redis.call('HDEL', pkey, unpack(found))
-      if #found_members == 1 then
-        if redis.call('ZREM', zkey, found_members[1]) == 1 then freed = freed + member_size(found_members[1]) end
+      if n == 1 then
+        if redis.call('ZREM', zkey, found_members[1]) == 1 then freed = freed + sizes[1] end
       else
         local scores = redis.call('ZMSCORE', zkey, unpack(found_members))
-        for i = 1, #found_members do
-          if scores[i] then freed = freed + member_size(found_members[i]) end
+        for i = 1, n do
+          if scores[i] then freed = freed + sizes[i] end
         end
         redis.call('ZREM', zkey, unpack(found_members))
       end
