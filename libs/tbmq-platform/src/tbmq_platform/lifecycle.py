@@ -79,10 +79,15 @@ class Service:
         return self._failed
 
 
-async def serve(service: Service, settings: CommonSettings, *, install_signals: bool = True) -> int:
-    """Run `service` until SIGINT/SIGTERM (or a background task fails). Returns the exit code."""
+async def serve(service: Service, settings: CommonSettings, *, install_signals: bool = True,
+                stop: asyncio.Event | None = None) -> int:
+    """Run `service` until SIGINT/SIGTERM or `stop` is set (or a background task fails). Returns the exit code.
+
+    A stop that comes while `start()` still runs (e.g. it keeps retrying an unreachable Kafka) cancels the
+    start-up: the service stops within `stop()`'s bound (exit code 0: the stop was asked for), rather than
+    ignoring the signal and living on without its parent (a launcher's death signal is a SIGTERM)."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop = stop if stop is not None else asyncio.Event()
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -90,27 +95,34 @@ async def serve(service: Service, settings: CommonSettings, *, install_signals: 
                           service.health_details, service.metrics, instance=settings.instance_id)
     await health.start()
     failed = service.failed()
+    stop_wait = loop.create_task(stop.wait())
     code = 0
     try:
-        await service.start()
-        # what start() built (modules, protobuf descriptors, state rebuilt from Kafka) lives as long as the
-        # process: out of the collector's generations, so a full collection walks only what traffic made
-        # (a connector's gen-2 pass took ~40 ms before, a pause every connection on it shares)
-        gc.collect()
-        gc.freeze()
-        for name, check in service.readiness_checks().items():
-            health.check(name, check)
-        health.ready = True
-        log.info("%s %s ready", settings.service_name, settings.instance_id)
-        stop_wait = loop.create_task(stop.wait())
-        await asyncio.wait({stop_wait, failed}, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if failed.done() and failed.exception() is not None:
-            code = 1
+        starting = loop.create_task(service.start(), name=f"{settings.service_name} start")
+        await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            log.warning("%s: stop requested while starting; start-up cancelled", settings.service_name)
+        else:
+            starting.result()  # a start-up that failed raises here
+            # what start() built (modules, protobuf descriptors, state rebuilt from Kafka) lives as long as
+            # the process: out of the collector's generations, so a full collection walks only what traffic
+            # made (a connector's gen-2 pass took ~40 ms before, a pause every connection on it shares)
+            gc.collect()
+            gc.freeze()
+            for name, check in service.readiness_checks().items():
+                health.check(name, check)
+            health.ready = True
+            log.info("%s %s ready", settings.service_name, settings.instance_id)
+            await asyncio.wait({stop_wait, failed}, return_when=asyncio.FIRST_COMPLETED)
+            if failed.done() and failed.exception() is not None:
+                code = 1
     except Exception:
         log.exception("%s failed to start", settings.service_name)
         code = 1
     finally:
+        stop_wait.cancel()
         health.ready = False
         log.info("%s stopping", settings.service_name)
         try:
