@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+from tbmq_launcher.redis import find_free_port
 from tbmq_launcher.services import http_get
 from waits import wait_until
 
@@ -23,15 +23,9 @@ pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_sigterm_during_start_up_stops_the_service_at_once(tmp_path):
-    health = _free_port()
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}", "HEALTH_PORT": str(health),
+    health = find_free_port()
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{find_free_port()}", "HEALTH_PORT": str(health),
            "TBMQ_SERVICE_ID": "session-registry-stoptest"}
     log = tmp_path / "session-registry.log"
     with log.open("wb") as f:  # a file, not a pipe nobody reads while the start-up retries and logs
