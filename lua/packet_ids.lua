@@ -20,10 +20,6 @@ local function member_serial(member)
   return string.match(member, '^(%d+)')
 end
 
-local function member_size(member)
-  return tonumber(string.match(member, ':(%d+)$')) or 0
-end
-
 -- serial (string) and size (number) of a member, one match for both
 local function member_parts(member)
   local serial, size = string.match(member, '^(%d+):(%d+)$')

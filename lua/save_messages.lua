@@ -182,14 +182,15 @@ for c = 1, clients do
       if #popped == 0 then break end
       for i = 1, #popped, 2 do
         local member = popped[i]
-        local mkey = prefix .. member_serial(member)
+        local serial, size = member_parts(member)
+        local mkey = prefix .. serial
         local head = redis.call('GETRANGE', mkey, 1, 2)
         if #head == 2 then
           local pid = string.byte(head, 1) * 256 + string.byte(head, 2)
           if pid > 0 and redis.call('HGET', pkey, pid) == member then redis.call('HDEL', pkey, pid) end
         end
         redis.call('DEL', mkey)
-        bytes = bytes - member_size(member)
+        bytes = bytes - size
         excess = excess - 1
         trimmed = trimmed + 1
         members = members - 1
