@@ -47,3 +47,9 @@ def delete_older(spark, directory: str, below: int) -> None:
         stem = name[:-5] if name.endswith(".json") else ""
         if stem.isdigit() and int(stem) < below:
             fs.delete(jvm.org.apache.hadoop.fs.Path(p, name), False)
+
+
+def delete(spark, path: str) -> bool:
+    """Delete one file; False when it was not there."""
+    fs, p, _ = _fs(spark, path)
+    return bool(fs.delete(p, False)) if fs.exists(p) else False

@@ -275,28 +275,92 @@ def start_stats(spark, cfg: StatsConfig):
     return _apply_trigger(writer, cfg.trigger).start()
 
 
+def restartable(trigger: str, error: str) -> bool:
+    """Whether a query that ended with `error` (its exception's text) is started again from its checkpoint.
+
+    Only an availableNow run whose source lost a topic: Spark's Kafka source fixes the partitions of such a
+    run when it starts and fails a later batch whose partitions are gone (error class
+    LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_TRIGGER_AVAILABLENOW, SPARK-41387, whose advice is to restart the
+    query). tbmq-py deletes topics of the pattern in normal operation: app-delivery removes the
+    tbmq.msg.app.<client> topic of an APPLICATION session that expired or was cleared. The new run starts
+    from the last committed batch and no longer lists the deleted topic (failOnDataLoss=false: what was left
+    unread of it is skipped with a warning, as a processingTime query skips it)."""
+    return trigger in ("availableNow", "available-now") and any(e in error for e in LOST_TOPIC_ERROR)
+
+
+# the error's class, and its message (what the query's exception carries: Spark 4.2 builds the SparkException
+# from the message alone)
+LOST_TOPIC_ERROR = ("LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_TRIGGER_AVAILABLENOW",
+                    "have been lost during running query with Trigger.AvailableNow")
+# an availableNow run restarts at most this often (each restart needs another topic deleted during the run)
+MAX_RESTARTS = 10
+
+
 def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_started=None,
-              stop: threading.Event | None = None) -> None:
+              stop: threading.Event | None = None) -> int:
     """Run until the query ends (availableNow/once), `timeout_s` passes, or `stop` is set (the CLI sets it on
     SIGTERM/SIGINT); forever otherwise. `on_started(query)` is called once the query is active (the CLI's
-    readiness signal).
+    readiness signal; again for a restarted query). Returns how often the query was restarted (`restartable`:
+    an availableNow run that lost a deleted topic continues from its checkpoint, at most MAX_RESTARTS times).
 
     The wait is a loop of short awaitTermination calls, never one call interrupted by a signal: an exception
     raised inside a py4j call (KeyboardInterrupt from a signal handler) breaks the gateway connection, and the
     JVM then answers nothing, so the query could not be stopped cleanly."""
-    if stop is not None and stop.is_set():
-        return
-    q = start_stats(spark, cfg)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        if on_started is not None:
-            on_started(q)
-        while not (stop is not None and stop.is_set()):
-            step = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
-            if step <= 0 or q.awaitTermination(step):
-                break
-    finally:
-        if q.isActive:
-            q.stop()
-    if q.exception() is not None:
-        raise RuntimeError(f"stats query failed: {q.exception()}")
+    restarts = 0
+    while True:
+        if stop is not None and stop.is_set():
+            return restarts
+        q = start_stats(spark, cfg)
+        raised = None
+        try:
+            if on_started is not None:
+                on_started(q)
+            while not (stop is not None and stop.is_set()):
+                step = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
+                try:
+                    if step <= 0 or q.awaitTermination(step):
+                        break
+                except Exception as exc:  # the query ended with an error (StreamingQueryException)
+                    raised = exc
+                    break
+        finally:
+            if q.isActive:
+                q.stop()
+        failure = q.exception() or raised
+        if failure is None:
+            return restarts
+        error = str(failure)
+        if restarts >= MAX_RESTARTS or not restartable(cfg.trigger, error):
+            raise RuntimeError(f"stats query failed: {error}")
+        restarts += 1
+        dropped = drop_uncommitted_batch(spark, cfg.checkpoint_path)
+        log.warning("stats query lost a deleted topic during an availableNow run; planned batch %s dropped, "
+                    "restarting from the checkpoint (%d of at most %d)", dropped, restarts, MAX_RESTARTS)
+
+
+def uncommitted_batch(offset_names: list[str], commit_names: list[str]) -> int | None:
+    """The batch a checkpoint planned and did not commit (the newest `offsets/<n>` without `commits/<n>`),
+    or None. File names as listed (`.<n>.crc` and other names are ignored)."""
+    planned = [int(n) for n in offset_names if n.isdigit()]
+    if not planned:
+        return None
+    last = max(planned)
+    return None if str(last) in commit_names else last
+
+
+def drop_uncommitted_batch(spark, checkpoint: str) -> int | None:
+    """Forget the batch the query planned but never ran, so that a restart plans it again from the
+    topics as they are now; returns its number, or None.
+
+    Needed for `restartable` failures: Spark logs a batch's end offsets (`offsets/<n>`) before it plans its
+    partitions, and that planning is where the availableNow check fails; a restart would otherwise run the
+    logged batch again, deleted topic included, and its tasks would wait for a partition that no longer
+    exists (TimeoutException after the consumer's 60 s). The batch never ran a task (no output, no state
+    version), so planning it anew from the previous committed batch's end is what a first run would do."""
+    base = checkpoint.rstrip("/")
+    n = uncommitted_batch(fsutil.list_names(spark, f"{base}/offsets"), fsutil.list_names(spark, f"{base}/commits"))
+    if n is not None:
+        fsutil.delete(spark, f"{base}/offsets/{n}")
+        fsutil.delete(spark, f"{base}/offsets/.{n}.crc")
+    return n

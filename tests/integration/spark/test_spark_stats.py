@@ -85,3 +85,57 @@ async def test_historical_data_topic(stats_run):
         values = {(s.key, s.dimension): s.value for s in m.stats}
         expected = (stats_run.phase1 if ws < b + 2 * MINUTE_MS else stats_run.phase2).expected[ws]
         _check_window(values, expected, stats_run.gauges[ws])
+
+
+async def test_available_now_run_goes_on_when_an_application_topic_is_deleted(kafka, spark, tmp_path):
+    """An availableNow run whose pattern loses a topic while it runs (app-delivery deletes the topic of an
+    APPLICATION session that expired) fails in Spark's Kafka source (LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_
+    TRIGGER_AVAILABLENOW); run_stats starts it again from its checkpoint, and the run reads the other topics
+    to their end."""
+    import asyncio
+    import json
+    import time
+    import uuid
+    from pathlib import Path
+
+    from aiokafka.admin import AIOKafkaAdminClient
+    from spark_workload import create_topics, end_offsets, produce, publish
+    from tbmq_spark.kafka_io import ENTITY_TOPICS, MESSAGE_TOPICS_PATTERN
+    from tbmq_spark.stats import StatsConfig, run_stats
+    from waits import wait_until
+
+    bootstrap = kafka.bootstrap_servers
+    tag = uuid.uuid4().hex[:8]
+    gone, kept = T.app_topic_name(f"gone-{tag}"), T.app_topic_name(f"kept-{tag}")
+    await create_topics(bootstrap, extra=[f"gone-{tag}", f"kept-{tag}"])
+    start_msgs = await end_offsets(bootstrap, pattern=MESSAGE_TOPICS_PATTERN)
+    start_ents = await end_offsets(bootstrap, topics=ENTITY_TOPICS)
+    base = (int(time.time() * 1000) - 48 * 3600 * 1000) // MINUTE_MS * MINUTE_MS  # two days ago: no other test
+    value = publish("pub-x", "alarms/x", b"z" * 5, 1, base).SerializeToString()
+    kept_n = 12
+    await produce(bootstrap, [(gone, b"alarms/x", value, base + i) for i in range(3)]
+                  + [(kept, b"alarms/x", value, base + 100 + i) for i in range(kept_n)])
+
+    # one record per partition and batch: the run takes kept_n batches, so the topic goes while it runs
+    cfg = StatsConfig(bootstrap=bootstrap, output=str(tmp_path), watermark="0 seconds", trigger="availableNow",
+                      starting_offsets=start_msgs, entity_starting_offsets=start_ents, max_offsets_per_trigger=1,
+                      publish=False)
+    run = asyncio.ensure_future(asyncio.to_thread(run_stats, spark, cfg))
+    ckpt = Path(cfg.checkpoint_path)
+    await wait_until(lambda: (ckpt / "commits" / "0").exists() or run.done(), 180, "the run's first batch")
+    assert not run.done(), "the run ended before its first batch was committed"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([gone])
+    finally:
+        await admin.close()
+    restarts = await asyncio.wait_for(run, 240)
+
+    assert restarts >= 1, "the run never saw the deleted topic: the deletion came after its last batch"
+    logged = [int(f.name) for f in (ckpt / "offsets").iterdir() if f.name.isdigit()]
+    # an offsets log entry: a version line, the batch's metadata, then one line per source
+    sources = (ckpt / "offsets" / str(max(logged))).read_text().splitlines()[2:]
+    ends = [json.loads(s) for s in sources if s.startswith("{")]
+    assert any(e.get(kept) == {"0": kept_n} for e in ends), ends
+    assert max(logged) in {int(f.name) for f in (ckpt / "commits").iterdir() if f.name.isdigit()}
