@@ -275,24 +275,8 @@ def start_stats(spark, cfg: StatsConfig):
     return _apply_trigger(writer, cfg.trigger).start()
 
 
-def restartable(trigger: str, error: str) -> bool:
-    """Whether a query that ended with `error` (its exception's text) is started again from its checkpoint.
-
-    Only an availableNow run whose source lost a topic: Spark's Kafka source fixes the partitions of such a
-    run when it starts and fails a later batch whose partitions are gone (error class
-    LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_TRIGGER_AVAILABLENOW, SPARK-41387, whose advice is to restart the
-    query). tbmq-py deletes topics of the pattern in normal operation: app-delivery removes the
-    tbmq.msg.app.<client> topic of an APPLICATION session that expired or was cleared. The new run starts
-    from the last committed batch and no longer lists the deleted topic (failOnDataLoss=false: what was left
-    unread of it is skipped with a warning, as a processingTime query skips it)."""
-    return trigger in ("availableNow", "available-now") and any(e in error for e in LOST_TOPIC_ERROR)
-
-
-# the error's class, and its message (what the query's exception carries: Spark 4.2 builds the SparkException
-# from the message alone)
-LOST_TOPIC_ERROR = ("LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_TRIGGER_AVAILABLENOW",
-                    "have been lost during running query with Trigger.AvailableNow")
-# an availableNow run restarts at most this often (each restart needs another topic deleted during the run)
+# a failed query is restarted at most this often per run_stats call (each restart needs another topic deleted
+# under a planned batch)
 MAX_RESTARTS = 10
 
 
@@ -300,8 +284,12 @@ def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_starte
               stop: threading.Event | None = None) -> int:
     """Run until the query ends (availableNow/once), `timeout_s` passes, or `stop` is set (the CLI sets it on
     SIGTERM/SIGINT); forever otherwise. `on_started(query)` is called once the query is active (the CLI's
-    readiness signal; again for a restarted query). Returns how often the query was restarted (`restartable`:
-    an availableNow run that lost a deleted topic continues from its checkpoint, at most MAX_RESTARTS times).
+    readiness signal; again for a restarted query). Returns how often the query was restarted.
+
+    Deleted topics (docs/spark.md): the message pattern includes tbmq.msg.app.*, which app-delivery deletes
+    when an APPLICATION session ends. A query that fails while its planned, uncommitted batch names a topic
+    that no longer exists is restarted, at most MAX_RESTARTS times, after that batch is dropped
+    (`restart_plan`); any other failure raises.
 
     The wait is a loop of short awaitTermination calls, never one call interrupted by a signal: an exception
     raised inside a py4j call (KeyboardInterrupt from a signal handler) breaks the gateway connection, and the
@@ -330,13 +318,20 @@ def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_starte
         failure = q.exception() or raised
         if failure is None:
             return restarts
-        error = str(failure)
-        if restarts >= MAX_RESTARTS or not restartable(cfg.trigger, error):
-            raise RuntimeError(f"stats query failed: {error}")
+        base = cfg.checkpoint_path.rstrip("/")
+        batch = uncommitted_batch(fsutil.list_names(spark, f"{base}/offsets"),
+                                  fsutil.list_names(spark, f"{base}/commits"))
+        gone = set()
+        if batch is not None and restarts < MAX_RESTARTS:
+            gone = deleted_topics(fsutil.read_text(spark, f"{base}/offsets/{batch}"), _existing_topics(cfg.bootstrap))
+        if not gone:
+            raise RuntimeError(f"stats query failed: {failure}")
         restarts += 1
-        dropped = drop_uncommitted_batch(spark, cfg.checkpoint_path)
-        log.warning("stats query lost a deleted topic during an availableNow run; planned batch %s dropped, "
-                    "restarting from the checkpoint (%d of at most %d)", dropped, restarts, MAX_RESTARTS)
+        fsutil.delete(spark, f"{base}/offsets/{batch}")
+        fsutil.delete(spark, f"{base}/offsets/.{batch}.crc")
+        log.warning("stats query failed with batch %d planned over deleted topics %s (%s); batch dropped, "
+                    "restarting from the checkpoint (%d of at most %d)", batch, sorted(gone),
+                    str(failure).splitlines()[0][:300], restarts, MAX_RESTARTS)
 
 
 def uncommitted_batch(offset_names: list[str], commit_names: list[str]) -> int | None:
@@ -349,18 +344,38 @@ def uncommitted_batch(offset_names: list[str], commit_names: list[str]) -> int |
     return None if str(last) in commit_names else last
 
 
-def drop_uncommitted_batch(spark, checkpoint: str) -> int | None:
-    """Forget the batch the query planned but never ran, so that a restart plans it again from the
-    topics as they are now; returns its number, or None.
+def deleted_topics(offsets_entry: str, existing: set[str]) -> set[str]:
+    """The topics a logged batch (an `offsets/<n>` file: a version line, the batch's metadata, then one line
+    per source, JSON {topic: {partition: offset}} or "-") reads that are not in `existing`.
 
-    Needed for `restartable` failures: Spark logs a batch's end offsets (`offsets/<n>`) before it plans its
-    partitions, and that planning is where the availableNow check fails; a restart would otherwise run the
-    logged batch again, deleted topic included, and its tasks would wait for a partition that no longer
-    exists (TimeoutException after the consumer's 60 s). The batch never ran a task (no output, no state
-    version), so planning it anew from the previous committed batch's end is what a first run would do."""
-    base = checkpoint.rstrip("/")
-    n = uncommitted_batch(fsutil.list_names(spark, f"{base}/offsets"), fsutil.list_names(spark, f"{base}/commits"))
-    if n is not None:
-        fsutil.delete(spark, f"{base}/offsets/{n}")
-        fsutil.delete(spark, f"{base}/offsets/.{n}.crc")
-    return n
+    Why a batch naming one is dropped before the restart: Spark logs a batch's end offsets before it plans
+    and runs it, and a restarted query runs a logged, uncommitted batch again as it was logged. With a
+    deleted topic in it, that batch can never run: an availableNow run fails its check
+    (LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_TRIGGER_AVAILABLENOW, SPARK-41387, "restart your query"), a task
+    reading the topic waits 60 s for a partition that is gone and fails. Planned again from the last
+    committed batch's end, it lists the topics as they are, and what was left unread of the deleted one is
+    skipped (failOnDataLoss=false, a warning). Its outputs are idempotent per batch id (the Parquet
+    directory is overwritten; a UsageStats record may be written again, same key and value)."""
+    named: set[str] = set()
+    for line in offsets_entry.splitlines()[2:]:
+        line = line.strip()
+        if line.startswith("{"):
+            named |= set(json.loads(line))
+    return named - existing
+
+
+def _existing_topics(bootstrap: str) -> set[str]:
+    """The cluster's topic names (metadata request of a short-lived consumer)."""
+    import asyncio
+
+    from tbmq_platform.kafka import make_consumer
+
+    async def names() -> set[str]:
+        c = make_consumer(bootstrap, group_id=None, client_id="tbmq-spark-stats-topics")
+        await c.start()
+        try:
+            return set(await c.topics())
+        finally:
+            await c.stop()
+
+    return asyncio.run(names())

@@ -90,8 +90,8 @@ async def test_historical_data_topic(stats_run):
 async def test_available_now_run_goes_on_when_an_application_topic_is_deleted(kafka, spark, tmp_path):
     """An availableNow run whose pattern loses a topic while it runs (app-delivery deletes the topic of an
     APPLICATION session that expired) fails in Spark's Kafka source (LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_
-    TRIGGER_AVAILABLENOW); run_stats starts it again from its checkpoint, and the run reads the other topics
-    to their end."""
+    TRIGGER_AVAILABLENOW); run_stats drops the planned batch that names the deleted topic, starts the query
+    again from its checkpoint, and the run reads the other topics to their end."""
     import asyncio
     import json
     import time

@@ -1,22 +1,12 @@
-"""When the statistics job starts a failed query again, and which planned batch it forgets first
-(tbmq_spark.stats.restartable / uncommitted_batch; the run against real Kafka and Spark is
+"""Which failed statistics query is started again, and which planned batch it forgets first
+(tbmq_spark.stats.uncommitted_batch / deleted_topics; the run against real Kafka and Spark is
 tests/integration/spark/test_spark_stats.py::test_available_now_run_goes_on_when_an_application_topic_is_deleted)."""
 
 from __future__ import annotations
 
-from tbmq_spark.stats import restartable, uncommitted_batch
+import json
 
-LOST = ("Some of partitions in Kafka topic(s) have been lost during running query with Trigger.AvailableNow. "
-        "The error could be transient - restart your query, and report if you still see the same issue.")
-
-
-def test_only_an_available_now_run_that_lost_a_topic_is_restarted():
-    assert restartable("availableNow", f"[STREAM_FAILED] Query terminated with exception: {LOST}")
-    assert restartable("available-now", "[LOST_TOPIC_PARTITIONS_IN_END_OFFSET_WITH_TRIGGER_AVAILABLENOW] x")
-    # a processingTime query never runs Spark's availableNow check; another error is not ours to retry
-    assert not restartable("processingTime=10 seconds", LOST)
-    assert not restartable("once", LOST)
-    assert not restartable("availableNow", "Timeout of 60000ms expired before the position for partition t-0")
+from tbmq_spark.stats import deleted_topics, uncommitted_batch
 
 
 def test_the_newest_planned_batch_without_a_commit_is_the_uncommitted_one():
@@ -26,3 +16,19 @@ def test_the_newest_planned_batch_without_a_commit_is_the_uncommitted_one():
     assert uncommitted_batch(["0"], []) == 0
     assert uncommitted_batch([], []) is None
     assert uncommitted_batch([".0.crc", "metadata"], []) is None
+
+
+def _entry(*sources) -> str:
+    """An offsets log entry as Spark writes it: version, batch metadata, one line per source."""
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}}
+    return "\n".join(["v1", json.dumps(meta), *(s if isinstance(s, str) else json.dumps(s) for s in sources)])
+
+
+def test_the_topics_of_a_logged_batch_that_no_longer_exist():
+    entry = _entry({"tbmq.msg.all": {"0": 5, "1": 7}, "tbmq.msg.app.a": {"0": 3}, "tbmq.msg.app.b": {"0": 1}},
+                   {"tbmq.client.session": {"0": 9}})
+    assert deleted_topics(entry, {"tbmq.msg.all", "tbmq.msg.app.b", "tbmq.client.session"}) == {"tbmq.msg.app.a"}
+    assert deleted_topics(entry, {"tbmq.msg.all", "tbmq.msg.app.a", "tbmq.msg.app.b", "tbmq.client.session"}) == set()
+    # the metadata line is not a source, and a source without offsets is written as "-"
+    assert deleted_topics(_entry("-", {"t": {"0": 1}}), set()) == {"t"}
+    assert deleted_topics(_entry(), set()) == set()
