@@ -22,13 +22,18 @@ ARGV:
            source  the tbmq.msg.persisted partition and the offsets of the batch's records, one per
                    record, ascending: records at or below the client's last applied offset of the same
                    partition (state.srcp / state.srco) are a replay and are not stored again
+           then, optionally, an origin header: "#" (<partition> ":" <offset> | "-") ("," ...)* ";"
+           origin  one entry per record: the tbmq.msg.all partition and offset the router read it from
+                   ("-": unknown); a record at or below the highest origin offset already applied for the
+                   client from that partition (state field "o<partition>") is a copy routed again and is
+                   not stored
            ttl_ms  decimal TTL in milliseconds (> 0)
            length  decimal byte length of value (>= 3)
            value   1 type byte ("P" = PUBLISH, "R" = PUBREL) + "\0\0" (no packet id yet) + a
                    serialized tbmq.v1.PublishMsg
            e.g. "604800000,6:P\0\0abc1000,4:P\0\0x" (two messages)
-Returns: a flat array of 7 elements per client, in KEYS order: {trimmed, skipped, first_serial,
-  pids, attached, paused, replayed} of client 1, then of client 2, ...
+Returns: a flat array of 8 elements per client, in KEYS order: {trimmed, skipped, first_serial,
+  pids, attached, paused, replayed, routed_again} of client 1, then of client 2, ...
   trimmed       previously stored messages dropped (oldest first) to respect the count and byte limits
   skipped       how many of the batch's OLDEST messages were not stored because the batch alone held
                 more than a limit allows: messages skipped+1 .. n are stored
@@ -42,6 +47,9 @@ Returns: a flat array of 7 elements per client, in KEYS order: {trimmed, skipped
                 client is paging again: its connection fetches the rest when it has room), else 0
   replayed      how many of the batch's OLDEST records were already applied (source header): messages
                 replayed+1 .. n are new; `skipped` counts among those
+  routed_again  "" without an origin header; else one byte per record after the replayed ones, "1" for a
+                record whose origin was applied before (not stored), "0" for the others, in batch order;
+                `skipped` counts among the "0" ones
 
 Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET; when live GET of the
   attachment, HLEN, one HMGET finding the packet ids and one HSET recording them; a PEXPIREAT only for a
@@ -55,6 +63,14 @@ Rules (per client; a bad record or limit fails the whole call before anything is
     the replayed records (a prefix of the batch: one client's records come from one partition, in
     offset order) are skipped and the rest is stored as usual. Another partition (the topic's partition
     count changed) is not compared: its records are stored.
+  * A record with an origin is applied once per origin: a router that crashed routes its uncommitted
+    tbmq.msg.all records again, as new tbmq.msg.persisted records. The state keeps, per tbmq.msg.all
+    partition, the highest origin offset applied for the client ("o<partition>"); a record at or below
+    it is dropped wherever it is in the batch. Sound because a client's records from one tbmq.msg.all
+    partition arrive in origin order, each router session's as a gap-free run from where it started
+    reading (the idempotent producer writes nothing of a partition after a batch it failed to write,
+    and a failed send stops the router), and every session starts at or below the first record the
+    previous ones had not stored (offsets are committed only after the produce was acknowledged).
   * Messages are keyed by serial; the serial grows forever, so order never depends on packet ids
     (TBMQ #207). A message gets a packet id only when handed out (lua/packet_ids.lua): here, when the
     client is live and fewer than the handed-out limit ids are in use; else in a fetched page. So the
@@ -104,6 +120,28 @@ for c = 1, clients do
     end
     pos = semi + 1
   end
+  local origins = nil
+  if string.sub(blob, pos, pos) == '#' then
+    local semi = string.find(blob, ';', pos + 1, true)
+    if not semi then
+      return redis.error_reply('ERR save_messages: bad origin header of batch ' .. c)
+    end
+    origins = {}
+    local no = 0
+    for entry in string.gmatch(string.sub(blob, pos + 1, semi - 1), '[^,]+') do
+      no = no + 1
+      if entry == '-' then
+        origins[no] = false
+      else
+        local p, o = string.match(entry, '^(%d+):(%d+)$')
+        if not p then
+          return redis.error_reply('ERR save_messages: bad origin header of batch ' .. c)
+        end
+        origins[no] = {p, tonumber(o), o}  -- the digits kept: written back as they came
+      end
+    end
+    pos = semi + 1
+  end
   while pos <= size do
     local comma = string.find(blob, ',', pos, true)
     local colon = comma and string.find(blob, ':', comma + 1, true)
@@ -120,7 +158,11 @@ for c = 1, clients do
     return redis.error_reply('ERR save_messages: ' .. #offsets .. ' source offsets for ' .. #values
                              .. ' records in batch ' .. c)
   end
-  batches[c] = {ttls, values, src_part, offsets}
+  if origins and #origins ~= #values then
+    return redis.error_reply('ERR save_messages: ' .. #origins .. ' origins for ' .. #values
+                             .. ' records in batch ' .. c)
+  end
+  batches[c] = {ttls, values, src_part, offsets, origins}
 end
 
 local time = redis.call('TIME')
@@ -131,10 +173,23 @@ for c = 1, clients do
   local base = (c - 1) * 4
   local zkey, pkey, skey, akey = KEYS[base + 1], KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]
   local ttls, values, src_part, offsets = batches[c][1], batches[c][2], batches[c][3], batches[c][4]
+  local origins = batches[c][5]
   local n = #values
   local prefix = zkey .. '_'
 
-  local state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live', 'exp', 'srcp', 'srco')
+  -- the state, with the origin marks of the partitions this batch's records come from (one HMGET)
+  local fields = {'pid', 'serial', 'bytes', 'live', 'exp', 'srcp', 'srco'}
+  local mark_at = {}  -- origin partition -> its field's index in the HMGET reply
+  if origins then
+    for k = 1, n do
+      local o = origins[k]
+      if o and not mark_at[o[1]] then
+        fields[#fields + 1] = 'o' .. o[1]
+        mark_at[o[1]] = #fields
+      end
+    end
+  end
+  local state = redis.call('HMGET', skey, unpack(fields))
   local last = tonumber(state[1] or '0')
   local serial = tonumber(state[2] or '0')
   local bytes = tonumber(state[3] or '0')
@@ -159,6 +214,44 @@ for c = 1, clients do
   -- the state fields that record the source, written with the state
   local src_fields = {}
   if src_part and n > 0 then src_fields = {'srcp', src_part, 'srco', offsets[#offsets]} end
+
+  -- records routed again (an origin already applied) are dropped wherever they are in the batch
+  local routed_again = ''
+  if origins and n > 0 then
+    local high, high_text = {}, {}
+    for p, at in pairs(mark_at) do high[p] = tonumber(state[at] or '') end
+    local t2, v2, marks = {}, {}, {}
+    local kept = 0
+    local moved = {}
+    for k = 1, n do
+      local o = origins[replayed + k]
+      local again = false
+      if o then
+        local h = high[o[1]]
+        if h and o[2] <= h then
+          again = true
+        else
+          high[o[1]] = o[2]
+          high_text[o[1]] = o[3]
+          moved[o[1]] = true
+        end
+      end
+      if again then
+        marks[k] = '1'
+      else
+        marks[k] = '0'
+        kept = kept + 1
+        t2[kept] = ttls[k]
+        v2[kept] = values[k]
+      end
+    end
+    routed_again = table.concat(marks)
+    ttls, values, n = t2, v2, kept
+    for p in pairs(moved) do
+      src_fields[#src_fields + 1] = 'o' .. p
+      src_fields[#src_fields + 1] = high_text[p]
+    end
+  end
 
   -- the batch alone beyond a limit: its oldest messages are not stored
   local skipped = 0
@@ -269,5 +362,6 @@ for c = 1, clients do
   reply[#reply + 1] = attached
   reply[#reply + 1] = paused
   reply[#reply + 1] = replayed
+  reply[#reply + 1] = routed_again
 end
 return reply

@@ -70,8 +70,10 @@ async def test_durability_device_router_killed_subscriber_offline(healed, unique
                                              ("connector", 2)])
 async def test_durability_device_qos2_fan_in_wide_windows(healed, unique, victim, instance):
     verdicts = await crash_scenario(healed, unique, victim, instance, publishers=3, qos=2, window=100)
-    if victim == "device-persistence" or (victim, instance) == ("connector", 1):
+    if victim in ("router", "device-persistence") or (victim, instance) == ("connector", 1):
         # exactly once across its crash:
+        # - the router: what it routes again (routed, not committed) is not stored again (save_messages.lua's
+        #   origins: every PersistedMsg names its tbmq.msg.all record); before, 101-149 of 450 came twice;
         # - device-persistence: the records it replays (saved, not committed) are not stored again
         #   (save_messages.lua's source offsets); before, about 50 of each publisher's 450 came twice;
         # - the subscriber's connector: PUBREL goes out only once the PUBREC is stored, so a message the

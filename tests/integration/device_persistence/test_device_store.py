@@ -366,6 +366,47 @@ async def test_a_replayed_batch_is_stored_once_per_source_offset(store_factory, 
     await store.clear(other)
 
 
+async def test_a_record_routed_again_is_stored_once_per_origin(store_factory, client_id):
+    """A router that crashed routes its uncommitted tbmq.msg.all records again, as new tbmq.msg.persisted
+    records: each save carries every record's origin (tbmq.msg.all partition and offset), and a record whose
+    origin the client's store applied is dropped wherever it stands in the batch (origins of two partitions
+    interleave), while the new records around it are stored in order and forwarded to a live client."""
+    store = await store_factory()
+    other = client_id + "-other"
+    first = await store.save_many_attached(
+        {client_id: [msg(1), msg(2), msg(3)], other: [msg(50)]},
+        origins={client_id: [(0, 100), (1, 7), (0, 101)], other: [(0, 100)]})
+    assert [(seqs([d])[0], d.serial) for d in first[client_id].messages] == [(1, 1), (2, 2), (3, 3)]
+    await take(store, client_id)  # attached and live: saves are forwarded
+    # the replay: partition 0 from 100 again, partition 1 from 7 again, interleaved with new records of both
+    again = await store.save_many_attached(
+        {client_id: [msg(1), msg(4), msg(2), msg(3), msg(5), msg(6)], other: [msg(50), msg(51)]},
+        origins={client_id: [(0, 100), (2, 3), (1, 7), (0, 101), (1, 8), (0, 102)], other: [(0, 100), (0, 101)]})
+    assert [(seqs([d])[0], d.serial) for d in again[client_id].messages] == [(4, 4), (5, 5), (6, 6)]
+    assert again[client_id].indexes == [1, 4, 5]
+    assert [seqs([d])[0] for d in again[client_id].forwards] == [4, 5, 6]
+    assert [(seqs([d])[0], d.serial) for d in again[other].messages] == [(51, 2)]
+    assert store.stats.routed_again == 4
+    # a record without an origin (an older router) is stored as given; origins below the mark of a
+    # partition are dropped even when they were never stored (routed before the client's subscription)
+    mixed = await store.save_many_attached({client_id: [msg(7), msg(8), msg(9)]},
+                                           origins={client_id: [None, (0, 99), (0, 103)]})
+    assert [seqs([d])[0] for d in mixed[client_id].messages] == [7, 9]
+    # both checks in one save: the source prefix first (device-persistence's own replay), then the origins
+    both = await store.save_many_attached({client_id: [msg(9), msg(10), msg(11)]},
+                                          sources={client_id: Source(3, [40, 41, 42])},
+                                          origins={client_id: [(0, 103), (2, 3), (2, 4)]})
+    assert [seqs([d])[0] for d in both[client_id].messages] == [11]
+    replay = await store.save_many_attached({client_id: [msg(11), msg(12)]},
+                                            sources={client_id: Source(3, [42, 43])},
+                                            origins={client_id: [(2, 4), (2, 5)]})
+    assert [seqs([d])[0] for d in replay[client_id].messages] == [12] and store.stats.replayed == 1
+    assert seqs(await store.fetch_undelivered(client_id)) == [1, 2, 3, 4, 5, 6, 7, 9, 11, 12]
+    assert seqs(await store.fetch_undelivered(other)) == [50, 51]
+    await store.clear(client_id)
+    await store.clear(other)
+
+
 async def test_save_many_one_call_per_group_of_clients(store_factory, redis_backend):
     """save_many saves many clients per save_messages.lua call: all of them (up to
     save_clients_per_call) on standalone Redis, those of one hash slot on a cluster. Each client keeps
@@ -431,8 +472,14 @@ async def test_save_messages_bad_batch_writes_nothing(store_factory):
     with pytest.raises(ResponseError, match="bad source header of batch 1"):
         await store._call("save_messages", keys, [*limits, b"@x:5;" + good, good])
     assert await store.redis.exists(first.messages, first.message(1), second.messages) == 0
-    reply = await store._call("save_messages", keys, [*limits, good, good + good])
-    assert reply[:7] == [0, 0, 1, b"", b"", 0, 0] and reply[7:11] == [0, 0, 1, b""]
+    with pytest.raises(ResponseError, match="bad origin header of batch 2"):
+        await store._call("save_messages", keys, [*limits, good, b"#0:5,x;" + good + good])
+    with pytest.raises(ResponseError, match="1 origins for 2 records in batch 2"):
+        await store._call("save_messages", keys, [*limits, good, b"#0:5;" + good + good])
+    assert await store.redis.exists(first.messages, first.message(1), second.messages) == 0
+    reply = await store._call("save_messages", keys, [*limits, good, b"@0:5,6;#0:5,-;" + good + good])
+    assert reply[:8] == [0, 0, 1, b"", b"", 0, 0, b""] and reply[8:12] == [0, 0, 1, b""]
+    assert reply[15] == b"00"  # one mark per record: neither origin was applied before
     await store.clear(base + "-a")
     await store.redis.delete(second.messages, second.pids, second.state, second.message(1), second.message(2))
 

@@ -124,6 +124,29 @@ def test_persisted_app_and_shared_records():
     assert pb.PublishMsg.FromString(shared.value).qos == 1
 
 
+def test_persisted_copies_carry_the_origin_they_were_routed_from():
+    st = _state(
+        d1=(subs("d1", sub("s/#", 1)), session("d1", connected=False, persistent=True)),
+        d2=(subs("d2", sub("s/+", 2)), session("d2", connected=False, persistent=True)),
+        live=(subs("live", sub("s/#", 1)), session("live", service_id="c1")),
+    )
+    routed = st.route(b"s/1", publish("s/1", qos=2), origin=(7, 2**40 + 5))
+    persisted = [pb.PersistedMsg.FromString(r.value) for r in routed.records if r.topic == topics.MSG_PERSISTED]
+    assert sorted(pm.client_id for pm in persisted) == ["d1", "d2"]
+    for pm in persisted:  # spliced fields decode as the proto says, next to a receiver copy per client
+        assert (pm.origin_partition, pm.origin_offset) == (7, 2**40 + 5) and pm.msg.topic == "s/1"
+    assert {pm.client_id: pm.msg.qos for pm in persisted} == {"d1": 1, "d2": 2}
+    downlink = next(r for r in routed.records if r.topic == topics.downlink_basic_topic("c1"))
+    assert pb.BasicDownlink.FromString(downlink.value).msg.topic == "s/1"  # other records as before
+    # offset 0 is an origin too (the field's presence, not its value, says there is one)
+    pm0 = pb.PersistedMsg.FromString(next(r for r in st.route(b"s/1", publish("s/1"), origin=(0, 0)).records
+                                          if r.topic == topics.MSG_PERSISTED).value)
+    assert pm0.HasField("origin_offset") and (pm0.origin_partition, pm0.origin_offset) == (0, 0)
+    unknown = pb.PersistedMsg.FromString(next(r for r in st.route(b"s/1", publish("s/1")).records
+                                              if r.topic == topics.MSG_PERSISTED).value)
+    assert not unknown.HasField("origin_offset")
+
+
 def test_expired_and_no_match_produce_nothing():
     st = _state(a=(subs("a", sub("#")), session("a")))
     r = st.route(b"t", publish("t", created_at_ms=1000, message_expiry_interval=1), now_ms=5000)

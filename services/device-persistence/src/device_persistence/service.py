@@ -121,6 +121,8 @@ class DevicePersistenceService(Service):
                   lambda: store.trimmed)
         m.counter("stored_replayed", "tbmq.msg.persisted records not stored again: saved before (a replay after "
                   "a crash or a retried save)", lambda: store.replayed)
+        m.counter("stored_routed_again", "tbmq.msg.persisted records not stored again: their tbmq.msg.all origin "
+                  "was stored before (the router routed it again after a crash)", lambda: store.routed_again)
         m.counter("persisted_records", "tbmq.msg.persisted records consumed", lambda: st["records"])
         m.counter("forwarded_messages", "stored messages forwarded to connectors on Forward streams",
                   lambda: fw["forwarded"])
@@ -197,6 +199,7 @@ class DevicePersistenceService(Service):
         t0 = time.monotonic()
         groups: dict[str, list[pb.PublishMsg]] = {}
         sources: dict[str, Source | None] = {}  # each client's records applied once (save_messages.lua)
+        origins: dict[str, list[tuple[int, int] | None]] = {}  # and each tbmq.msg.all record once
         records = 0
         for tp, recs in batches.items():
             for r in recs:
@@ -212,6 +215,9 @@ class DevicePersistenceService(Service):
                 if msgs is None:
                     msgs = groups[cid] = []
                     sources[cid] = Source(tp.partition, [])
+                    origins[cid] = []
+                origins[cid].append((pm.origin_partition, pm.origin_offset)
+                                    if pm.HasField("origin_offset") else None)
                 src = sources[cid]
                 if src is not None:
                     if src.partition == tp.partition:
@@ -221,7 +227,7 @@ class DevicePersistenceService(Service):
                 msgs.append(pm.msg)
         with tracer.start_as_current_span("device-persistence.save", attributes={
                 "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
-            results = await self._save(groups, {c: s for c, s in sources.items() if s is not None})
+            results = await self._save(groups, {c: s for c, s in sources.items() if s is not None}, origins)
             if results is None:
                 return  # stopping while Redis is down: nothing committed, the batch is replayed
             # queued on the connectors' streams, not awaited (forward.py)
@@ -235,11 +241,11 @@ class DevicePersistenceService(Service):
         log.debug("batch of %d records, %d clients in %.1f ms", records, len(groups),
                   (time.monotonic() - t0) * 1000)
 
-    async def _save(self, groups, sources):
+    async def _save(self, groups, sources, origins=None):
         backoff = Backoff()
         while True:
             try:
-                results = await self.store.save_many_attached(groups, sources=sources)
+                results = await self.store.save_many_attached(groups, sources=sources, origins=origins)
                 self.stats["saved"] += sum(len(r.messages) for r in results.values())
                 return results
             except (RedisError, OSError) as exc:

@@ -82,6 +82,7 @@ __all__ = [
 MAX_PACKET_ID = 65535
 MAX_MESSAGES_LIMIT = 1_000_000  # per client (save_messages.lua checks it too)
 MAX_HANDED_OUT_LIMIT = MAX_PACKET_ID - 1  # packet ids in use per client: one is always free
+SAVE_REPLY = 8  # save_messages.lua's reply elements per client
 SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach")
 LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script but detach
 
@@ -257,6 +258,7 @@ class StoreStats:
     trimmed: int = 0  # stored references dropped because of the limit (oldest first)
     dropped_on_save: int = 0  # not stored: already expired, or beyond the limit within one batch
     replayed: int = 0  # not stored again: their source offsets were applied before (a replay after a crash)
+    routed_again: int = 0  # not stored again: their tbmq.msg.all origin was applied before (a router's replay)
     save_calls: int = 0  # save_messages.lua calls made by save_many (one per group of clients)
     ack_calls: int = 0  # remove_message.lua calls made by apply_acks (one per group of clients)
     noscript_reloads: int = 0
@@ -352,12 +354,15 @@ class DeviceMsgStore:
 
     def _save_args(
         self, messages: Sequence[messages_pb2.PublishMsg], default_ttl_s: int | None, now_ms: int,
-        source: Source | None = None,
+        source: Source | None = None, origins: Sequence[tuple[int, int] | None] | None = None,
     ) -> tuple[list[Any], list[int]]:
         """ARGV for save_messages.lua (limits, records) and the indexes (into `messages`) of what is
         sent; a record is b"<ttl_ms>,<len>:" + b"P\\0\\0" + PublishMsg bytes (no packet id yet). With
         `source` the batch starts with its header, b"@<partition>:<offset>,...;" (the offsets of the records
-        sent), and the script stores it once (a replay of applied offsets is skipped)."""
+        sent), and the script stores it once (a replay of applied offsets is skipped). With `origins`
+        (aligned with `messages`: the tbmq.msg.all (partition, offset) each was routed from, or None) an
+        origin header follows, b"#<partition>:<offset>,-,...;", and a record whose origin the client's
+        store already applied (the router routed it again) is not stored."""
         ttl_s = self.config.messages_ttl_s if default_ttl_s is None else default_ttl_s
         records: list[bytes] = []
         sent: list[int] = []
@@ -370,6 +375,9 @@ class DeviceMsgStore:
             records.append(b"%d,%d:P\x00\x00" % (ttl, len(body) + 3))
             records.append(body)
             sent.append(i)
+        if origins is not None and sent:
+            records.insert(0, b"#%s;" % b",".join(
+                b"%d:%d" % origins[i] if origins[i] is not None else b"-" for i in sent))
         if source is not None and sent:
             offsets = source.offsets
             records.insert(0, b"@%d:%s;" % (source.partition, b",".join(b"%d" % offsets[i] for i in sent)))
@@ -388,14 +396,21 @@ class DeviceMsgStore:
         reply: list[Any],
     ) -> SaveResult:
         """reply = {trimmed, skipped, first_serial, pids of the forwarded (2-byte big-endian), attached,
-        paused, replayed}: of `sent`, the first `replayed` were applied before, the next `skipped` were
-        beyond a limit, the rest is stored."""
+        paused, replayed, routed_again}: of `sent`, the first `replayed` were applied before; of the rest,
+        those marked b"1" in `routed_again` (one byte each, b"" = none) had an origin applied before; of
+        what remains, the first `skipped` were beyond a limit, the rest is stored."""
         trimmed, skipped, serial, blob = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
         replayed = int(reply[6])
+        again = reply[7]
         self.stats.trimmed += trimmed
         self.stats.dropped_on_save += skipped
         self.stats.replayed += replayed
         sent = sent[replayed:]
+        if again:
+            if len(again) != len(sent):
+                raise RuntimeError(f"save_messages.lua marked {len(again)} of {len(sent)} records")
+            self.stats.routed_again += again.count(b"1")
+            sent = [i for i, a in zip(sent, again) if a == 0x30]  # b"0": not applied before
         pids = memoryview(blob).cast("B")
         forwarded = len(blob) // 2
         out = []
@@ -580,10 +595,13 @@ class DeviceMsgStore:
         batches: Mapping[str, Sequence[messages_pb2.PublishMsg]],
         default_ttl: int | None = None,
         sources: Mapping[str, Source] | None = None,
+        origins: Mapping[str, Sequence[tuple[int, int] | None]] | None = None,
     ) -> dict[str, SaveResult]:
         """save_many, also returning each client's attachment read atomically with its save: the
         service forwards a client's stored messages to its attached connector. A client with a `sources`
-        entry has its batch applied once per source offset (a replay stores nothing again)."""
+        entry has its batch applied once per source offset (a replay stores nothing again); one with an
+        `origins` entry (aligned with its messages) once per tbmq.msg.all origin (the router's replay
+        after a crash stores nothing again)."""
         now_ms = int(time.time() * 1000)
         out: dict[str, SaveResult] = {}
         todo: list[tuple[str, Sequence[messages_pb2.PublishMsg], list[int], ClientKeys, bytes]] = []
@@ -592,7 +610,8 @@ class DeviceMsgStore:
             if not messages:
                 continue
             args, sent = self._save_args(messages, default_ttl, now_ms,
-                                         sources.get(client_id) if sources else None)
+                                         sources.get(client_id) if sources else None,
+                                         origins.get(client_id) if origins else None)
             if not sent:
                 continue
             todo.append((client_id, messages, sent, self.keys(client_id), args[-1]))
@@ -610,10 +629,11 @@ class DeviceMsgStore:
             calls.append((keys, args))
         replies = await self._call_many("save_messages", calls)
         for part, reply in zip(metas, replies):
-            if len(reply) != 7 * len(part):
+            if len(reply) != SAVE_REPLY * len(part):
                 raise RuntimeError(f"save_messages.lua answered {len(reply)} elements for {len(part)} clients")
             for j, (client_id, messages, sent, _, _) in enumerate(part):
-                out[client_id] = self._save_result(client_id, messages, sent, reply[7 * j:7 * j + 7])
+                out[client_id] = self._save_result(client_id, messages, sent,
+                                                   reply[SAVE_REPLY * j:SAVE_REPLY * (j + 1)])
         self.stats.save_calls += len(calls)
         return out
 

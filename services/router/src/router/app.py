@@ -703,7 +703,7 @@ class RouterRuntime(Service):
                 self._route_with_span(rec, route, now_ms, append)
                 continue
             try:
-                records = route(rec.key, rec.value, now_ms).records
+                records = route(rec.key, rec.value, now_ms, (rec.partition, rec.offset)).records
             except DecodeError:
                 self._undecodable(rec.partition, rec.offset)
                 continue
@@ -731,7 +731,7 @@ class RouterRuntime(Service):
         with span_from_kafka(tracer, "router route", _header_pairs(rec.headers), kind=SpanKind.CONSUMER) as span:
             span.set_attribute("messaging.destination.name", topics.MSG_ALL)
             try:
-                routed = route(rec.key, rec.value, now_ms)
+                routed = route(rec.key, rec.value, now_ms, (rec.partition, rec.offset))
             except DecodeError:
                 self._undecodable(rec.partition, rec.offset)
                 return
@@ -762,7 +762,8 @@ class RouterRuntime(Service):
 
     async def _route(self, event, pipeline: Pipeline, out_headers, span=None) -> None:
         try:
-            routed = self.routing.route(event.key, event.value)
+            routed = self.routing.route(event.key, event.value, None,
+                                        (event.message.partition, event.message.offset))
         except DecodeError:
             self._undecodable(event.message.tp, event.message.offset)
             pipeline.acked(event, counted=False)

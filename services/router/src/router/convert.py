@@ -124,6 +124,13 @@ def _cached_spec(cache: dict[str, TopicSpec], key: str, make) -> TopicSpec:
 
 _TAG_1_LEN = b"\x0a"  # field 1, wire type 2 (length-delimited)
 _TAG_2_LEN = b"\x12"  # field 2, wire type 2
+_TAG_3_VARINT = b"\x18"  # field 3, wire type 0 (varint)
+_TAG_4_VARINT = b"\x20"  # field 4, wire type 0
+
+
+def origin_fields(partition: int, offset: int) -> bytes:
+    """PersistedMsg's origin_partition and origin_offset (fields 3 and 4), appended to a spliced value."""
+    return _TAG_3_VARINT + varint(partition) + _TAG_4_VARINT + varint(offset)
 
 
 def _recipient_field(client_id: str, qos: int, retain: bool, subscription_ids) -> bytes:
@@ -183,11 +190,14 @@ def receiver_copy(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids) 
 
 
 def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None = None,
-                 msg_bytes: bytes | None = None) -> list[OutRecord]:
+                 msg_bytes: bytes | None = None, origin: tuple[int, int] | None = None) -> list[OutRecord]:
     """The records that carry out ``plan`` for ``msg`` (the publisher's copy).
 
     ``msg_bytes``: ``msg`` as received (serialized PublishMsg), spliced into every BasicDownlink
     instead of serializing ``msg`` again; serialized here when not given.
+    ``origin``: the tbmq.msg.all (partition, offset) the message was read from, written into every
+    PersistedMsg (``origin_partition``, ``origin_offset``): device-persistence stores a client's copy once
+    per origin, so routing the same record again after a crash stores nothing twice.
     """
     key = topic_key if topic_key is not None else msg.topic.encode("utf-8")
     out: list[OutRecord] = []
@@ -201,6 +211,7 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
                 out.append(OutRecord(name, key, value, spec))
     if plan.persisted:
         copies: dict[tuple, bytes] = {}  # receiver copy (with its field tag) per (qos, retain, ids)
+        tail = origin_fields(*origin) if origin is not None else b""
         for d in plan.persisted:
             ck = (d.qos, d.retain, d.subscription_ids)
             field = copies.get(ck)
@@ -208,8 +219,8 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
                 c = receiver_copy(msg, d.qos, d.retain, d.subscription_ids).SerializeToString()
                 field = copies[ck] = _TAG_2_LEN + varint(len(c)) + c
             cid = d.client_id.encode("utf-8")
-            # PersistedMsg{client_id = 1, msg = 2}, fields in order
-            value = (_TAG_1_LEN + varint(len(cid)) + cid if cid else b"") + field
+            # PersistedMsg{client_id = 1, msg = 2, origin_partition = 3, origin_offset = 4}, fields in order
+            value = (_TAG_1_LEN + varint(len(cid)) + cid if cid else b"") + field + tail
             out.append(OutRecord(topics.MSG_PERSISTED, cid, value))
     for a in plan.app:
         out.append(OutRecord(a.topic, key, receiver_copy(msg, a.qos, a.retain, a.subscription_ids)

@@ -56,7 +56,10 @@ class RoutingState:
         self.counters["session_records"] += 1
 
     # -- routing --------------------------------------------------------------------------------
-    def route(self, key: bytes | None, value: bytes | None, now_ms: int | None = None) -> Routed:
+    def route(self, key: bytes | None, value: bytes | None, now_ms: int | None = None,
+              origin: tuple[int, int] | None = None) -> Routed:
+        """Route one tbmq.msg.all record; ``origin`` = its (partition, offset), carried by every
+        PersistedMsg (convert.plan_records)."""
         if not value:
             self.counters["empty"] += 1
             return Routed([])
@@ -68,7 +71,7 @@ class RoutingState:
             return Routed([], msg, expired=True)
         plan = plan_routing(PublishInfo(msg.publisher_id, msg.topic, msg.qos, msg.retain),
                             self.trie.match(msg.topic), self.sessions.get, self.round_robin)
-        records = plan_records(msg, plan, key or None, value)
+        records = plan_records(msg, plan, key or None, value, origin)
         self.counters["routed"] += 1
         self.counters["records"] += len(records)
         self.counters["dropped_copies"] += plan.dropped

@@ -136,12 +136,16 @@ class BasicDownlink(_message.Message):
     def __init__(self, msg: _Optional[_Union[PublishMsg, _Mapping]] = ..., recipients: _Optional[_Iterable[_Union[Recipient, _Mapping]]] = ...) -> None: ...
 
 class PersistedMsg(_message.Message):
-    __slots__ = ("client_id", "msg")
+    __slots__ = ("client_id", "msg", "origin_partition", "origin_offset")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MSG_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     msg: PublishMsg
-    def __init__(self, client_id: _Optional[str] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ...) -> None: ...
+    origin_partition: int
+    origin_offset: int
+    def __init__(self, client_id: _Optional[str] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ..., origin_partition: _Optional[int] = ..., origin_offset: _Optional[int] = ...) -> None: ...
 
 class DevicePublishMsg(_message.Message):
     __slots__ = ("client_id", "packet_id", "serial", "packet_type", "msg", "redelivery")
