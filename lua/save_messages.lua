@@ -222,7 +222,6 @@ for c = 1, clients do
     for p, at in pairs(mark_at) do high[p] = tonumber(state[at] or '') end
     local t2, v2, marks = {}, {}, {}
     local kept = 0
-    local moved = {}
     for k = 1, n do
       local o = origins[replayed + k]
       local again = false
@@ -232,8 +231,7 @@ for c = 1, clients do
           again = true
         else
           high[o[1]] = o[2]
-          high_text[o[1]] = o[3]
-          moved[o[1]] = true
+          high_text[o[1]] = o[3]  -- set only for the marks this batch moves: they are written back
         end
       end
       if again then
@@ -247,9 +245,9 @@ for c = 1, clients do
     end
     routed_again = table.concat(marks)
     ttls, values, n = t2, v2, kept
-    for p in pairs(moved) do
+    for p, text in pairs(high_text) do
       src_fields[#src_fields + 1] = 'o' .. p
-      src_fields[#src_fields + 1] = high_text[p]
+      src_fields[#src_fields + 1] = text
     end
   end
 

@@ -289,7 +289,7 @@ def run_stats(spark, cfg: StatsConfig, timeout_s: float | None = None, on_starte
     Deleted topics (docs/spark.md): the message pattern includes tbmq.msg.app.*, which app-delivery deletes
     when an APPLICATION session ends. A query that fails while its planned, uncommitted batch names a topic
     that no longer exists is restarted, at most MAX_RESTARTS times, after that batch is dropped
-    (`restart_plan`); any other failure raises.
+    (`uncommitted_batch`, `deleted_topics`); any other failure raises.
 
     The wait is a loop of short awaitTermination calls, never one call interrupted by a signal: an exception
     raised inside a py4j call (KeyboardInterrupt from a signal handler) breaks the gateway connection, and the
