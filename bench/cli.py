@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import report
+from . import calibrate, report
 from .brokers import BROKERS, BrokerUnavailable, make_workdir
 from .gen import Generator
 from .procmon import ProcMonitor, layout_cpus, parse_layouts, renice_tree
@@ -38,7 +38,8 @@ def machine() -> dict:
     except Exception:
         mem = None
     return {"nproc": os.cpu_count(), "cpu_model": model, "mem_gib": mem, "kernel": platform.release(),
-            "python": platform.python_version(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+            "python": platform.python_version(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "host_speed": calibrate.host_speed()}
 
 
 def _exe() -> str:
@@ -266,7 +267,8 @@ def run(args) -> int:
     all_cpus = set(os.sched_getaffinity(0))
     mach = machine()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    print(f"machine: {mach['nproc']} cpus ({mach['cpu_model']}), {mach['mem_gib']} GiB, load {mach['loadavg_at_start']}")
+    print(f"machine: {mach['nproc']} cpus ({mach['cpu_model']}), {mach['mem_gib']} GiB, load {mach['loadavg_at_start']}; "
+          f"{report.host_speed_text(mach['host_speed'])}")
     print(f"profile: {'quick' if args.quick else 'full'}; layouts {', '.join(layouts)}; scenarios "
           f"{', '.join(scenarios)}; brokers {', '.join(brokers)}")
     print(f"fixed rates: {'; '.join(f'{k} ' + ','.join(f'{r:g}' for r in v) for k, v in prof.rates.items() if k in scenarios)}"
@@ -296,6 +298,7 @@ def run(args) -> int:
     doc = {
         "timestamp": stamp, "command": " ".join([_exe(), "-m", "bench", *sys.argv[1:]]),
         "machine": mach, "nice": args.nice, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "host_speed_at_end": calibrate.host_speed(),
         "profile": {**prof.__dict__, "faults": prof.faults.__dict__}, "broker_order": brokers, "layouts": runs, "elapsed_s": round(elapsed, 1),
     }
     out_json = args.out / f"{stamp}.json"

@@ -126,46 +126,93 @@ def summarize_collapsed(text: str, top: int = 12) -> dict:
             "inclusive": pct(incl)}
 
 
+class SteadyLoad:
+    """A broker started afresh under the bench's p2p load at a fixed rate, for measuring it from outside while
+    the load runs (`python -m bench profile`, scripts/syscalls_per_message.py). Use as a context manager: on
+    entry the broker is up (BrokerUnavailable otherwise) and the load has begun (`pids`: the broker's
+    processes); `result` holds the step's figures once the block ended and the load finished."""
+
+    def __init__(self, broker: str, *, rate: float, seconds: float, pairs: int = 100, mode: str = "p2p",
+                 pin: bool = False, workers: int | None = None) -> None:
+        self.broker_name, self.rate, self.seconds, self.pairs, self.mode = broker, rate, seconds, pairs, mode
+        self.pin, self.workers = pin, workers
+        self.result: dict = {}
+        self.pids: dict[str, int] = {}
+
+    def __enter__(self) -> SteadyLoad:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> SteadyLoad:
+        bcpus, gcpus = cpu_layout() if self.pin else (None, None)
+        if gcpus:
+            os.sched_setaffinity(0, gcpus)
+        self.workdir = make_workdir()
+        self.broker = BROKERS[self.broker_name](self.workdir, cpus=bcpus)
+        try:
+            self.broker.start()
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+        self.mon = ProcMonitor().start()
+        self.gen = Generator(self.workers or max(2, len(gcpus or ())), gcpus)
+        try:
+            self.pids = self.broker.pids()
+            for k, v in {**self.pids, **self.gen.pids()}.items():
+                self.mon.add(k, v)
+            self.prof = Profile(duration=self.seconds, warmup=1.0, drain=10.0, pairs=self.pairs,
+                                rates={"p2p": [self.rate]}, search=())
+            self.runner = Runner(self.broker, self.gen, self.mon, self.prof, log=lambda *a: None)
+            subs, pubs = self.runner._p2p_clients()
+            if self.mode == "publish":  # publishers only: the ingestion path (PUBLISH → PUBACK), nobody subscribed
+                subs = []
+            elif self.mode == "p2p-clean":  # non-persistent subscribers (no device persistence on the path)
+                for sub in subs:
+                    sub["clean"] = True
+            self.runner._setup(subs, pubs)
+            self.thread = threading.Thread(target=lambda: self.result.update(self.runner.step(self.rate)),
+                                           daemon=True)
+            self.thread.start()
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Wait for the load's end, then stop everything."""
+        try:
+            self.thread.join(self.seconds + 60)
+            self.runner._cleanup()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        self.gen.close()
+        self.mon.stop()
+        self.broker.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 def profile(args) -> int:
-    bcls = BROKERS[args.broker]
     if args.broker == "mosquitto":
         print("mosquitto is C: py-spy profiles Python processes only (use perf for mosquitto)")
         return 2
-    bcpus, gcpus = (None, None) if args.no_pin else cpu_layout()
-    n_workers = args.workers or max(2, len(gcpus or ()))
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     outdir = args.out / f"profile-{args.broker}-{stamp}"
     outdir.mkdir(parents=True, exist_ok=True)
-    if gcpus:
-        os.sched_setaffinity(0, gcpus)
-    workdir = make_workdir()
-    broker = bcls(workdir, cpus=bcpus)
+    load = SteadyLoad(args.broker, rate=args.rate, seconds=args.seconds + 2, pairs=args.pairs, mode=args.mode,
+                      pin=not args.no_pin, workers=args.workers)
     try:
-        broker.start()
+        load.start()
     except BrokerUnavailable as e:
         print(f"{args.broker} unavailable: {e}")
         return 3
-    mon = ProcMonitor().start()
-    gen = Generator(n_workers, gcpus)
     try:
-        targets = {k: v for k, v in broker.pids().items() if is_python(v)}
-        print(f"broker {args.broker} on :{broker.port}; python processes: {targets}; "
-              f"others (not profiled): {[k for k in broker.pids() if k not in targets]}")
-        for k, v in {**broker.pids(), **gen.pids()}.items():
-            mon.add(k, v)
-        prof = Profile(duration=args.seconds + 2, warmup=1.0, drain=10.0, pairs=args.pairs,
-                       rates={"p2p": [args.rate]}, search=())
-        runner = Runner(broker, gen, mon, prof, log=lambda *a: None)
-        subs, pubs = runner._p2p_clients()
-        if args.mode == "publish":  # publishers only: the ingestion path (PUBLISH → PUBACK), nobody subscribed
-            subs = []
-        elif args.mode == "p2p-clean":  # non-persistent subscribers (no device persistence on the path)
-            for s in subs:
-                s["clean"] = True
-        runner._setup(subs, pubs)
-        result: dict = {}
-        th = threading.Thread(target=lambda: result.update(runner.step(args.rate)), daemon=True)
-        th.start()
+        targets = {k: v for k, v in load.pids.items() if is_python(v)}
+        print(f"broker {args.broker} on :{load.broker.port}; python processes: {targets}; "
+              f"others (not profiled): {[k for k in load.pids if k not in targets]}")
         time.sleep(1.5)  # past the warm-up
         procs = []
         for label, pid in targets.items():
@@ -178,13 +225,9 @@ def profile(args) -> int:
             out, _ = p.communicate(timeout=args.seconds + 60)
             if p.returncode != 0:
                 print(f"py-spy {label} ({fmt}) failed: {out.decode(errors='replace')[-500:]}")
-        th.join(args.seconds + 60)
-        runner._cleanup()
     finally:
-        gen.close()
-        mon.stop()
-        broker.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        load.stop()
+    prof, result = load.prof, load.result
     what = {"p2p": f"{args.pairs} pairs (persistent subscribers)",
             "p2p-clean": f"{args.pairs} pairs (clean-session subscribers)",
             "publish": f"{args.pairs} publishers, no subscribers"}[args.mode]

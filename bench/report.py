@@ -514,6 +514,32 @@ def replace_section(text: str, section: str) -> str:
     return text[:b] + section.strip() + text[e + len(DOC_END):]
 
 
+def host_speed_text(speed: dict | None) -> str:
+    """bench/calibrate.py's figures in words ("" for results from before it existed)."""
+    if not speed:
+        return ""
+    return (f"host speed (bench/calibrate.py): Python {_per_cpu(speed['python_us'])} µs per 1,000 operations "
+            f"(per cpu), a process-to-process round trip {speed['exchange_us']:.1f} µs "
+            f"({speed['exchange_cpu_us']:.1f} µs of CPU)")
+
+
+def _per_cpu(us) -> str:
+    return " / ".join(f"{u:,.0f}" for u in (us if isinstance(us, list) else [us]))
+
+
+def _host_speed_lines(start: dict | None, end: dict | None) -> list[str]:
+    """The doc's line on the host's speed, at the start of the run and at its end (runs on hosts of another
+    speed are not comparable figure by figure: docs/performance.md, the ninth round)."""
+    if not start:
+        return []
+    text = host_speed_text(start)
+    line = text[0].upper() + text[1:] + " at the start"
+    if end:
+        line += (f"; {_per_cpu(end['python_us'])} µs, {end['exchange_us']:.1f} µs ({end['exchange_cpu_us']:.1f}) "
+                 "at the end")
+    return ["", line + "."]
+
+
 def doc_section(doc: dict, profile_md: str | None = None) -> str:
     """The "## Broker comparison" section of docs/performance.md from a results JSON (and a profile summary),
     between the markers `replace_section` looks for. The tables are rebuilt from the results with this
@@ -535,6 +561,7 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         f"Machine: `nproc` = {m['nproc']}, `lscpu` model {m['cpu_model']}, {m['mem_gib']} GiB, kernel {m['kernel']}, "
         f"CPython {m['python']}. Load average at start {m['loadavg_at_start']}, at end {doc.get('loadavg_at_end')} "
         "(other engineers' work shares the machine: every figure below shares the CPU with it).",
+        *_host_speed_lines(m.get("host_speed"), doc.get("host_speed_at_end")),
         "",
         "Command:",
         "",

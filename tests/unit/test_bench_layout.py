@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import report  # noqa: E402
+from bench import calibrate, report  # noqa: E402
 from bench.cli import _run_args, profile_from  # noqa: E402
 from bench.procmon import layout_cpus, parse_layouts  # noqa: E402
 from bench.stats import is_cool, parse_rates, process_group, us_per_msg, wait_cool  # noqa: E402
@@ -218,6 +219,25 @@ def test_doc_section_has_markers_and_a_part_per_layout():
     assert sec.count("### Layout: ") == 2
     assert sec.index("### Layout: whole") < sec.index("### Layout: one core")
     assert "| connector |" in sec.replace(" connector |", "| connector |") or "connector" in sec
+
+
+def test_doc_section_names_the_host_speed_when_the_run_measured_it():
+    doc = _doc(["whole"])
+    assert "host speed" not in report.doc_section(doc).lower()  # results from before bench/calibrate.py
+    doc["machine"]["host_speed"] = {"python_us": [404.7, 751.4], "exchange_us": 26.7, "exchange_cpu_us": 26.5}
+    doc["host_speed_at_end"] = {"python_us": [409.0, 1809.0], "exchange_us": 31.2, "exchange_cpu_us": 30.9}
+    sec = report.doc_section(doc)
+    assert ("Host speed (bench/calibrate.py): Python 405 / 751 µs per 1,000 operations (per cpu), a process-to-process "
+            "round trip 26.7 µs (26.5 µs of CPU) at the start; 409 / 1,809 µs, 31.2 µs (30.9) at the end.") in sec
+
+
+def test_calibration_round_trips_through_a_second_process():
+    wall, cpu = calibrate.exchange_us(rounds=2, repeat=50)
+    # both processes' CPU, the echo's as it reported it: more than nothing, at most both cores for the time
+    assert 0 < cpu <= 2.2 * wall
+    assert calibrate.python_us(rounds=1, repeat=2) > 0
+    before = os.sched_getaffinity(0)
+    assert len(calibrate.python_us_per_cpu()) == len(before) and os.sched_getaffinity(0) == before
 
 
 def test_replace_section_keeps_the_rest_and_is_repeatable():
