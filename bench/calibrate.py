@@ -37,6 +37,13 @@ def _python_round() -> int:
     return total + len(d)
 
 
+def python_round_cpu_us() -> float:
+    """One `_python_round` in this thread's own CPU time, µs (the per-step probe of bench.procmon)."""
+    t0 = time.thread_time()
+    _python_round()
+    return round((time.thread_time() - t0) * 1e6, 1)
+
+
 def python_us(rounds: int = 7, repeat: int = 200) -> float:
     """µs per `_python_round`, best of `rounds`."""
     best = float("inf")

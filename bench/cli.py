@@ -275,7 +275,7 @@ def run(args) -> int:
           f"; per broker: {prof.broker_warmup:g}s warm-up load, idle after {prof.idle_warmup:g}s, cool-down ≤ "
           f"{prof.cooldown_max:g}s to idle+{prof.cooldown_margin:g}%")
     workdir = make_workdir()
-    mon = ProcMonitor().start()
+    mon = ProcMonitor(probe_speed=True).start()
     if args.nice is not None:
         renice_tree(os.getpid(), args.nice)  # the workers inherit it
         print(f"nice: {args.nice} for the broker and generator processes")

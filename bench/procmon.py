@@ -84,8 +84,20 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 class ProcMonitor:
-    def __init__(self, interval: float = 0.5) -> None:
+    """Samples the CPU and RSS of labelled process trees every `interval` s (`window_start`/`window_end`), and
+    with `probe_speed` also each cpu's speed: at every sample its thread moves to the next cpu and times one
+    fixed Python workload (bench.calibrate, about 0.4-0.8 ms) in its own CPU time, so waiting for a busy cpu
+    does not count but a slow vCPU does (the bench's two vCPUs were seen at 405 and 751 µs for it, the slow
+    one changing: docs/performance.md, the ninth round); `window_speed` gives the median per cpu. Under load
+    the figure also grows with the load itself (caches shared with the broker: 391-680 µs idle, 717-887 in a
+    500 msg/s step on the same host), so it compares the same step between runs, not a step with the idle
+    calibration."""
+
+    def __init__(self, interval: float = 0.5, *, probe_speed: bool = False) -> None:
         self.interval = interval
+        self._probe_cpus = sorted(os.sched_getaffinity(0)) if probe_speed else []
+        self._speed: list[tuple[float, int, float]] = []  # (monotonic time, cpu, µs per round)
+        self._probe_next = 0
         self.labels: dict[str, int] = {}
         self._peak: dict[str, int] = {}
         self._dead_cpu: dict[str, float] = {}  # cpu of children seen earlier that have exited
@@ -117,6 +129,34 @@ class ProcMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
+            if self._probe_cpus:
+                self._probe()
+
+    def _probe(self) -> None:
+        """Time the calibration workload on the next cpu (this thread only is moved: Linux affinity is per
+        thread)."""
+        from .calibrate import python_round_cpu_us
+        cpu = self._probe_cpus[self._probe_next % len(self._probe_cpus)]
+        self._probe_next += 1
+        try:
+            os.sched_setaffinity(0, {cpu})
+            us = python_round_cpu_us()
+        except OSError:  # the cpu went offline
+            return
+        with self._lock:
+            self._speed.append((time.monotonic(), cpu, us))
+            if len(self._speed) > 100_000:
+                del self._speed[:50_000]
+
+    def speed_between(self, t0: float, t1: float) -> dict[str, float]:
+        """cpu → median µs of the probe's workload between monotonic times t0 and t1 ({} without a probe)."""
+        with self._lock:
+            samples = [(cpu, us) for t, cpu, us in self._speed if t0 <= t <= t1]
+        out = {}
+        for cpu in sorted({c for c, _ in samples}):
+            vals = sorted(us for c, us in samples if c == cpu)
+            out[str(cpu)] = round(vals[len(vals) // 2], 1)
+        return out
 
     def sample(self) -> dict[str, tuple[float, int]]:
         """label → (cpu seconds so far, rss bytes now); updates peaks."""
@@ -165,6 +205,10 @@ class ProcMonitor:
             res[label] = {"cpu_s": round(d, 3), "cpu_pct": round(100.0 * d / wall, 1),
                           "rss_mb": round(max(peaks.get(label, 0), rss) / 2**20, 1)}
         return res
+
+    def window_speed(self, start: dict) -> dict[str, float]:
+        """`speed_between` the window's start and now."""
+        return self.speed_between(start["t"], time.monotonic())
 
 
 def set_affinity_tree(pid: int, cpus: set[int]) -> int:

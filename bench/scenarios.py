@@ -221,6 +221,7 @@ class Runner:
         win = self.mon.window_start()
         time.sleep(max(w0 + p.duration - time.monotonic(), 0))
         procs = self.mon.window_end(win)
+        speed = self.mon.window_speed(win)
         jit1 = jit_compile_cpu_s(jvm) if jit0 is not None else None
         runs = self.gen.recv(p.warmup + p.duration + p.drain + 30)
         ranges = merge_ranges(runs)
@@ -249,6 +250,8 @@ class Runner:
             "generator_cpu_pct": round(gen_pct, 1), "processes": procs, "cooldown": cool,
             # of the broker's CPU: its JVM's JIT compiler threads (counted in "kafka" too)
             "jit_cpu_pct": None if jit1 is None else round(100.0 * (jit1 - jit0) / p.duration, 1),
+            # median µs of bench.calibrate's workload per cpu during the window (ProcMonitor's probe)
+            "cpu_speed_us": speed,
         }
         # rate × duration is not an integer: allow one message per publishing worker of rounding
         slack = sum(1 for share in self._pub_share if share > 0) / p.duration
@@ -268,6 +271,7 @@ class Runner:
                  f"broker {cpu_pct:5.0f}% {res['broker_us_per_msg']:.0f} µs/msg "
                  f"gen {gen_pct:4.0f}%{' (SATURATED)' if res['generator_saturated'] else ''}  "
                  + (f"JIT {res['jit_cpu_pct']:.0f}%  " if res["jit_cpu_pct"] else "")
+                 + (f"vCPU µs {'/'.join(f'{v:.0f}' for v in speed.values())}  " if speed else "")
                  + (f"cool-down {cool['waited_s']:.0f}s{'' if cool['reached'] else ' (not reached)'}  " if cool else "")
                  + f"{'PASS' if ok.ok else 'FAIL: ' + ok.reason}"
                  + (f" (then {res['stragglers']} late deliveries over {res['quiesce_s']}s)"

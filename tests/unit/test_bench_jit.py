@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.procmon import JitSettle, compiler_ticks  # noqa: E402
+from bench.procmon import JitSettle, ProcMonitor, compiler_ticks  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +52,25 @@ def test_a_chunk_too_short_to_judge_is_measured_on():
     assert s.feed(10.0, 2.0) is False             # 2 s: too short, even though nothing was compiled
     assert s.last_pct is None
     assert s.feed(10.1, 6.0) is True              # 0.1 s over the 6 s since the start of the chunk
+
+
+# -- ProcMonitor's cpu speed probe -----------------------------------------------------------------------------
+
+def test_speed_between_takes_the_median_per_cpu_inside_the_window():
+    mon = ProcMonitor()
+    mon._speed = [(1.0, 0, 400.0), (2.0, 0, 800.0), (3.0, 0, 420.0), (2.5, 1, 700.0), (10.0, 1, 1.0)]
+    assert mon.speed_between(0.5, 5.0) == {"0": 420.0, "1": 700.0}
+    assert mon.speed_between(9.0, 11.0) == {"1": 1.0}
+    assert ProcMonitor().speed_between(0.0, 1e9) == {}  # no probe, no figures
+
+
+def test_the_probe_visits_every_cpu_and_moves_only_its_own_thread():
+    before = os.sched_getaffinity(0)
+    mon = ProcMonitor(probe_speed=True)
+    t0 = time.monotonic()
+    t = threading.Thread(target=lambda: [mon._probe() for _ in range(2 * len(before))])
+    t.start()
+    t.join()
+    speed = mon.speed_between(t0, time.monotonic())
+    assert sorted(int(c) for c in speed) == sorted(before) and all(v > 0 for v in speed.values())
+    assert os.sched_getaffinity(0) == before
