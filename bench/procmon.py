@@ -13,6 +13,7 @@ import time
 
 import psutil
 
+from . import calibrate
 from .stats import expand_names
 
 
@@ -20,19 +21,24 @@ from .stats import expand_names
 _COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
-def compiler_ticks(stats: list[str]) -> int:
-    """CPU clock ticks (user + system) of the JIT compiler threads among /proc/<pid>/task/*/stat lines.
+def stat_ticks(line: str) -> int:
+    """CPU clock ticks (user + system) of one /proc/<pid>[/task/<tid>]/stat line.
 
     A stat line is "<tid> (<comm>) <state> ..." with utime and stime the 14th and 15th fields; comm may hold
     spaces and parentheses, so the fields are counted after its last ')'."""
+    rest = line[line.rfind(")") + 2:].split()
+    return int(rest[11]) + int(rest[12])  # fields 14 and 15 of the line
+
+
+def compiler_ticks(stats: list[str]) -> int:
+    """CPU clock ticks (user + system) of the JIT compiler threads among /proc/<pid>/task/*/stat lines."""
     total = 0
     for line in stats:
         open_, close = line.find("("), line.rfind(")")
         if open_ < 0 or close < open_:
             continue
         if line[open_ + 1:close].startswith(_COMPILER_THREADS):
-            rest = line[close + 2:].split()
-            total += int(rest[11]) + int(rest[12])  # fields 14 and 15 of the line
+            total += stat_ticks(line)
     return total
 
 
@@ -91,7 +97,8 @@ class ProcMonitor:
     one changing: docs/performance.md, the ninth round); `window_speed` gives the median per cpu. Under load
     the figure also grows with the load itself (caches shared with the broker: 391-680 µs idle, 717-887 in a
     500 msg/s step on the same host), so it compares the same step between runs, not a step with the idle
-    calibration."""
+    calibration. The probe visits every cpu, the broker's too in the one-core layout (about 0.5 ms of CPU
+    per second there)."""
 
     def __init__(self, interval: float = 0.5, *, probe_speed: bool = False) -> None:
         self.interval = interval
@@ -135,12 +142,11 @@ class ProcMonitor:
     def _probe(self) -> None:
         """Time the calibration workload on the next cpu (this thread only is moved: Linux affinity is per
         thread)."""
-        from .calibrate import python_round_cpu_us
         cpu = self._probe_cpus[self._probe_next % len(self._probe_cpus)]
         self._probe_next += 1
         try:
             os.sched_setaffinity(0, {cpu})
-            us = python_round_cpu_us()
+            us = calibrate.python_round_cpu_us()
         except OSError:  # the cpu went offline
             return
         with self._lock:

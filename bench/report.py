@@ -524,6 +524,7 @@ def host_speed_text(speed: dict | None) -> str:
 
 
 def _per_cpu(us) -> str:
+    # a list per cpu; one number in results written before the per-cpu figure (20261129-015157.json)
     return " / ".join(f"{u:,.0f}" for u in (us if isinstance(us, list) else [us]))
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.procmon import stat_ticks  # noqa: E402
 from bench.profile import SteadyLoad  # noqa: E402
 
 FIELDS = ("syscr", "syscw", "vcs", "nvcs", "cpu_s")
@@ -34,7 +35,7 @@ def counters(pid: int) -> dict[str, float]:
         try:
             io = dict(line.split(":") for line in Path(f"{base}/io").read_text().splitlines())
             status = Path(f"{base}/status").read_text().splitlines()
-            stat = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"{base}/stat").read_text()
         except OSError:  # the thread ended
             continue
         out["syscr"] += int(io["syscr"])
@@ -44,7 +45,7 @@ def counters(pid: int) -> dict[str, float]:
                 out["vcs"] += int(line.split()[1])
             elif line.startswith("nonvoluntary_ctxt_switches"):
                 out["nvcs"] += int(line.split()[1])
-        out["cpu_s"] += (int(stat[11]) + int(stat[12])) / tick
+        out["cpu_s"] += stat_ticks(stat) / tick
     return out
 
 
