@@ -18,6 +18,8 @@ ARGV:
   ARGV[5]  most bytes in the page (0 = no bound; the first message always fits)
   ARGV[6]  handed-out limit: a message without a packet id is handed out only while fewer ids are in use
   ARGV[7]  TTL (ms) for the client's bookkeeping keys when its messages have none left to inherit
+  ARGV[8]  "1": ARGV[5] binds the first message too (a later part of a page the store reads in several
+           calls: the page as a whole stays within its bytes); absent or "0": the first message always fits
 Returns: {more, pid_1, serial_1, value_1, ..., pid_n, serial_n, value_n} in serial order, value = the
   stored value (type byte + 2 bytes + PublishMsg; its packet id bytes may predate this call: use pid_i).
   more = 1 when messages beyond the page remain (a bound, or the handed-out limit, was reached).
@@ -47,6 +49,7 @@ elseif mode ~= 'peek' then
   return redis.error_reply('ERR fetch_undelivered: mode must be attach, check or peek')
 end
 local max_count, max_bytes = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0
+local strict = ARGV[8] == '1'
 local hlimit = tonumber(ARGV[6]) or 0
 local hand = mode ~= 'peek'
 local prefix = zkey .. '_'
@@ -73,7 +76,7 @@ while true do
   for i = 1, #members do
     local member = members[i]
     local serial, size = member_parts(member)
-    if (max_count > 0 and n_count >= max_count) or (max_bytes > 0 and n_count > 0 and n_bytes + size > max_bytes) then
+    if (max_count > 0 and n_count >= max_count) or (max_bytes > 0 and (n_count > 0 or strict) and n_bytes + size > max_bytes) then
       more, stop = 1, true
       break
     end

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from tbmq.v1 import messages_pb2 as pb
+from tbmq.v1 import services_pb2 as spb
 
 from device_persistence.store import Attachment, client_keys
 from waits import wait_until
@@ -226,4 +227,57 @@ async def test_a_check_page_that_does_not_reach_the_end_stops_the_forwards(store
     assert not got[-1].redelivery                         # never handed out before: DUP=0
     res = await store.save_batch_attached(client_id, [msg(31)])
     assert res.attached == att and seqs(res.forwards) == [31]  # caught up: live again
+    await store.clear(client_id)
+
+
+async def test_a_page_read_in_parts_is_the_page_read_at_once(store_factory, client_id):
+    """A page larger than `fetch_chunk_messages` is read in several script calls (each sent before the previous
+    part is encoded): the answer is the one a single call gives, its byte bound holds across the parts (only
+    the page's first message may exceed it), and a client taken by a newer session between two parts keeps
+    what the first part read."""
+    store = await store_factory(fetch_chunk_messages=4)
+    for i in range(30):
+        await store.save_batch(client_id, [msg(i)])
+    size = len(pb.PublishMsg(topic="t", payload=b"000000", qos=1).SerializeToString()) + 3  # a stored value
+    att = Attachment("conn", "s1")
+    got, more = await page(store, client_id, att, first=True, n=10)          # parts of 4, 4 and 2
+    assert seqs(got) == list(range(10)) and more
+    assert [d.serial for d in got] == list(range(1, 11)) and len({d.packet_id for d in got}) == 10
+    got, more = await page(store, client_id, att, after=10, n=0, nbytes=4 * size + 1)  # one byte left: the
+    assert seqs(got) == list(range(10, 14)) and more                          # next part's first does not fit
+    got, more = await page(store, client_id, att, after=14, n=0, nbytes=7 * size - 1)  # part 2 ends at the bytes
+    assert seqs(got) == list(range(14, 20)) and more
+    got, more = await page(store, client_id, att, after=20, n=0)              # no bound: to the end
+    assert seqs(got) == list(range(20, 30)) and not more
+    res = await store.save_batch_attached(client_id, [msg(30)])               # caught up: live
+    assert res.attached == att and res.forwards and res.forwards[0].packet_id != 0
+    # the same backlog read at once (one part) gives the same answer
+    other = f"{client_id}-b"
+    whole = await store_factory(fetch_chunk_messages=1000)
+    for i in range(30):
+        await whole.save_batch(other, [msg(i)])
+    a = (await store.fetch_undelivered_response(other, None, max_messages=25)).SerializeToString()
+    b = (await whole.fetch_undelivered_response(other, None, max_messages=25)).SerializeToString()
+    assert a == b and len(spb.FetchUndeliveredResponse.FromString(a).messages) == 25
+    await store.clear(client_id)
+    await store.clear(other)
+
+
+async def test_a_newer_session_between_two_parts_ends_the_page(store_factory, client_id):
+    store = await store_factory(fetch_chunk_messages=3)
+    await store.save_batch(client_id, [msg(i) for i in range(10)])
+    real_call = store._call
+    calls = 0
+
+    async def call(name, keys, args):
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # another connection attaches the client between the page's first and second part
+            await real_call(name, keys, [Attachment("conn2", "s2").encode(), "attach", 0, 1, 0, *args[5:7]])
+        return await real_call(name, keys, args)
+
+    store._call = call
+    resp = await store.fetch_undelivered_response(client_id, Attachment("conn", "s1"), max_messages=9)
+    assert not resp.not_attached and seqs(resp.messages) == [0, 1, 2] and resp.more
+    assert (await store.attachment(client_id)) == Attachment("conn2", "s2")
     await store.clear(client_id)

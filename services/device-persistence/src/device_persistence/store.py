@@ -133,6 +133,10 @@ class StoreConfig:
     key_prefix: str = ""
     lua_dir: Path | None = None  # None = default_lua_dir()
     pipeline_chunk: int = 500  # script calls per pipeline in save_many (chunks run concurrently)
+    # a page is read in script calls of at most this many messages: a script blocks Redis (every client's
+    # saves and acknowledgements wait) for one part, not a whole page; each part's call is sent before the
+    # previous part is encoded
+    fetch_chunk_messages: int = 500
     save_clients_per_call: int = 200  # clients per multi-client script call (save, acks; a script blocks Redis)
     max_in_flight: int = 64  # Redis requests/pipelines in flight at once (redis-py pools refuse >100)
     # a Redis that stops answering (black-holed, a hung host) fails the call after this long instead of
@@ -166,6 +170,8 @@ class StoreConfig:
             errors.append(f"key prefix must not contain braces (hash tags), got {self.key_prefix!r}")
         if self.pipeline_chunk < 1:
             errors.append("pipeline_chunk must be >= 1")
+        if self.fetch_chunk_messages < 1:
+            errors.append("fetch_chunk_messages must be >= 1")
         if self.save_clients_per_call < 1:
             errors.append("save_clients_per_call must be >= 1")
         if not 1 <= self.max_in_flight <= 90:
@@ -664,9 +670,12 @@ class DeviceMsgStore:
         saved meanwhile come in later pages, after the backlog. Without `attach`: a peek (no packet ids
         handed out, nothing attached).
 
-        The answer's wire bytes are spliced from the script's reply (the stored PublishMsg bytes are
-        copied, never parsed) and parsed once, by protobuf's C code: no protobuf object is built per
-        message in Python."""
+        The page is read in script calls of at most `fetch_chunk_messages` (the later ones read only,
+        "check", after the previous part's last serial, with the page's bytes left binding their first
+        message too), each sent before the previous part is encoded; a newer session attaching between two
+        parts ends the page there (`more`). The answer's wire bytes are spliced from the scripts' replies
+        (the stored PublishMsg bytes are copied, never parsed) and parsed once, by protobuf's C code: no
+        protobuf object is built per message in Python."""
         k = self.keys(client_id)
         if attach is None:
             mode, value = "peek", ""
@@ -674,16 +683,49 @@ class DeviceMsgStore:
             if "|" in attach.service_id:
                 raise ValueError(f"service id must not contain '|', got {attach.service_id!r}")
             mode, value = ("check" if check else "attach"), attach.encode()
-        reply = await self._call(
-            "fetch_undelivered", [k.messages, k.pids, k.state, k.attached],
-            [value, mode, after, max_messages, max_bytes, self.config.handed_out_limit,
-             self.config.messages_ttl_s * 1000])
-        if not isinstance(reply, list):
-            return services_pb2.FetchUndeliveredResponse(not_attached=True)
+        keys = [k.messages, k.pids, k.state, k.attached]
+        fixed = [self.config.handed_out_limit, self.config.messages_ttl_s * 1000]
+        chunk = self.config.fetch_chunk_messages
+
+        def call(mode: str, after: int, count: int, nbytes: int, strict: bool) -> asyncio.Task:
+            return asyncio.ensure_future(self._call(
+                "fetch_undelivered", keys, [value, mode, after, count, nbytes, *fixed, 1 if strict else 0]))
+
         # DevicePublishMsg with only client_id set: exactly its encoded field 1, the same in every message
         cid_field = messages_pb2.DevicePublishMsg(client_id=client_id).SerializeToString()
-        resp = services_pb2.FetchUndeliveredResponse.FromString(_stored_messages_wire(cid_field, reply, 1))
-        resp.more = bool(int(reply[0]))
+        left_n, left_b = max_messages, max_bytes  # 0 = no bound
+        asked = chunk if left_n == 0 else min(chunk, left_n)
+        pending = call(mode, after, asked, left_b, False)
+        parts: list[bytes] = []
+        more = False
+        first = True
+        try:
+            while pending is not None:
+                reply = await pending
+                pending = None
+                if not isinstance(reply, list):  # not attached (a "check"): a newer session took the client
+                    if first:
+                        return services_pb2.FetchUndeliveredResponse(not_attached=True)
+                    more = True  # between two parts: what was read so far is still this session's page
+                    break
+                first = False
+                more = bool(int(reply[0]))
+                got = (len(reply) - 1) // 3
+                if more and got == asked:  # the part ended at its count: the page goes on while it has room
+                    left_n = left_n - got if left_n else 0
+                    if left_b:
+                        left_b -= sum(map(len, reply[3::3]))  # a member's size is its value's length
+                    if (max_messages == 0 or left_n > 0) and (max_bytes == 0 or left_b > 0):
+                        asked = chunk if left_n == 0 else min(chunk, left_n)
+                        pending = call("check" if mode == "attach" else mode, int(reply[-2]), asked, left_b,
+                                       True)
+                        await asyncio.sleep(0)  # the next part's call is sent: Redis runs it meanwhile
+                parts.append(_stored_messages_wire(cid_field, reply, 1))
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+        resp = services_pb2.FetchUndeliveredResponse.FromString(b"".join(parts))
+        resp.more = more
         return resp
 
     async def acknowledge(self, client_id: str, packet_id: int) -> bool:
