@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tbmq_mqtt import ReasonCode
@@ -77,7 +77,7 @@ class OutMsg:
     ref: Any = None                # APP: AppRecordRef; DEVICE: serial; GROUP: GroupRef
     packet_id: int = 0
     state: int = 0
-    extra: dict = field(default_factory=dict)
+    size: int = 0                  # what it holds while queued (`_size`), set by `OutboundWindow.offer`
 
 
 def _size(msg: OutMsg) -> int:
@@ -125,7 +125,7 @@ class OutboundWindow:
     def offer(self, msg: OutMsg, *, force: bool = False) -> bool:
         """Queue `msg` for sending. False (and counted as dropped) when the queue is full, unless `force`
         (stored messages, which must not be lost: their count is bounded by the store)."""
-        size = _size(msg)
+        size = msg.size = _size(msg)
         if not force and (len(self.queue) >= self.max_queued or self.queued_bytes + size > self.max_queued_bytes):
             self.dropped += 1
             return False
@@ -150,7 +150,7 @@ class OutboundWindow:
                 if pid is None:
                     break
             queue.popleft()
-            self.queued_bytes -= _size(msg)
+            self.queued_bytes -= msg.size
             msg.packet_id = pid
             if msg.pubrel_only:
                 msg.state = AWAIT_PUBCOMP

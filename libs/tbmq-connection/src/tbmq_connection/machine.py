@@ -1117,8 +1117,8 @@ class ConnectionMachine:
             size = 0 if pubrel else len(m.payload)
             self.stored_sizes[dm.serial] = size
             self.stored_bytes += size
-        self.deliver(m, m.qos, m.retain, m.subscription_ids, now, kind=DEVICE, fixed_id=dm.packet_id,
-                     ref=dm.serial, dup=dup or dm.redelivery, pubrel_only=pubrel)
+        self.deliver(m, m.qos, m.retain, m.subscription_ids if self.v5 else (), now, kind=DEVICE,
+                     fixed_id=dm.packet_id, ref=dm.serial, dup=dup or dm.redelivery, pubrel_only=pubrel)
 
     # Shared DEVICE groups: while no member of a shared DEVICE group is connected, the router persists the
     # group's copies under the group store id ss_<share>_<filter> (tbmq_routing.shared_store_id). A persistent
