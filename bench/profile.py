@@ -130,7 +130,8 @@ class SteadyLoad:
     """A broker started afresh under the bench's p2p load at a fixed rate, for measuring it from outside while
     the load runs (`python -m bench profile`, scripts/syscalls_per_message.py). Use as a context manager: on
     entry the broker is up (BrokerUnavailable otherwise) and the load has begun (`pids`: the broker's
-    processes); `result` holds the step's figures once the block ended and the load finished."""
+    processes); `result` holds the step's figures once the block ended and the load finished (or once
+    `finish()` returned: the broker then stays up for more scenarios on `runner` until the block ends)."""
 
     def __init__(self, broker: str, *, rate: float, seconds: float, pairs: int = 100, mode: str = "p2p",
                  pin: bool = False, workers: int | None = None) -> None:
@@ -138,6 +139,7 @@ class SteadyLoad:
         self.pin, self.workers = pin, workers
         self.result: dict = {}
         self.pids: dict[str, int] = {}
+        self._finished = False
 
     def __enter__(self) -> SteadyLoad:
         return self.start()
@@ -180,11 +182,18 @@ class SteadyLoad:
             raise
         return self
 
+    def finish(self) -> None:
+        """Wait for the load's end and disconnect its clients; the broker stays up (more scenarios may run
+        on `runner`, e.g. scripts/drain_loop.py). Once only."""
+        if not self._finished:
+            self._finished = True
+            self.thread.join(self.seconds + 60)
+            self.runner._cleanup()
+
     def stop(self) -> None:
         """Wait for the load's end, then stop everything."""
         try:
-            self.thread.join(self.seconds + 60)
-            self.runner._cleanup()
+            self.finish()
         finally:
             self._close()
 

@@ -13,7 +13,6 @@ every other client (saves, acknowledgements) wait. Default: 4 rounds, pages of 1
 from __future__ import annotations
 
 import asyncio
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,16 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "services" / "device-persistence" / "src"))
 
 from tbmq.v1 import messages_pb2 as pb  # noqa: E402
+from tbmq_launcher.redis import RedisServer, find_free_port  # noqa: E402
 
 from device_persistence.store import Attachment, DeviceMsgStore, StoreConfig  # noqa: E402
 
 BACKLOG = 10_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 PINGER = """
@@ -85,29 +79,17 @@ async def rounds(port: int, chunk: int, n: int, page: int) -> None:
     print(f"chunk {chunk:>6}: median fetch {statistics.median(walls) * 1e3:.1f} ms")
 
 
+async def run(n: int, page: int, chunks: list[int]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        async with RedisServer(find_free_port(), Path(d), appendonly=False) as redis:
+            for chunk in chunks:
+                await rounds(redis.port, chunk, n, page)
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     page = int(sys.argv[2]) if len(sys.argv) > 2 else 1875
-    chunks = [int(c) for c in sys.argv[3:]] or [500, 100_000]
-    port = free_port()
-    with tempfile.TemporaryDirectory() as d:
-        redis = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
-                                  "--dir", d], stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port)).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            for chunk in chunks:
-                asyncio.run(rounds(port, chunk, n, page))
-        finally:
-            redis.terminate()
-            redis.wait()
+    asyncio.run(run(n, page, [int(c) for c in sys.argv[3:]] or [500, 100_000]))
 
 
 if __name__ == "__main__":

@@ -232,9 +232,8 @@ async def test_a_check_page_that_does_not_reach_the_end_stops_the_forwards(store
 
 async def test_a_page_read_in_parts_is_the_page_read_at_once(store_factory, client_id):
     """A page larger than `fetch_chunk_messages` is read in several script calls (each sent before the previous
-    part is encoded): the answer is the one a single call gives, its byte bound holds across the parts (only
-    the page's first message may exceed it), and a client taken by a newer session between two parts keeps
-    what the first part read."""
+    part is encoded): the answer is the one a single call gives, and its byte bound holds across the parts
+    (only the page's first message may exceed it)."""
     store = await store_factory(fetch_chunk_messages=4)
     for i in range(30):
         await store.save_batch(client_id, [msg(i)])
