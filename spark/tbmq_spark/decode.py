@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 from tbmq_platform import topics as T
+from tbmq_platform.marks import is_mark
 
 # Every topic whose records are outgoing copies of a message, and what kind of copy it is.
 PATH_BASIC, PATH_PERSISTED, PATH_APP = "basic", "persisted", "app"
@@ -58,7 +59,7 @@ def message_metrics(topic: str, value: bytes | None, kafka_ts_ms: int) -> list[t
     """Metric rows (event time ms, metric, dimension, value) of one record of a message topic."""
     from tbmq.v1 import messages_pb2 as pb
 
-    if value is None:          # tombstones carry no message
+    if value is None:          # tombstones and subscription marks (tbmq_platform.marks) carry no message
         return []
     try:
         if topic == T.MSG_ALL:
@@ -205,6 +206,8 @@ def decode_message_archive(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Rec
         out: dict[str, list] = {f.name: [] for f in _MSG_ARCH}
         for topic, part, off, ts, key, value in zip(c["topic"], c["partition"], c["offset"], c["timestamp"],
                                                      c["key"], c["value"]):
+            if is_mark(value):  # a connector's subscription mark, not a message (tbmq_platform.marks)
+                continue
             r = {"topic": topic, "part": part, "offset": off, "kafka_ts": ts,
                  "key": key.decode("utf-8", "replace") if key is not None else None,
                  "publisher_id": None, "mqtt_topic": None, "qos": None, "retain": None, "payload_size": None,

@@ -58,6 +58,7 @@ class StatsRun:
     historical_start: dict[int, int]  # tbmq.sys.historical.data offsets before the runs
     batches_after_phase1: set[int]
     publisher: str = PUBLISHER
+    mark_key: bytes = b"conn-marks-test"  # the key of the workload's subscription mark
 
 
 def _msg(t: int, topic: str, size: int, qos: int, wl: Workload, retain: bool = False):
@@ -102,6 +103,8 @@ async def stats_run(kafka, spark, tmp_path_factory) -> StatsRun:
         recs.append((T.CLIENT_SESSION, cid.encode(), session(cid, connected=True, persistent=persistent,
                                                              session_id=f"{cid}-s1", t_ms=t).SerializeToString(), t))
         p1.add(t, "connects", "", 1)
+    # a connector's subscription mark (tbmq_platform.marks): no message, counted nowhere, never archived
+    recs.append((T.MSG_ALL, StatsRun.mark_key, None, m0 + 30_500))
     recs.append((T.CLIENT_SUBSCRIPTIONS, b"dev1",
                  subscriptions("dev1", ["sensors/#", "alarms/+"]).SerializeToString(), m0 + 31_000))
     recs.append((T.CLIENT_SUBSCRIPTIONS, b"dev2", subscriptions("dev2", ["sensors/t"]).SerializeToString(),

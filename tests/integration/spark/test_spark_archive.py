@@ -32,6 +32,7 @@ async def test_archive_and_rebuild(stats_run, spark, tmp_path):
     ours = [m for m in msgs if m["publisher_id"] == stats_run.publisher and
             stats_run.base_ms <= m["created_at"].timestamp() * 1000 < stats_run.base_ms + 5 * 60_000]
     assert len(ours) == 12 + 5 + 1 + 3 + 1          # both runs' publishes and ticks
+    assert not [m for m in msgs if m["key"] == stats_run.mark_key.decode()]  # the subscription mark is not a message
     assert sorted(m["payload_size"] for m in ours if m["mqtt_topic"] == "alarms/y") == [33, 33, 33]
     assert (tmp_path / "archive" / "messages" / f"date={day}").is_dir()
     states = ds.dataset(cfg.state_path, format="parquet", partitioning="hive").to_table().to_pylist()

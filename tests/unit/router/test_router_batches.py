@@ -40,9 +40,10 @@ class FakeKafka:
         self.created.extend(s.name for s in specs)
 
 
-def _record(partition: int, offset: int, value: bytes, key: bytes = b"x/y", headers=()) -> ConsumerRecord:
-    return ConsumerRecord(topics.MSG_ALL, partition, offset, 0, 0, key, value, None, len(key), len(value),
-                          tuple(headers))
+def _record(partition: int, offset: int, value: bytes | None, key: bytes | None = b"x/y",
+            headers=()) -> ConsumerRecord:
+    return ConsumerRecord(topics.MSG_ALL, partition, offset, 0, 0, key, value, None,
+                          -1 if key is None else len(key), -1 if value is None else len(value), tuple(headers))
 
 
 def _publish(topic: str, **kw) -> bytes:
@@ -282,3 +283,57 @@ async def test_a_batch_is_routed_only_once_the_views_reached_its_barrier(router)
     await task
     assert {s[0] for s in kafka.sent} == {topics.downlink_basic_topic(c) for c in ("conn-1", "conn-2", "conn-3")}
     assert runtime.health_details()["barrier_requests"] == 1 and not failures
+
+
+async def test_only_a_batch_with_a_mark_or_the_first_of_an_assignment_waits_for_the_barrier(router):
+    """RouterRuntime.deliver asks the barrier for the first batch of each assignment and for a batch that
+    holds a subscription mark (tbmq_platform.marks: a null value); any other batch is routed at once. A
+    mark is acked with its batch, routes nothing and is counted."""
+    app, runtime, kafka, failures = router
+
+    class CountingBarrier:
+        requests = 0
+
+        def ends(self):
+            self.requests += 1
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result({})
+            return fut
+
+        async def wait(self, ends, timeout=None):
+            await ends
+
+    runtime.barrier = CountingBarrier()
+    queue: asyncio.Queue = asyncio.Queue()
+    runtime.attach(queue)
+    gen = app.consumer_generation_id
+    tp = TP(topics.MSG_ALL, 0)
+    offsets = iter(range(100, 200))
+
+    async def deliver(*values, generation=gen) -> RecordBatch:
+        # a mark: a null value keyed by its connector (tbmq_platform.marks.MarkWriter)
+        batch = RecordBatch({tp: [_record(0, next(offsets), v, key=b"conn-1" if v is None else b"x/y")
+                                  for v in values]}, generation)
+        await runtime.deliver(batch)
+        assert queue.get_nowait() is batch
+        return batch
+
+    first = await deliver(_publish("x/1"))
+    plain = await deliver(_publish("x/2"), _publish("x/3"))
+    marked = await deliver(_publish("x/4"), None, _publish("x/5"))
+    after = await deliver(_publish("x/6"))
+    assert [b.barrier is not None for b in (first, plain, marked, after)] == [True, False, True, False]
+    assert runtime.barrier.requests == 2
+    next_assignment = await deliver(_publish("x/7"), generation=gen + 1)
+    assert next_assignment.barrier is not None and runtime.barrier.requests == 3
+    assert runtime.health_details()["marked_batches"] == 3
+
+    for batch in (first, plain, marked, after):
+        await runtime.handle_batch(batch)
+    for fut in kafka.futures:
+        fut.set_result(None)
+    await runtime.pipeline.drain(5)
+    # six PUBLISHes, two connectors each; the mark produced nothing, was counted, and is acked
+    assert len(kafka.sent) == 12 and not failures
+    assert runtime.routing.counters["marks"] == 1 and runtime.routing.counters["empty"] == 0
+    assert all(b.acked for b in (first, plain, marked, after))

@@ -213,6 +213,22 @@ def test_clean_start_clears_old_session():
     assert not out.fallback.write_session
 
 
+@pytest.mark.parametrize("prior,clean", [
+    (None, False),                                                       # a client id new to the registry
+    (stored(connected=False, disconnected_at=NOW - 1000), False),        # resumed
+    (stored(connected=False, disconnected_at=NOW - 1000), True),         # cleared by a clean start
+    (stored(svc="conn-A", connected=True), False),                       # taken over
+    (stored(connected=False, disconnected_at=NOW - 3601_000, sei=3600), False),  # expired, not scanned yet
+    (stored(connected=False, disconnected_at=NOW - 1000, ctype=APPLICATION), False),  # now a DEVICE
+])
+def test_a_connect_over_a_known_session_asks_for_marks_before_connack(prior, clean):
+    """mark_routing (tbmq_platform.marks): the routers may hold the stored session and its subscriptions,
+    so the connector marks tbmq.msg.all before CONNACK; a client id the registry never saw has nothing."""
+    out = logic.decide(prior, conn_req(clean=clean, sei=3600), RULES, NOW)
+    assert out.response.success
+    assert out.response.mark_routing is (prior is not None)
+
+
 def test_expired_session_is_not_present():
     prior = stored(connected=False, disconnected_at=NOW - 3601_000, sei=3600)
     out = logic.decide(prior, conn_req(clean=False, sei=3600), RULES, NOW)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from .inflight import AfterCall
 from .kafka import IDLE_FETCH_WAIT_MS, make_consumer, topic_partitions
 
 log = logging.getLogger(__name__)
@@ -225,55 +226,22 @@ class Barrier:
     the end offsets read by at most one ListOffsets in flight at a time (module docstring).
 
     ``ends()`` is synchronous, so a caller fixes the moment it stands for without yielding: the answer is
-    that of a request sent after the call (the one in flight was sent before it, so a call made meanwhile
-    joins the NEXT request, sent as soon as the current one returns, shared by every call made while it
-    waited). ``wait(ends)`` then waits for the view to apply up to them. One failed request fails the calls
-    it answers; the next call sends a new one."""
+    that of a request sent after the call (`tbmq_platform.inflight.AfterCall`: a call made while one is in
+    flight joins the next one). ``wait(ends)`` then waits for the view to apply up to them. One failed
+    request fails the calls it answers; the next call sends a new one."""
 
     def __init__(self, views: CompactedViews, partitions: list[TopicPartition]) -> None:
         self._views = views
-        self._partitions = partitions
-        self._inflight: asyncio.Future | None = None
-        self._next: asyncio.Future | None = None
-        self._sent = False  # the in-flight request's task has started (its ListOffsets is on its way)
-        self.requests = 0  # ListOffsets sent (for /readyz and the tests)
+        self._after = AfterCall(lambda: views._watermarks.end_offsets(partitions))
+
+    @property
+    def requests(self) -> int:
+        """ListOffsets sent (for /readyz and the tests)."""
+        return self._after.requests
 
     def ends(self) -> asyncio.Future:
         """A future of the high watermarks read by a request sent after this call."""
-        if self._inflight is None:
-            fut = self._inflight = asyncio.get_running_loop().create_future()
-            self._send(fut)
-            return fut
-        if not self._sent:  # the request's task has not run yet: it is sent after this call too
-            return self._inflight
-        if self._next is None:
-            self._next = asyncio.get_running_loop().create_future()
-        return self._next
-
-    def _send(self, fut: asyncio.Future) -> None:
-        self._sent = False
-        task = asyncio.get_running_loop().create_task(self._request())
-        task.add_done_callback(lambda t: self._answered(fut, t))
-
-    async def _request(self) -> dict[TopicPartition, int]:
-        self._sent = True
-        self.requests += 1
-        return await self._views._watermarks.end_offsets(self._partitions)
-
-    def _answered(self, fut: asyncio.Future, task: asyncio.Task) -> None:
-        if not fut.done():
-            if task.cancelled():
-                fut.cancel()
-            elif task.exception() is not None:
-                fut.set_exception(task.exception())
-            else:
-                fut.set_result(task.result())
-            if not fut.cancelled():
-                fut.exception()  # marked retrieved: a caller that dropped its future logs nothing
-        self._inflight, nxt, self._next = None, self._next, None
-        if nxt is not None:
-            self._inflight = nxt
-            self._send(nxt)
+        return self._after.after()
 
     async def wait(self, ends: asyncio.Future | None = None, timeout: float | None = None) -> None:
         """Wait until the view applied everything appended before `ends` was asked (default: now)."""

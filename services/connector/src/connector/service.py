@@ -44,6 +44,7 @@ from tbmq_platform.coalesce import AdaptiveFetch, AdaptiveLinger, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
+from tbmq_platform.marks import MarkWriter
 from tbmq_auth import AuthRequest, AuthResult, AuthTables, Authorizer
 from tbmq_platform.topics import (
     CLIENT_SESSION,
@@ -118,6 +119,7 @@ class ConnectorService(Service):
                                      allow_anonymous=settings.allow_anonymous)
         # Kafka clients need the running loop: made in start()
         self.producer = None
+        self.marks: MarkWriter | None = None
         self.sessions: SessionEvents | None = None
         self.views: CompactedViews | None = None
         self.retained_view = self.subs_view = self.session_view = None
@@ -170,6 +172,7 @@ class ConnectorService(Service):
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         await self.producer.start()
+        self.marks = MarkWriter(self.producer, self.service_id)
         if s.producer_linger_ms > 0:
             self.linger = AdaptiveLinger(self.producer, busy_ms=s.producer_linger_ms)  # quiet: its 1 ms
         # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
@@ -314,6 +317,7 @@ class ConnectorService(Service):
                 **{k: v for k, v in self.stats.items()},
                 **(self.device.acks.stats if self.device is not None else {}),
                 "forward_streams_open": self.device.open_links() if self.device is not None else 0,
+                "mark_rounds": self.marks.rounds if self.marks is not None else 0,
                 **(self.adaptive_fetch.health() if self.adaptive_fetch is not None else {}),
                 **(self.linger.health() if self.linger is not None else {})}
 
@@ -381,6 +385,10 @@ class ConnectorService(Service):
         resp = await self.sessions.connect(session, self.settings.session_event_timeout_s)
         if resp.failure == pb.SESSION_FAILURE_CONNECTOR_FENCED:
             self._on_fenced(f"CONNECT of {session.client_id!r} refused")
+        elif resp.mark_routing:
+            # the registry replaced or resumed a session the routers know: a PUBLISH sent after CONNACK is
+            # routed with the new session and subscriptions (tbmq_platform.marks); a failure fails the CONNECT
+            await self.marks.mark()
         return resp
 
     def _on_fenced(self, why: str) -> None:
@@ -430,11 +438,14 @@ class ConnectorService(Service):
         return fut, fut2
 
     async def produce_subscriptions(self, client_id: str, subs, client_type: int) -> None:
-        """Write the client's whole set and wait for Kafka's acknowledgement."""
+        """Write the client's whole set, wait for Kafka's acknowledgement, then for a round of subscription
+        marks on tbmq.msg.all (tbmq_platform.marks): a PUBLISH sent after the SUBACK / UNSUBACK is routed
+        with the new set on every router instance."""
         cs = pb.ClientSubscriptions(client_id=client_id, subscriptions=list(subs), client_type=client_type)
         fut = await self.producer.send(CLIENT_SUBSCRIPTIONS, cs.SerializeToString(),
                                        key=client_id.encode("utf-8"), headers=kafka_headers())
         await fut
+        await self.marks.mark()
 
     def _publish_will(self, client_id: str, will, level: int) -> None:
         msg = publish_msg(will, will.topic, publisher_id=client_id, service_id=self.service_id,

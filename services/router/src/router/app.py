@@ -44,6 +44,7 @@ from opentelemetry.trace import SpanKind
 from tbmq_platform import topics
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
+from tbmq_platform.marks import is_mark
 from tbmq_platform.health import HealthServer
 from tbmq_platform.metrics import Metrics
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
@@ -521,6 +522,15 @@ def _timestamp(rec) -> int:
     return rec.timestamp
 
 
+def has_mark(records: dict) -> bool:
+    """Whether a batch's records (partition -> records) hold a subscription mark (tbmq_platform.marks)."""
+    for recs in records.values():
+        for rec in recs:
+            if is_mark(rec.value):
+                return True
+    return False
+
+
 # ------------------------------------------------------------------------------ runtime
 class RouterRuntime(Service):
     """State views + health endpoint; started by the Worker BEFORE the Faust app."""
@@ -536,6 +546,8 @@ class RouterRuntime(Service):
         self.views: CompactedViews | None = None
         self.barrier: Barrier | None = None
         self.barrier_stalls = 0
+        self._barrier_generation: int | None = None  # the assignment whose first batch waited for the barrier
+        self.marked_batches = 0  # batches that waited for the barrier (a mark, or a new assignment)
         self.retention: RetentionWatch | None = None
         self.pipeline: Pipeline | None = None
         self.exit_code = 0
@@ -554,7 +566,8 @@ class RouterRuntime(Service):
                      produced=self.pipeline.produced)
         d.update(batches=self.batches, stale_batches=self.stale_batches)
         if self.barrier is not None:
-            d.update(barrier_requests=self.barrier.requests, barrier_stalls=self.barrier_stalls)
+            d.update(barrier_requests=self.barrier.requests, barrier_stalls=self.barrier_stalls,
+                     marked_batches=self.marked_batches)
         adaptive = getattr(getattr(self.app, "_consumer", None), "adaptive_fetch", None)
         if adaptive is not None:
             d.update(adaptive.health())
@@ -596,6 +609,8 @@ class RouterRuntime(Service):
         m.counters_by("router_dropped", "messages or copies not routed, by reason", c, "reason",
                       {"expired": "expired", "no_subscriber": "empty", "undecodable": "undecodable",
                        "copy_dropped": "dropped_copies"})
+        m.counter("subscription_marks", "subscription marks read on tbmq.msg.all (tbmq_platform.marks)",
+                  lambda: c["marks"])
         m.gauge("router_inflight", "routed messages waiting for Kafka's acknowledgement",
                 lambda: self.pipeline.inflight if self.pipeline is not None else 0)
 
@@ -626,11 +641,15 @@ class RouterRuntime(Service):
         """BatchConsumer -> the agent's stream (waits while Faust's flow control is suspended, i.e.
         during a rebalance, and while the stream's queue is full).
 
-        First, before anything yields: the barrier request this batch waits for in `handle_batch` (sent
-        after now, i.e. after the batch's records were received; shared with the batches that arrive before
-        it is sent). Fetching goes on meanwhile: only routing waits for it."""
-        if self.barrier is not None:
+        First, before anything yields, for a batch that holds a subscription mark or is the first of a new
+        assignment (tbmq_platform.marks): the barrier request it waits for in `handle_batch` (sent after now,
+        i.e. after the batch's records were received; shared with the batches that arrive before it is
+        sent). Fetching goes on meanwhile: only routing waits for it. Any other batch is routed at once."""
+        if self.barrier is not None and (batch.generation_id != self._barrier_generation
+                                         or has_mark(batch.records)):
+            self._barrier_generation = batch.generation_id
             batch.barrier = self.barrier.ends()
+            self.marked_batches += 1
         await self.app.flow_control.acquire()
         if self._inbox is None:
             if self._inbox_set is None:
@@ -669,11 +688,13 @@ class RouterRuntime(Service):
         """Route a batch of tbmq.msg.all records (called by the agent, in partition order) and ack
         all of them once every record produced for them is acknowledged.
 
-        The subscription barrier (issue 13; docs/router.md, "Routing after SUBACK"): the batch is routed
-        only once the state views applied every record appended to tbmq.client.subscriptions and
-        tbmq.client.session before the batch arrived. A connector sends SUBACK (UNSUBACK) after Kafka
-        acknowledged the client's new subscription set, and a PUBLISH sent after it is acknowledged, so
-        appended, after that: its batch is routed with the new set, on every router instance."""
+        The subscription barrier (issue 13; docs/router.md, "Routing after SUBACK"): a batch that holds a
+        subscription mark, or is the first of an assignment, is routed only once the state views applied
+        every record appended to tbmq.client.subscriptions and tbmq.client.session before the batch arrived
+        (later batches wait behind it: the agent routes them in order). A connector sends SUBACK (UNSUBACK,
+        and CONNACK over a known session) after Kafka acknowledged the change and then a round of marks on
+        every partition of tbmq.msg.all; a PUBLISH sent after it is appended after the mark of its
+        partition: it is routed with the change, on every router instance (tbmq_platform.marks)."""
         if batch.barrier is not None:
             await self._barrier(batch)
         app = self.app

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.marks import is_mark
 from tbmq_routing.rules import PublishInfo, RoundRobin, SessionView, plan_routing
 from tbmq_routing.trie import SubscriptionTrie
 
@@ -60,8 +61,8 @@ class RoutingState:
               origin: tuple[int, int] | None = None) -> Routed:
         """Route one tbmq.msg.all record; ``origin`` = its (partition, offset), carried by every
         PersistedMsg (convert.plan_records)."""
-        if not value:
-            self.counters["empty"] += 1
+        if not value:  # a subscription mark (tbmq_platform.marks: the runtime's barrier) or an empty record
+            self.counters["marks" if is_mark(value) else "empty"] += 1
             return Routed([])
         msg = pb.PublishMsg.FromString(value)
         if now_ms is None:

@@ -352,6 +352,10 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
     out.response = _answer(req, success=True, session_present=session_present, client_type=client_type, sei=sei,
                            persistent=persistent)
     out.response.awaiting_pubrel.extend(resumed_awaiting_pubrel(stored, session_present))
+    # the routers know the stored session (and maybe its subscriptions, cleared above when not resumed): the
+    # connector marks tbmq.msg.all before CONNACK (tbmq_platform.marks). A client id new to the registry
+    # has neither, and its first SUBSCRIBE marks.
+    out.response.mark_routing = stored is not None
     return out
 
 

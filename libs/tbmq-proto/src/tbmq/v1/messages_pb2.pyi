@@ -242,7 +242,7 @@ class SessionEventRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., type: _Optional[_Union[SessionEventType, str]] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., request_time_ms: _Optional[int] = ..., disconnect_session_expiry_interval: _Optional[int] = ..., force_cleanup: _Optional[bool] = ..., graceful: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., publish_will: _Optional[bool] = ...) -> None: ...
 
 class SessionEventResponse(_message.Message):
-    __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent", "awaiting_pubrel")
+    __slots__ = ("request_id", "client_id", "success", "session_present", "failure", "client_type", "session_expiry_interval", "persistent", "awaiting_pubrel", "mark_routing")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +252,7 @@ class SessionEventResponse(_message.Message):
     SESSION_EXPIRY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_FIELD_NUMBER: _ClassVar[int]
     AWAITING_PUBREL_FIELD_NUMBER: _ClassVar[int]
+    MARK_ROUTING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     client_id: str
     success: bool
@@ -261,7 +262,8 @@ class SessionEventResponse(_message.Message):
     session_expiry_interval: int
     persistent: bool
     awaiting_pubrel: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ...) -> None: ...
+    mark_routing: bool
+    def __init__(self, request_id: _Optional[str] = ..., client_id: _Optional[str] = ..., success: _Optional[bool] = ..., session_present: _Optional[bool] = ..., failure: _Optional[_Union[SessionFailure, str]] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., session_expiry_interval: _Optional[int] = ..., persistent: _Optional[bool] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., mark_routing: _Optional[bool] = ...) -> None: ...
 
 class ConnectorHeartbeat(_message.Message):
     __slots__ = ("service_id", "incarnation", "sent_at_ms", "stopped", "stats")
