@@ -212,15 +212,14 @@ def decode_message_archive(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Rec
                  "key": key.decode("utf-8", "replace") if key is not None else None,
                  "publisher_id": None, "mqtt_topic": None, "qos": None, "retain": None, "payload_size": None,
                  "payload": None, "created_at": ts, "publisher_service_id": None, "decode_error": False}
-            if value is not None:
-                try:
-                    m = pb.PublishMsg.FromString(value)
-                    r.update(publisher_id=m.publisher_id, mqtt_topic=m.topic, qos=m.qos, retain=m.retain,
-                             payload_size=len(m.payload), payload=m.payload,
-                             publisher_service_id=m.publisher_service_id,
-                             created_at=_ms_to_dt(m.created_at_ms) if m.created_at_ms else ts)
-                except Exception:
-                    r["decode_error"] = True
+            try:
+                m = pb.PublishMsg.FromString(value)
+                r.update(publisher_id=m.publisher_id, mqtt_topic=m.topic, qos=m.qos, retain=m.retain,
+                         payload_size=len(m.payload), payload=m.payload,
+                         publisher_service_id=m.publisher_service_id,
+                         created_at=_ms_to_dt(m.created_at_ms) if m.created_at_ms else ts)
+            except Exception:
+                r["decode_error"] = True
             r["date"] = _date(r["created_at"])
             for k in out:
                 out[k].append(r[k])

@@ -5,8 +5,9 @@ Guarantee (docs/router.md, "Routing after SUBACK"): a PUBLISH sent after a SUBAC
 routed, on every router instance, with the subscriptions and session that answer stands for.
 
 A mark is a record with a null value on EVERY partition of tbmq.msg.all (`is_mark`; a PUBLISH is never null:
-its value is a PublishMsg), keyed by the writer's id (Kafka needs a key or a value; the key is for people). A connector writes one round of marks (`MarkWriter.mark`) after
-Kafka acknowledged a change that routing must see and before it answers the client:
+its value is a PublishMsg), keyed by the writer's id (Kafka needs a key or a value; the key is for people).
+A connector writes one round of marks (`MarkWriter.mark`) after Kafka acknowledged a change that routing
+must see and before it answers the client:
 - SUBSCRIBE / UNSUBSCRIBE (and a credential change that removes filters): after the client's new set on
   tbmq.client.subscriptions was acknowledged, before SUBACK / UNSUBACK;
 - a CONNECT that replaced or resumed a session the registry already held (`SessionEventResponse.

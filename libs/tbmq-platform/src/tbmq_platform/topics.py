@@ -110,8 +110,8 @@ def _compacted(name: str, key: str, payload: str, producers: str, consumers: str
 
 
 CATALOGUE: tuple[TopicSpec, ...] = (
-    TopicSpec(MSG_ALL, "MQTT topic (a mark: its connector's id)", "PublishMsg; null: a subscription mark on every partition "
-              "(tbmq_platform.marks)", 16,
+    TopicSpec(MSG_ALL, "MQTT topic (a mark: its connector's id)",
+              "PublishMsg; null: a subscription mark on every partition (tbmq_platform.marks)", 16,
               "connector (after PUBLISH; marks after SUBSCRIBE / UNSUBSCRIBE and a CONNECT over a known session)",
               "router",
               retention_bytes=2 * GB, single_node_partitions=1),
