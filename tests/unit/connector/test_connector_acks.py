@@ -58,6 +58,29 @@ async def test_acks_are_coalesced_within_the_delay():
     await b.close()
 
 
+async def test_a_pubrec_brings_the_batch_forward():
+    """Removals wait the long delay; a PUBREC (its mark gates the client's PUBREL) sends them all sooner."""
+    call = FakeCall()
+    b = AckBatcher(call, 1.0, delay_s=30.0, pubrec_delay_s=0.01)
+    loop = asyncio.get_running_loop()
+    b.acknowledge("c", 1)
+    assert b._timer.when() - loop.time() > 29  # acks alone: the long delay
+    marked = []
+    b.mark_pubrec("c", 2, done=lambda: marked.append(2))
+    assert b._timer.when() - loop.time() <= 0.01
+    await wait_until(lambda: marked, 2.0, "the batch carrying the PUBREC")
+    assert call.acks() == [("c", 1)] and call.pubrecs() == [("c", 2)]  # one call, both in it
+    assert len(call.requests) == 1
+    b.mark_pubrec("c", 3)  # a PUBREC alone: the short delay from the start
+    assert b._timer.when() - loop.time() <= 0.01
+    await b.close()
+
+
+def test_the_pubrec_delay_is_never_longer_than_the_ack_delay():
+    b = AckBatcher(FakeCall(), 1.0, delay_s=0.001, pubrec_delay_s=0.5)
+    assert b.pubrec_delay_s == 0.001
+
+
 async def test_a_full_batch_goes_at_once_and_calls_are_bounded():
     gate = asyncio.Event()
     call = FakeCall(gate=gate)

@@ -69,8 +69,12 @@ class AckBatcher:
     PUBREL then); a batch device-persistence refuses as invalid calls it too (the flow must finish; the
     message is redelivered on the next connect).
 
-    A call goes out `delay_s` after the first ack waiting, or at once when `max_batch` are waiting; at most
-    `max_calls` calls are in flight (more acks wait and join the next call, so batches grow with the load).
+    A call goes out `delay_s` after the first ack waiting — `pubrec_delay_s` after the first PUBREC when
+    that is sooner: a PUBREC's mark gates the client's PUBREL, a removal gates nothing the client sees — or
+    at once when `max_batch` are waiting; at most `max_calls` calls are in flight (more acks wait and join
+    the next call, so batches grow with the load). Every call is one gRPC message up and one down, each a
+    wake-up of gRPC's poller thread on both sides: the longer removal delay is what keeps their number per
+    message small at load (docs/performance.md, "The twelfth round").
     A call that fails is logged and its acks are put back and retried with backoff (tbmq_platform.backoff:
     0.1 s ... 1 s): an ack
     that never arrives only means a redelivery with DUP on the next connect, never a loss, but none is
@@ -78,11 +82,12 @@ class AckBatcher:
     batch, logged as an error.
     """
 
-    def __init__(self, call: Callable, timeout: float, *, delay_s: float = 0.010, max_batch: int = 2000,
-                 max_calls: int = 4) -> None:
+    def __init__(self, call: Callable, timeout: float, *, delay_s: float = 0.030, pubrec_delay_s: float = 0.010,
+                 max_batch: int = 2000, max_calls: int = 4) -> None:
         self._call = call
         self.timeout = timeout
         self.delay_s = delay_s
+        self.pubrec_delay_s = min(pubrec_delay_s, delay_s)
         self.max_batch = max_batch
         self.max_calls = max_calls
         self._acks: list[tuple[str, int]] = []
@@ -107,19 +112,25 @@ class AckBatcher:
     def _arm(self) -> None:
         if self._closed:
             return
+        loop = asyncio.get_running_loop()
+        delay = self.pubrec_delay_s if self._pubrecs else self.delay_s
         if self._timer is not None:
-            if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff.active:
+            if self._backoff.active:
+                return
+            if len(self._acks) + len(self._pubrecs) >= self.max_batch:
                 self._timer.cancel()
                 self._timer = None
                 self._flush()
+            elif self._timer.when() > loop.time() + delay:  # a PUBREC joined acks waiting longer
+                self._timer.cancel()
+                self._timer = loop.call_later(delay, self._on_timer)
             return
         if len(self._calls) >= self.max_calls:
             return  # a finishing call flushes what waits
-        loop = asyncio.get_running_loop()
         if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff.active:
             self._flush()
         else:
-            self._timer = loop.call_later(self._backoff.current or self.delay_s, self._on_timer)
+            self._timer = loop.call_later(self._backoff.current or delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -354,8 +365,8 @@ class DevicePersistenceClient:
     (fetch, detach, AcknowledgeMany when no stream is open) on a target whose stream is open, else on
     the targets in turn (each instance serves every client: the state is in Redis)."""
 
-    def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = 0.010,
-                 ack_batch_max: int = 2000, ack_max_calls: int = 4) -> None:
+    def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = 0.030,
+                 pubrec_delay_s: float = 0.010, ack_batch_max: int = 2000, ack_max_calls: int = 4) -> None:
         self.targets = (targets,) if isinstance(targets, str) else tuple(targets)
         self.timeout = timeout
         self.observe = None  # (method, seconds) per unary call: the connector's tbmq_grpc_call histogram
@@ -366,7 +377,7 @@ class DevicePersistenceClient:
         self._turn = itertools.count()
         self.links: list[ForwardLink] = []
         self._bg: set[asyncio.Task] = set()
-        self.acks = AckBatcher(self._acknowledge_many, timeout, delay_s=ack_delay_s,
+        self.acks = AckBatcher(self._acknowledge_many, timeout, delay_s=ack_delay_s, pubrec_delay_s=pubrec_delay_s,
                                max_batch=ack_batch_max, max_calls=ack_max_calls)
 
     def start_forwarding(self, service_id: str, *, on_batch: Callable, on_open: Callable,

@@ -203,7 +203,8 @@ class ConnectorService(Service):
         await self.views.start()
         self.retained_barrier = self.views.barrier([MSG_RETAINED])
         self.device = DevicePersistenceClient(s.device_persistence_grpc_targets, s.grpc_timeout_s,
-                                              ack_delay_s=s.ack_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
+                                              ack_delay_s=s.ack_delay_ms / 1000,
+                                              pubrec_delay_s=s.pubrec_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
                                               ack_max_calls=s.ack_max_calls)
         self.device.start_forwarding(self.service_id, on_batch=self._on_forwards,
                                      on_open=self._on_forward_link, on_close=self._on_forward_link)

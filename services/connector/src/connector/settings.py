@@ -171,9 +171,13 @@ class ConnectorSettings(CommonSettings):
     grpc_timeout_s: float = env("GRPC_TIMEOUT_S", 10.0, parse=number(0.1),
                                 doc="deadline of unary gRPC calls to device-persistence")
     ack_delay_ms: float = env(
-        "DEVICE_ACK_BATCH_DELAY_MS", 10.0, parse=number(0),
-        doc="PUBACK/PUBCOMP/PUBREC of stored DEVICE messages wait at most this long to be sent to "
+        "DEVICE_ACK_BATCH_DELAY_MS", 30.0, parse=number(0),
+        doc="PUBACK/PUBCOMP of stored DEVICE messages wait at most this long to be sent to "
             "device-persistence together (one batch up a forward stream, or one AcknowledgeMany call)")
+    pubrec_delay_ms: float = env(
+        "DEVICE_PUBREC_BATCH_DELAY_MS", 10.0, parse=number(0),
+        doc="the same for a PUBREC of a stored QoS 2 message, whose mark gates the client's PUBREL (the "
+            "batch leaves at the sooner of the two; at most DEVICE_ACK_BATCH_DELAY_MS)")
     ack_batch_max: int = env(
         "DEVICE_ACK_BATCH_MAX", 2000, parse=integer(1, 100_000),
         doc="acknowledgements per batch, at most (a full batch goes at once)")
