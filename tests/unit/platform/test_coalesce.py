@@ -151,6 +151,22 @@ async def test_adaptive_linger_lingers_under_load_and_not_when_quiet():
     assert a.health()["linger_switches"] == 2
 
 
+async def test_adaptive_linger_observes_once_per_millisecond_and_counts_every_record():
+    from tbmq_platform.coalesce import AdaptiveLinger
+
+    a = AdaptiveLinger(_producer(), busy_ms=5)
+    observed = []
+    observe = a.window.observe
+    a.window.observe = lambda n, now: observed.append(n) or observe(n, now)
+    t = 0.0
+    for _ in range(3000):             # 10,000 records/s for 0.3 s: ten records per millisecond
+        t += 0.0001
+        a.sending(t)
+    assert len(observed) <= 301       # once per millisecond, not once per record
+    assert sum(observed) + a._pending == 3000  # the records between observations are not lost
+    assert 8000 < a.window.rate < 11000 and a.health()["linger_busy"]
+
+
 async def test_the_real_aiokafka_accumulator_reads_the_linger_when_it_opens_a_batch():
     """The pinned aiokafka gives each new MessageBatch the accumulator's _linger_time."""
     import inspect

@@ -143,16 +143,30 @@ class AdaptiveLinger:
     (at least `enter_records` would arrive within `busy_ms`), a batch lingers `busy_ms`, so one produce
     request carries what arrived in that window and its fixed cost (aiokafka's sender task and response
     handling, Kafka's request handling and request metrics) is paid once per window instead of once per
-    one to three records. Call `sending(now)` before each `send`."""
+    one to three records. Call `sending(now)` before each `send`.
 
-    def __init__(self, producer, *, busy_ms: float) -> None:
+    The rate is observed at most once per `observe_every_s` (1 ms): records handed over meanwhile are
+    counted into the next observation, so at load the EWMA costs once per millisecond, not once per
+    record (the same rate: an observation of n records over t is the n single ones summed, to first order
+    in t / tau). The mode can so switch up to that much later."""
+
+    def __init__(self, producer, *, busy_ms: float, observe_every_s: float = 0.001) -> None:
         check_producer(producer)
         self._acc = producer._message_accumulator
         self.window = FetchWindow(max_wait_s=busy_ms / 1000)
         self._busy_s, self._quiet_s = busy_ms / 1000, self._acc._linger_time
+        self._every = observe_every_s
+        self._next = -math.inf  # monotonic time of the next observation
+        self._pending = 0       # records handed over since the last observation
 
     def sending(self, now: float, records: int = 1) -> None:
-        linger = self._busy_s if self.window.observe(records, now).busy else self._quiet_s
+        pending = self._pending + records
+        if now < self._next:
+            self._pending = pending
+            return
+        self._pending = 0
+        self._next = now + self._every
+        linger = self._busy_s if self.window.observe(pending, now).busy else self._quiet_s
         if linger != self._acc._linger_time:
             self._acc._linger_time = linger
 
