@@ -8,6 +8,9 @@ and user + system CPU. With STRACE=<process,...> it also runs `strace -c -f` on 
 window (which slows them: use it for the kinds of calls, not for the CPU figures).
 
     .venv/bin/python scripts/syscalls_per_message.py [rate=1000] [window_s=20] [warmup_s=60]
+
+MODE=p2p-clean makes the subscribers clean sessions (the live path: no device persistence), MODE=publish
+leaves them out (bench.profile.SteadyLoad's modes).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def counters(pid: int) -> dict[str, float]:
 def main() -> None:
     args = [float(a) for a in sys.argv[1:4]]
     rate, window, warmup = args + [1000.0, 20.0, 60.0][len(args):]
-    with SteadyLoad("tbmq", rate=rate, seconds=warmup + window + 5) as load:
+    mode = os.environ.get("MODE", "p2p")
+    with SteadyLoad("tbmq", rate=rate, seconds=warmup + window + 5, mode=mode) as load:
         pids = load.pids
         time.sleep(warmup)
         before = {k: counters(v) for k, v in pids.items()}
@@ -66,7 +70,7 @@ def main() -> None:
             p.wait()
         after = {k: counters(v) for k, v in pids.items()}
         n = rate * (time.monotonic() - t0)
-    print(f"{rate:.0f} msg/s p2p, {window:.0f} s window after {warmup:.0f} s; per message:")
+    print(f"{rate:.0f} msg/s {mode}, {window:.0f} s window after {warmup:.0f} s; per message:")
     print(f"{'process':22} {'reads':>7} {'writes':>7} {'vol cs':>7} {'invol cs':>8} {'CPU us':>7}")
     total = dict.fromkeys(FIELDS, 0.0)
     for k in pids:
