@@ -112,8 +112,6 @@ class AckBatcher:
     def _arm(self) -> None:
         if self._closed:
             return
-        loop = asyncio.get_running_loop()
-        delay = self.pubrec_delay_s if self._pubrecs else self.delay_s
         if self._timer is not None:
             if self._backoff.active:
                 return
@@ -121,12 +119,16 @@ class AckBatcher:
                 self._timer.cancel()
                 self._timer = None
                 self._flush()
-            elif self._timer.when() > loop.time() + delay:  # a PUBREC joined acks waiting longer
-                self._timer.cancel()
-                self._timer = loop.call_later(delay, self._on_timer)
+            elif self._pubrecs:  # only a PUBREC can bring forward a timer armed for removals
+                loop = asyncio.get_running_loop()
+                if self._timer.when() > loop.time() + self.pubrec_delay_s:
+                    self._timer.cancel()
+                    self._timer = loop.call_later(self.pubrec_delay_s, self._on_timer)
             return
         if len(self._calls) >= self.max_calls:
             return  # a finishing call flushes what waits
+        loop = asyncio.get_running_loop()
+        delay = self.pubrec_delay_s if self._pubrecs else self.delay_s
         if len(self._acks) + len(self._pubrecs) >= self.max_batch and not self._backoff.active:
             self._flush()
         else:
