@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import random
 import time
 import uuid
@@ -23,26 +24,28 @@ from tbmq_launcher.services import readyz
 from tbmq_platform.kafka import make_producer
 from tbmq_platform.topics import MSG_PERSISTED
 
-from device_persistence.store import DeviceMsgStore, StoreConfig
+from device_persistence.store import DeviceMsgStore, StoreConfig, script_source
+from reply_cutter import ReplyCutter
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-def dp_suite(kafka, tmp_path_factory, *, cluster: bool = False, env=None) -> Suite:
+def dp_suite(kafka, tmp_path_factory, *, cluster: bool = False, env=None, redis_url: str | None = None) -> Suite:
     return Suite(services=["device-persistence"], connectors=0, ports="free", log_format="json",
                  id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("dp-suite"),
-                 redis_cluster=cluster, start_timeout=60, stop_timeout=15,
+                 redis_cluster=cluster, redis_url=redis_url, start_timeout=60, stop_timeout=15,
                  service_env={"device-persistence": env or {}},
                  kafka=kafka if isinstance(kafka, KafkaBroker) else kafka.bootstrap_servers)
 
 
 @contextlib.asynccontextmanager
-async def handles(suite: Suite):
-    """`suite` started, and Handles to talk to it; both stopped after."""
+async def handles(suite: Suite, store_url: str | None = None):
+    """`suite` started, and Handles to talk to it (its own store on `store_url`, default the suite's
+    Redis); both stopped after."""
     await suite.start()
-    h = Handles(suite)
+    h = Handles(suite, store_url)
     try:
         await h.start()
         yield h
@@ -66,9 +69,9 @@ async def dp(request, kafka, tmp_path_factory):
 
 
 class Handles:
-    def __init__(self, suite: Suite) -> None:
+    def __init__(self, suite: Suite, store_url: str | None = None) -> None:
         self.suite = suite
-        self.store = DeviceMsgStore(StoreConfig(redis_url=suite.redis_url,
+        self.store = DeviceMsgStore(StoreConfig(redis_url=store_url or suite.redis_url,
                                                 cluster_nodes=tuple(suite.redis_cluster_nodes or ())))
         self.producer = make_producer(suite.bootstrap_servers, client_id="dp-test", linger_ms=1)
         self._channel = None
@@ -487,3 +490,39 @@ async def test_a_live_client_that_does_not_acknowledge_is_paused_then_pages(kafk
             assert seqs(rest.messages) == list(range(10, 15)) and not rest.more  # caught up: live again
             await h.publish(cid, [15])
             assert seqs(await fwd.wait_count(11))[-1] == 15
+
+
+async def test_a_batch_saved_by_an_attempt_whose_reply_was_lost_is_still_forwarded_in_order(
+        kafka, redis_standalone, tmp_path_factory):
+    """Redis runs a save, then its reply is lost with the connection (what a Redis restart does to a call in
+    flight). The retry (redis-py's, or the service's) finds the batch applied and stores nothing; the lost
+    attempt had handed the live client's messages packet ids. They must still be forwarded, before what is
+    saved after them: the connection takes forwards in serial order only, so without that they would wait
+    in Redis until the client's next connect (the bench's "restart Redis" fault found 4 such messages)."""
+    cutter = await ReplyCutter(redis_standalone.port).start()
+    save_sha = hashlib.sha1(script_source("save_messages").encode()).hexdigest().encode()
+    suite = dp_suite(kafka, tmp_path_factory, redis_url=cutter.url,
+                     env={"DEVICE_PERSISTENCE_GROUP_ID": f"dp-lost-reply-{new_tag()}"})
+    try:
+        async with handles(suite, store_url=redis_standalone.url) as h:
+            cid, conn = f"dev-{uuid.uuid4().hex[:10]}", await h.fake_connector()
+            async with h.forward(conn) as down:
+                page = await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn,
+                                                                                 session_id="s"))
+                assert not page.messages and not page.more  # live from now on
+                await h.publish(cid, range(3))
+                assert seqs(await down.wait_count(3)) == [0, 1, 2]
+
+                cutter.arm(save_sha, cid.encode())  # this client's save (the topic holds other tests' records)
+                await h.publish(cid, range(3, 6))
+                await asyncio.wait_for(cutter.cut.wait(), BOUND)
+                await h.publish(cid, range(6, 8))
+
+                got = await down.wait_count(8)
+                assert seqs(got) == list(range(8))
+                assert [d.serial for d in got] == list(range(1, 9))
+                assert all(d.packet_id for d in got)
+                assert await h.stored(cid) == list(range(8))  # stored once each
+                assert (await h.details()).get("forwarded_again", 0) >= 1
+    finally:
+        await cutter.close()

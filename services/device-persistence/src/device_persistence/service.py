@@ -247,6 +247,7 @@ class DevicePersistenceService(Service):
             try:
                 results = await self.store.save_many_attached(groups, sources=sources, origins=origins)
                 self.stats["saved"] += sum(len(r.messages) for r in results.values())
+                await self._forward_lost_replies(results)
                 return results
             except (RedisError, OSError) as exc:
                 # Nothing is committed; a retry stores nothing twice (the batch's source offsets).
@@ -257,6 +258,28 @@ class DevicePersistenceService(Service):
                 delay = backoff.next()
                 log.warning("saving a batch in Redis failed (%r); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+
+    async def _forward_lost_replies(self, results) -> None:
+        """A client whose whole batch the save found applied before, and stored none of it now: either a
+        replay (after a crash of this service or of the router), or the retry of a save whose reply was lost
+        (Redis went away after running it; redis-py retries a command or pipeline on a connection error, and
+        so does `_save`). In the second case the lost attempt handed the messages packet ids if the client was
+        live, and nothing forwarded them: the connection takes forwards in serial order only, so the next
+        forward would raise its highest serial past them and they would wait for its next connect. They are
+        read back (the client's last ones: one instance saves a client's batches one at a time) and forwarded
+        ahead of anything newer. In a replay they were forwarded or fetched before: the connection ignores
+        them (serials it has had), at the cost of one read.
+        """
+        for cid, r in results.items():
+            # a client's batch is one script call, applied wholly or not at all
+            if not r.applied_before or r.messages or r.attached is None:
+                continue
+            lost = [m for m in await self.store.peek_last(cid, r.applied_before) if m.packet_id]
+            if lost:
+                r.messages[:0] = lost
+                r.forwarded += len(lost)
+                self.stats["forwarded_again"] += len(lost)
+                log.info("client %r: %d message(s) of a batch applied before forwarded again", cid, len(lost))
 
     def _start_commit(self) -> None:
         """Commit the pending (saved) offsets in the background, unless a commit is in flight (then they

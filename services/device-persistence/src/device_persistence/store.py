@@ -240,6 +240,7 @@ class SaveResult:
     indexes: list[int] = field(default_factory=list)  # index in the input batch of each stored message
     forwarded: int = 0
     paused: bool = False  # the handed-out limit stopped forwarding: the client pages again
+    applied_before: int = 0  # records of the batch found applied before (source or origin): not stored again
 
     @property
     def forwards(self) -> list[messages_pb2.DevicePublishMsg]:
@@ -432,7 +433,8 @@ class DeviceMsgStore:
         if forwarded > len(out):
             raise RuntimeError(f"save_messages.lua returned {forwarded} packet ids for {len(out)} messages")
         self.stats.saved += len(out)
-        return SaveResult(out, Attachment.decode(reply[4]), sent[skipped:], forwarded, bool(int(reply[5])))
+        return SaveResult(out, Attachment.decode(reply[4]), sent[skipped:], forwarded, bool(int(reply[5])),
+                          replayed + (again.count(b"1") if again else 0))
 
     # ------------------------------------------------------------------------------------ script calls
 
@@ -727,6 +729,18 @@ class DeviceMsgStore:
         resp = services_pb2.FetchUndeliveredResponse.FromString(b"".join(parts))
         resp.more = more
         return resp
+
+    async def peek_last(self, client_id: str, n: int) -> list[messages_pb2.DevicePublishMsg]:
+        """The client's last `n` stored messages by serial (fewer when fewer are stored), read only, with
+        the packet ids they were handed out with (0 = not handed out): what a save whose reply was lost
+        stored, when its retry found the batch applied before (device_persistence.service)."""
+        if n <= 0:
+            return []
+        last = await self.redis.hget(self.keys(client_id).state, "serial")
+        if last is None:
+            return []
+        resp = await self.fetch_undelivered_response(client_id, None, after=max(int(last) - n, 0), max_messages=n)
+        return list(resp.messages)
 
     async def acknowledge(self, client_id: str, packet_id: int) -> bool:
         """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
