@@ -47,6 +47,14 @@ async def write_loop(call, queue: asyncio.Queue) -> None:
         pass  # the call is over: the read side reports how, and the attempt ends
 
 
+# The acknowledgement batching's defaults, written once: AckBatcher, DevicePersistenceClient and the
+# settings (DEVICE_ACK_BATCH_DELAY_MS, DEVICE_PUBREC_BATCH_DELAY_MS, DEVICE_ACK_BATCH_MAX, DEVICE_ACK_MAX_CALLS).
+ACK_DELAY_S = 0.030
+PUBREC_DELAY_S = 0.010
+ACK_BATCH_MAX = 2000
+ACK_MAX_CALLS = 4
+
+
 def pick_target(targets: tuple[str, ...], client_id: str) -> str:
     """A client id is pinned to one app-delivery instance by a stable hash (CRC-32 of its UTF-8)."""
     return targets[zlib.crc32(client_id.encode("utf-8")) % len(targets)]
@@ -82,8 +90,9 @@ class AckBatcher:
     batch, logged as an error.
     """
 
-    def __init__(self, call: Callable, timeout: float, *, delay_s: float = 0.030, pubrec_delay_s: float = 0.010,
-                 max_batch: int = 2000, max_calls: int = 4) -> None:
+    def __init__(self, call: Callable, timeout: float, *, delay_s: float = ACK_DELAY_S,
+                 pubrec_delay_s: float = PUBREC_DELAY_S, max_batch: int = ACK_BATCH_MAX,
+                 max_calls: int = ACK_MAX_CALLS) -> None:
         self._call = call
         self.timeout = timeout
         self.delay_s = delay_s
@@ -367,8 +376,9 @@ class DevicePersistenceClient:
     (fetch, detach, AcknowledgeMany when no stream is open) on a target whose stream is open, else on
     the targets in turn (each instance serves every client: the state is in Redis)."""
 
-    def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = 0.030,
-                 pubrec_delay_s: float = 0.010, ack_batch_max: int = 2000, ack_max_calls: int = 4) -> None:
+    def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = ACK_DELAY_S,
+                 pubrec_delay_s: float = PUBREC_DELAY_S, ack_batch_max: int = ACK_BATCH_MAX,
+                 ack_max_calls: int = ACK_MAX_CALLS) -> None:
         self.targets = (targets,) if isinstance(targets, str) else tuple(targets)
         self.timeout = timeout
         self.observe = None  # (method, seconds) per unary call: the connector's tbmq_grpc_call histogram

@@ -22,6 +22,8 @@ from tbmq_platform.settings import (
     port_or_off,
 )
 
+from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELAY_S
+
 MAX_VBI = 268_435_455
 TLS_PORT, WSS_PORT = 8883, 8084
 WITH_CERTIFICATE = -1  # the TLS listeners' default: on at their standard port when a certificate is configured
@@ -171,18 +173,18 @@ class ConnectorSettings(CommonSettings):
     grpc_timeout_s: float = env("GRPC_TIMEOUT_S", 10.0, parse=number(0.1),
                                 doc="deadline of unary gRPC calls to device-persistence")
     ack_delay_ms: float = env(
-        "DEVICE_ACK_BATCH_DELAY_MS", 30.0, parse=number(0),
+        "DEVICE_ACK_BATCH_DELAY_MS", ACK_DELAY_S * 1000, parse=number(0),
         doc="PUBACK/PUBCOMP of stored DEVICE messages wait at most this long to be sent to "
             "device-persistence together (one batch up a forward stream, or one AcknowledgeMany call)")
     pubrec_delay_ms: float = env(
-        "DEVICE_PUBREC_BATCH_DELAY_MS", 10.0, parse=number(0),
+        "DEVICE_PUBREC_BATCH_DELAY_MS", PUBREC_DELAY_S * 1000, parse=number(0),
         doc="the same for a PUBREC of a stored QoS 2 message, whose mark gates the client's PUBREL (the "
             "batch leaves at the sooner of the two; at most DEVICE_ACK_BATCH_DELAY_MS)")
     ack_batch_max: int = env(
-        "DEVICE_ACK_BATCH_MAX", 2000, parse=integer(1, 100_000),
+        "DEVICE_ACK_BATCH_MAX", ACK_BATCH_MAX, parse=integer(1, 100_000),
         doc="acknowledgements per batch, at most (a full batch goes at once)")
     ack_max_calls: int = env(
-        "DEVICE_ACK_MAX_CALLS", 4, parse=integer(1, 1000),
+        "DEVICE_ACK_MAX_CALLS", ACK_MAX_CALLS, parse=integer(1, 1000),
         doc="acknowledgement batches in flight at once; more acknowledgements wait for the next one")
     fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
     producer_linger_ms: float = env(
