@@ -59,6 +59,38 @@ def jit_compile_cpu_s(pid: int) -> float | None:
     return compiler_ticks(stats) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_stats(pid: int) -> dict[int, tuple[str, int]]:
+    """{tid: (comm, CPU clock ticks so far)} of every thread of a process ({} when it is gone)."""
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                line = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(tid)] = (line[line.find("(") + 1:line.rfind(")")], stat_ticks(line))
+    return out
+
+
+def thread_cpu_pct(pid: int, before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                   seconds: float, ticks_per_s: float) -> list[tuple[str, float]]:
+    """Pure: CPU % of one core per thread name over a window, from two `thread_stats` snapshots, busiest
+    first. The process's own thread (tid = pid) is "main"; threads of one name are summed ("grpc_global_tim"
+    × 3 is one row); a thread that started in the window counts from 0, one that ended is left out."""
+    if seconds <= 0:
+        return []
+    per: dict[str, int] = {}
+    for tid, (comm, ticks) in after.items():
+        name = "main" if tid == pid else comm
+        per[name] = per.get(name, 0) + ticks - before.get(tid, (comm, 0))[1]
+    return sorted(((n, round(100.0 * t / ticks_per_s / seconds, 1)) for n, t in per.items()),
+                  key=lambda x: (-x[1], x[0]))
+
+
 class JitSettle:
     """Pure rule: has a JVM's JIT compilation settled? Fed the compiler threads' CPU seconds so far after
     every chunk of warm-up load; settled once a whole chunk of at least `min_chunk_s` used at most `max_pct`

@@ -23,7 +23,7 @@ import psutil
 
 from .brokers import BROKERS, BrokerUnavailable, make_workdir
 from .gen import Generator
-from .procmon import ProcMonitor, cpu_layout
+from .procmon import ProcMonitor, cpu_layout, thread_cpu_pct, thread_stats
 from .scenarios import Profile, Runner
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -223,6 +223,10 @@ def profile(args) -> int:
         print(f"broker {args.broker} on :{load.broker.port}; python processes: {targets}; "
               f"others (not profiled): {[k for k in load.pids if k not in targets]}")
         time.sleep(1.5)  # past the warm-up
+        # per-thread CPU from /proc over py-spy's window: py-spy --nonblocking counts some waiting threads as
+        # busy (gRPC's poller thread in Thread.run), so its shares are set beside what each thread really used
+        threads_before = {label: thread_stats(pid) for label, pid in targets.items()}
+        t_before = time.monotonic()
         procs = []
         for label, pid in targets.items():
             for fmt, ext in (("raw", "txt"), ("flamegraph", "svg")):
@@ -234,6 +238,9 @@ def profile(args) -> int:
             out, _ = p.communicate(timeout=args.seconds + 60)
             if p.returncode != 0:
                 print(f"py-spy {label} ({fmt}) failed: {out.decode(errors='replace')[-500:]}")
+        window = time.monotonic() - t_before
+        threads = {label: thread_cpu_pct(pid, threads_before[label], thread_stats(pid), window,
+                                         os.sysconf("SC_CLK_TCK")) for label, pid in targets.items()}
     finally:
         load.stop()
     prof, result = load.prof, load.result
@@ -261,6 +268,9 @@ def profile(args) -> int:
                   f"{s['samples']} samples in Python code (the percentages below are of these), "
                   f"{s['loop_samples']} inside the C event loop (uvloop: epoll/socket I/O, or waiting), "
                   f"{s['idle_samples']} waiting in select/sleep.", "",
+                  "Per thread (from /proc, CPU % of one core over py-spy's window; py-spy's shares below count "
+                  "some waiting threads as busy): "
+                  + (", ".join(f"{n} {p}" for n, p in threads.get(label, [])[:6]) or "–"), "",
                   "| self % | function | | inclusive % | function |",
                   "|---:|---|---|---:|---|"]
         for i in range(max(len(s["self"]), len(s["inclusive"]))):

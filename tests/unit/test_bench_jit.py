@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.procmon import JitSettle, ProcMonitor, compiler_ticks  # noqa: E402
+from bench.procmon import JitSettle, ProcMonitor, compiler_ticks, thread_cpu_pct, thread_stats  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -74,3 +74,20 @@ def test_the_probe_visits_every_cpu_and_moves_only_its_own_thread():
     speed = mon.speed_between(t0, time.monotonic())
     assert sorted(int(c) for c in speed) == sorted(before) and all(v > 0 for v in speed.values())
     assert os.sched_getaffinity(0) == before
+
+
+def test_thread_cpu_pct_names_the_main_thread_sums_by_name_and_sorts_busiest_first():
+    before = {40: ("python3.11", 100), 41: ("grpc_global_tim", 10), 42: ("grpc_global_tim", 5),
+              43: ("ended", 50)}
+    after = {40: ("python3.11", 100 + 250), 41: ("grpc_global_tim", 10 + 6), 42: ("grpc_global_tim", 5 + 4),
+             44: ("new thread", 30)}
+    # 10 s at 100 ticks/s: 250 ticks = 25 % of a core
+    assert thread_cpu_pct(40, before, after, 10.0, 100) == [
+        ("main", 25.0), ("new thread", 3.0), ("grpc_global_tim", 1.0)]
+    assert thread_cpu_pct(40, before, after, 0.0, 100) == []
+
+
+def test_thread_stats_reads_this_process():
+    own = thread_stats(os.getpid())
+    assert os.getpid() in own and own[os.getpid()][1] >= 0
+    assert thread_stats(2 ** 22 + 12345) == {}  # no such process
