@@ -33,8 +33,11 @@ N = 20
 
 @pytest.fixture(scope="module")
 async def ss(kafka, tmp_path_factory):
+    # the router writes the group's copies to tbmq.msg.persisted (ROUTER_PERSIST_VIA=kafka), where the helpers
+    # below see when it has stored them; the same routing goes over the Persist stream by default
     async with module_suite(kafka, tmp_path_factory, "suite-shared", connectors=2,
-                            services=["session-registry", "device-persistence", "router", "connector"]) as s:
+                            services=["session-registry", "device-persistence", "router", "connector"],
+                            service_env={"router": {"ROUTER_PERSIST_VIA": "kafka"}}) as s:
         yield s
 
 

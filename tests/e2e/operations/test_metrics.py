@@ -67,7 +67,9 @@ async def test_every_service_serves_prometheus_metrics_that_follow_the_traffic(m
     dp = await scrape(suite.health_port("device-persistence"))
     assert value(dp, "tbmq_stored_messages_total") >= 10  # the QoS 1 and 2 copies of the persistent client
     assert value(dp, "tbmq_redis_call_seconds_count", script="save_messages") >= 1
-    assert [s for s in dp["tbmq_consumer_lag"] if s.labels["topic"] == "tbmq.msg.persisted"]
+    # the router's copies came over its Persist stream (ROUTER_PERSIST_VIA=grpc), none through tbmq.msg.persisted
+    assert value(dp, "tbmq_persist_batches_total") >= 1 and value(dp, "tbmq_persist_records_total") >= 10
+    assert value(rt, "tbmq_router_persist_unanswered") == 0
 
     reg = await scrape(suite.health_port("session-registry"))
     assert value(reg, "tbmq_sessions") >= 2 and value(reg, "tbmq_session_requests_total") >= 2

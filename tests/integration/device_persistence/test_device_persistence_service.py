@@ -526,3 +526,58 @@ async def test_a_batch_saved_by_an_attempt_whose_reply_was_lost_is_still_forward
                 assert (await h.details()).get("forwarded_again", 0) >= 1
     finally:
         await cutter.close()
+
+
+def persisted(cid: str, seq: int, origin: tuple[int, int]) -> bytes:
+    """A router's stored copy: PersistedMsg with its tbmq.msg.all origin (partition, offset)."""
+    return pb.PersistedMsg(client_id=cid, msg=pb.PublishMsg(topic=f"t/{cid}", payload=b"%d" % seq, qos=1,
+                                                            publisher_id="pub"),
+                           origin_partition=origin[0], origin_offset=origin[1]).SerializeToString()
+
+
+def taken(dms) -> list[int]:
+    """What a connection takes of its forwards: serials above the highest it had, in arrival order."""
+    out, top = [], 0
+    for d in dms:
+        if d.serial > top:
+            top = d.serial
+            out.append(int(d.msg.payload))
+    return out
+
+
+async def test_persist_stream_saves_forwards_and_answers_each_batch_in_order(dp):
+    """A router's Persist stream (ROUTER_PERSIST_VIA=grpc): each batch is answered with its seq and how many
+    copies were stored, once they are in Redis; a live client's copies are forwarded in order, an offline
+    client's kept. The same batches sent again on a new stream (a router reopening it, or routing again after
+    a crash) are answered too and store nothing twice; what they add is stored and forwarded in order."""
+    a, b = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    conn = await dp.fake_connector()
+    first = [[persisted(a, 0, (0, 10)), persisted(b, 0, (0, 11)), persisted(a, 1, (0, 12))],
+             [persisted(a, 2, (1, 5)), persisted(b, 1, (1, 6))]]
+    async with dp.forward(conn) as down:
+        page = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=a, service_id=conn,
+                                                                         session_id="s"))
+        assert not page.messages and not page.more  # a is live; b never connected
+        call = dp.stub.Persist()
+        try:
+            for seq, records in enumerate(first, 1):
+                await call.write(spb.PersistBatch(seq=seq, records=records))
+            assert [(x.seq, x.saved) for x in [await call.read() for _ in first]] == [(1, 3), (2, 2)]
+        finally:
+            call.cancel()
+        assert await dp.stored(a) == [0, 1, 2] and await dp.stored(b) == [0, 1]
+        assert seqs(await down.wait_count(3)) == [0, 1, 2]
+
+        again = dp.stub.Persist()
+        try:
+            await again.write(spb.PersistBatch(seq=1, records=first[0]))
+            await again.write(spb.PersistBatch(seq=2, records=first[1] + [persisted(a, 3, (1, 7))]))
+            assert [(x.seq, x.saved) for x in [await again.read() for _ in range(2)]] == [(1, 0), (2, 1)]
+        finally:
+            again.cancel()
+        assert await dp.stored(a) == [0, 1, 2, 3] and await dp.stored(b) == [0, 1]
+        await wait_until(lambda: taken(down.messages) == [0, 1, 2, 3], BOUND,
+                         lambda: f"a's forwards in order (have {seqs(down.messages)})")
+    assert (await dp.details()).get("persist_batches", 0) >= 4
+    await dp.stub.Clear(spb.ClearRequest(client_id=a))
+    await dp.stub.Clear(spb.ClearRequest(client_id=b))

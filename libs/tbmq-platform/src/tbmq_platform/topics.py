@@ -115,8 +115,9 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               "connector (after PUBLISH; marks after SUBSCRIBE / UNSUBSCRIBE and a CONNECT over a known session)",
               "router",
               retention_bytes=2 * GB, single_node_partitions=1),
-    TopicSpec(MSG_PERSISTED, "subscriber client id", "PersistedMsg", 12, "router",
-              "device-persistence", single_node_partitions=1),
+    TopicSpec(MSG_PERSISTED, "subscriber client id", "PersistedMsg", 12,
+              "router, only with ROUTER_PERSIST_VIA=kafka (by default the copies go over device-persistence's "
+              "gRPC Persist streams)", "device-persistence", single_node_partitions=1),
     TopicSpec(MSG_APP_PREFIX + "<client>", "MQTT topic", "PublishMsg (receiver copy)", 1, "router",
               "app-delivery (group app-delivery.c.<client>)"),
     TopicSpec(MSG_APP_SHARED_PREFIX + "<filter>", "MQTT topic", "PublishMsg (receiver copy)", 4, "router",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import zlib
 from collections.abc import Callable
 
 import grpc
@@ -22,6 +21,7 @@ from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, PEER_RETRY_INITIAL_S, PEER_RETRY_MAX_S, Backoff
 from tbmq_platform.metrics import grpc_client_interceptors
+from tbmq_platform.peers import pick_target
 from tbmq_platform.tracing import grpc_metadata
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,6 @@ ACK_DELAY_S = 0.030
 PUBREC_DELAY_S = 0.010
 ACK_BATCH_MAX = 2000
 ACK_MAX_CALLS = 4
-
-
-def pick_target(targets: tuple[str, ...], client_id: str) -> str:
-    """A client id is pinned to one app-delivery instance by a stable hash (CRC-32 of its UTF-8)."""
-    return targets[zlib.crc32(client_id.encode("utf-8")) % len(targets)]
 
 
 class AckRejected(Exception):

@@ -4,6 +4,8 @@ Every unary call continues the trace carried in its metadata (tbmq_platform.trac
 Bad arguments are INVALID_ARGUMENT; a Redis failure is UNAVAILABLE (the caller may retry: every call is
 idempotent except FetchUndelivered, whose repetition just re-attaches and re-reads).
 
+Persist (bidi, one per router): batches of stored copies, each answered once saved (service.persist).
+
 Forward (bidi, one per connector): registered in the ForwardRegistry by the service id of its first
 message; everything going down (ready, forward batches, ack replies) is written by ONE writer from the
 stream's byte-bounded queue. Acknowledgements coming up are applied in order with store.apply_acks
@@ -75,8 +77,9 @@ def _packet_id(request) -> int:
 
 
 class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
-    def __init__(self, store: DeviceMsgStore, registry: ForwardRegistry | None = None) -> None:
+    def __init__(self, store: DeviceMsgStore, registry: ForwardRegistry | None = None, persist=None) -> None:
         self.store = store
+        self._persist = persist  # async (records: list[bytes]) -> saved count (the service's persist)
         self.registry = registry if registry is not None else ForwardRegistry(16 * 1024 * 1024)
         self.calls: Counter = Counter()
 
@@ -158,6 +161,21 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
                                 f"forward queue above {self.registry.max_bytes} bytes: reopen and re-fetch")
         if reason is not EndReason.CLIENT_GONE:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"forward stream ended: {reason.value}")
+
+    async def Persist(self, request_iterator, context: grpc.aio.ServicerContext):
+        """One router's stored copies (the service's `persist`): each batch saved and forwarded in order, then
+        answered with its seq. A batch is never answered before it is in Redis; the router sends what is
+        unanswered again on its next stream (saved once: the origin check)."""
+        self.calls["Persist"] += 1
+        if self._persist is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this instance takes no Persist streams")
+        async for batch in request_iterator:
+            try:
+                stored = await self._persist(batch.records)
+            except RuntimeError as exc:  # stopping while Redis is unavailable
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            self.calls["persist_batches"] += 1
+            await context.write(spb.PersistAnswer(seq=batch.seq, saved=stored))
 
     async def _read_acks(self, requests, stream: ForwardStream) -> None:
         """Applies the acknowledgements coming up the stream, in order; ends the stream when the

@@ -1,5 +1,10 @@
-"""The device-persistence service: tbmq.msg.persisted -> Redis (lua/) -> forward streams of the attached
-connectors, plus the DevicePersistence gRPC API.
+"""The device-persistence service: the stored copies the routers routed -> Redis (lua/) -> forward streams
+of the attached connectors, plus the DevicePersistence gRPC API.
+
+The copies come over each router's `DevicePersistence.Persist` stream (the default, `ROUTER_PERSIST_VIA=grpc`;
+`persist`: each batch saved, forwarded and answered in order, under the batch lock below, and the router
+commits the tbmq.msg.all offsets a batch covers only after its answer), or through tbmq.msg.persisted
+(`ROUTER_PERSIST_VIA=kafka`), consumed as follows.
 
 Pipelined batches (consumer group `device-persistence`, key = client id so one client's records are in
 one partition, in order):
@@ -54,6 +59,19 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence")
 
 
+def _collect(pm, groups: dict, origins: dict) -> bool:
+    """Adds one PersistedMsg to its client's batch (and its tbmq.msg.all origin); True when it starts it."""
+    cid = pm.client_id
+    msgs = groups.get(cid)
+    new = msgs is None
+    if new:
+        msgs = groups[cid] = []
+        origins[cid] = []
+    origins[cid].append((pm.origin_partition, pm.origin_offset) if pm.HasField("origin_offset") else None)
+    msgs.append(pm.msg)
+    return new
+
+
 class _Revoke(ConsumerRebalanceListener):
     """Before partitions are taken away, the batch in progress finishes, the forward streams send what
     they queued, and everything saved is committed."""
@@ -79,7 +97,7 @@ class DevicePersistenceService(Service):
         self.s = settings
         self.store = DeviceMsgStore(settings.store_config())
         self.forwards = ForwardRegistry(settings.forward_queue_bytes, settings.instance_id)
-        self.servicer = DevicePersistenceServicer(self.store, self.forwards)
+        self.servicer = DevicePersistenceServicer(self.store, self.forwards, persist=self.persist)
         self.grpc_server = None
         self.grpc_port: int | None = None
         self.consumer = None
@@ -124,6 +142,10 @@ class DevicePersistenceService(Service):
         m.counter("stored_routed_again", "tbmq.msg.persisted records not stored again: their tbmq.msg.all origin "
                   "was stored before (the router routed it again after a crash)", lambda: store.routed_again)
         m.counter("persisted_records", "tbmq.msg.persisted records consumed", lambda: st["records"])
+        m.counter("persist_batches", "batches of the routers' Persist streams saved and answered",
+                  lambda: st["persist_batches"])
+        m.counter("persist_records", "stored copies received on the routers' Persist streams",
+                  lambda: st["persist_records"])
         m.counter("forwarded_messages", "stored messages forwarded to connectors on Forward streams",
                   lambda: fw["forwarded"])
         m.counters_by("forward_dropped", "forwards not sent (the messages stay in Redis)", fw, "reason",
@@ -204,27 +226,18 @@ class DevicePersistenceService(Service):
         for tp, recs in batches.items():
             for r in recs:
                 records += 1
-                try:
-                    pm = pb.PersistedMsg.FromString(r.value or b"")
-                except DecodeError:
-                    self.stats["bad_records"] += 1
-                    log.error("undecodable PersistedMsg at %s[%d]@%d: skipped", tp.topic, tp.partition, r.offset)
+                pm = self._decode(r.value, f"{tp.topic}[{tp.partition}]", r.offset)
+                if pm is None:
                     continue
                 cid = pm.client_id
-                msgs = groups.get(cid)
-                if msgs is None:
-                    msgs = groups[cid] = []
+                if _collect(pm, groups, origins):
                     sources[cid] = Source(tp.partition, [])
-                    origins[cid] = []
-                origins[cid].append((pm.origin_partition, pm.origin_offset)
-                                    if pm.HasField("origin_offset") else None)
                 src = sources[cid]
                 if src is not None:
                     if src.partition == tp.partition:
                         src.offsets.append(r.offset)
                     else:  # the key moved partition (the topic was resized): this batch is not deduplicated
                         sources[cid] = None
-                msgs.append(pm.msg)
         with tracer.start_as_current_span("device-persistence.save", attributes={
                 "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
             results = await self._save(groups, {c: s for c, s in sources.items() if s is not None}, origins)
@@ -240,6 +253,37 @@ class DevicePersistenceService(Service):
         self.stats["records"] += records
         log.debug("batch of %d records, %d clients in %.1f ms", records, len(groups),
                   (time.monotonic() - t0) * 1000)
+
+    async def persist(self, records) -> int:
+        """One batch of a router's Persist stream (its stored copies, PersistedMsg, in routing order): saved,
+        then queued on the forward streams, like a tbmq.msg.persisted batch and under the same lock (one save
+        at a time, so a client's messages are saved, and forwarded, in one order whichever stream brought
+        them). The origin check stores a copy sent again (a stream reopened, a router's replay) once.
+        Returns how many were stored; retries while Redis is down; raises when stopping meanwhile."""
+        groups: dict[str, list[pb.PublishMsg]] = {}
+        origins: dict[str, list[tuple[int, int] | None]] = {}
+        for value in records:
+            pm = self._decode(value, "a Persist stream", 0)
+            if pm is not None:
+                _collect(pm, groups, origins)
+        async with self._batch_lock:
+            with tracer.start_as_current_span("device-persistence.save", attributes={
+                    "messaging.batch.message_count": len(records), "tbmq.clients": len(groups)}):
+                results = await self._save(groups, {}, origins)
+                if results is None:
+                    raise RuntimeError("stopping while Redis is unavailable: the batch is not answered")
+                self.forwards.forward(group_by_service(results.values()))
+        self.stats["persist_records"] += len(records)
+        self.stats["persist_batches"] += 1
+        return sum(len(r.messages) for r in results.values())
+
+    def _decode(self, value: bytes | None, where: str, offset: int):
+        try:
+            return pb.PersistedMsg.FromString(value or b"")
+        except DecodeError:
+            self.stats["bad_records"] += 1
+            log.error("undecodable PersistedMsg from %s (offset %d): skipped", where, offset)
+            return None
 
     async def _save(self, groups, sources, origins=None):
         backoff = Backoff()
@@ -276,8 +320,7 @@ class DevicePersistenceService(Service):
                 continue
             lost = [m for m in await self.store.peek_last(cid, r.applied_before) if m.packet_id]
             if lost:
-                r.messages[:0] = lost
-                r.forwarded += len(lost)
+                r.again = lost
                 self.stats["forwarded_again"] += len(lost)
                 log.info("client %r: %d message(s) of a batch applied before forwarded again", cid, len(lost))
 

@@ -241,11 +241,15 @@ class SaveResult:
     forwarded: int = 0
     paused: bool = False  # the handed-out limit stopped forwarding: the client pages again
     applied_before: int = 0  # records of the batch found applied before (source or origin): not stored again
+    again: list[messages_pb2.DevicePublishMsg] = field(default_factory=list)  # stored before, forwarded again
 
     @property
     def forwards(self) -> list[messages_pb2.DevicePublishMsg]:
-        """The messages to forward to `attached` (handed out with packet ids), in order."""
-        return self.messages[:self.forwarded] if self.attached is not None else []
+        """The messages to forward to `attached` (handed out with packet ids), in order: those stored before and
+        forwarded again first (device_persistence.service), then the ones stored now."""
+        if self.attached is None:
+            return []
+        return self.again + self.messages[:self.forwarded] if self.again else self.messages[:self.forwarded]
 
 
 def hash_tag(client_id: str) -> str:

@@ -11,11 +11,14 @@ Batches: Faust's consumer normally hands every record to the agent as one event 
 an Event object and a queue round trip per record: most of the router's CPU). ``BatchConsumer``
 keeps Faust's fetcher, rebalancing, flow control and commit bookkeeping, but delivers the records of
 tbmq.msg.all fetched by one poll as ONE ``RecordBatch`` into the agent's stream; the agent routes the
-whole batch and produces its records through the aiokafka producer.
+whole batch and produces its records through the aiokafka producer, except the stored copies for
+persistent DEVICE clients, which go to device-persistence over Persist streams (``router.persist``;
+``ROUTER_PERSIST_VIA=kafka``: through tbmq.msg.persisted like the rest).
 
 Commit semantics: nothing is acked by the stream (``noack``); every record produced for a batch is
 sent without waiting, and a done-callback acks every offset of the batch only when Kafka acknowledged
-ALL of them (idempotent producer, acks=all). Faust commits, per partition, only the highest offset below
+ALL of them (idempotent producer, acks=all), and device-persistence answered every Persist batch holding
+one of its copies (saved in Redis). Faust commits, per partition, only the highest offset below
 which every offset was acked. A failed send stops the process (exit 70) without acking: the records
 are routed again by whoever owns the partition next (at-least-once). See docs/router.md.
 """
@@ -52,6 +55,7 @@ from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
 
 from .convert import OutRecord
+from .persist import PersistLink
 from .settings import Settings
 from .state import RoutingState
 
@@ -550,6 +554,7 @@ class RouterRuntime(Service):
         self.marked_batches = 0  # batches that waited for the barrier (a mark, or a new assignment)
         self.retention: RetentionWatch | None = None
         self.pipeline: Pipeline | None = None
+        self.persist: PersistLink | None = None
         self.exit_code = 0
         # spans cost ~5x the routing itself: only create them when they are exported
         self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
@@ -575,6 +580,8 @@ class RouterRuntime(Service):
             d["rebuilt_in_s"] = round(self.rebuilt_in, 3)
         if self.retention is not None:
             d.update(self.retention.stats)
+        if self.persist is not None:
+            d.update(self.persist.stats())
         return d
 
     async def on_start(self) -> None:
@@ -611,8 +618,10 @@ class RouterRuntime(Service):
                        "copy_dropped": "dropped_copies"})
         m.counter("subscription_marks", "subscription marks read on tbmq.msg.all (tbmq_platform.marks)",
                   lambda: c["marks"])
-        m.gauge("router_inflight", "routed messages waiting for Kafka's acknowledgement",
+        m.gauge("router_inflight", "routed messages waiting for Kafka's (or device-persistence's) acknowledgement",
                 lambda: self.pipeline.inflight if self.pipeline is not None else 0)
+        m.gauge("router_persist_unanswered", "Persist batches sent to device-persistence and not answered yet",
+                lambda: self.persist.stats()["persist_unanswered"] if self.persist is not None else 0)
 
         def consumers():
             # Faust's consumer -> its (in-loop) consumer thread -> the aiokafka consumer; none before start
@@ -624,6 +633,8 @@ class RouterRuntime(Service):
 
     async def on_stop(self) -> None:
         self.health.ready = False
+        if self.persist is not None:  # after the pipeline's drain (on_before_shutdown); unanswered = not committed
+            await self.persist.close()
         if self.retention is not None:
             await self.retention.close()
         if self.views is not None:
@@ -663,9 +674,17 @@ class RouterRuntime(Service):
         producer = app.producer.aiokafka_producer()
         partition = TopicPartitioner(producer.client.cluster)
         aio_send = producer.send
+        if self.settings.persist_via == "grpc":  # the stored copies over Persist streams (router.persist)
+            self.persist = PersistLink(self.settings.device_persistence_grpc_targets)
+            persist, persisted = self.persist.send, topics.MSG_PERSISTED
 
-        def send(topic: str, key: bytes, value: bytes, headers):
-            return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
+            def send(topic: str, key: bytes, value: bytes, headers):
+                if topic == persisted:
+                    return persist(key, value)
+                return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
+        else:
+            def send(topic: str, key: bytes, value: bytes, headers):
+                return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
 
         async def ensure(specs):
             await ensure_topics(self.settings.bootstrap, specs, layout=self.settings.topic_layout)

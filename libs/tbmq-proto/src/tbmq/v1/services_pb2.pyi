@@ -17,6 +17,22 @@ FORWARD_ACK_STATUS_APPLIED: ForwardAckStatus
 FORWARD_ACK_STATUS_INVALID_ARGUMENT: ForwardAckStatus
 FORWARD_ACK_STATUS_UNAVAILABLE: ForwardAckStatus
 
+class PersistBatch(_message.Message):
+    __slots__ = ("seq", "records")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    records: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, seq: _Optional[int] = ..., records: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PersistAnswer(_message.Message):
+    __slots__ = ("seq", "saved")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SAVED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    saved: int
+    def __init__(self, seq: _Optional[int] = ..., saved: _Optional[int] = ...) -> None: ...
+
 class FetchUndeliveredRequest(_message.Message):
     __slots__ = ("client_id", "service_id", "session_id", "resync", "after_serial", "max_messages", "max_bytes")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -73,6 +73,11 @@ class DevicePersistenceStub:
                 request_serializer=tbmq_dot_v1_dot_services__pb2.ForwardUp.SerializeToString,
                 response_deserializer=tbmq_dot_v1_dot_services__pb2.ForwardDown.FromString,
                 _registered_method=True)
+        self.Persist = channel.stream_stream(
+                '/tbmq.v1.DevicePersistence/Persist',
+                request_serializer=tbmq_dot_v1_dot_services__pb2.PersistBatch.SerializeToString,
+                response_deserializer=tbmq_dot_v1_dot_services__pb2.PersistAnswer.FromString,
+                _registered_method=True)
 
 
 class DevicePersistenceServicer:
@@ -148,6 +153,15 @@ class DevicePersistenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Persist(self, request_iterator, context):
+        """One long-lived stream per (router, device-persistence instance): the stored copies the router
+        routed, in batches (each record a serialized PersistedMsg, in routing order); every batch is
+        answered (same seq) once it is saved in Redis. Batches are applied in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DevicePersistenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +199,11 @@ def add_DevicePersistenceServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=tbmq_dot_v1_dot_services__pb2.ForwardUp.FromString,
                     response_serializer=tbmq_dot_v1_dot_services__pb2.ForwardDown.SerializeToString,
+            ),
+            'Persist': grpc.stream_stream_rpc_method_handler(
+                    servicer.Persist,
+                    request_deserializer=tbmq_dot_v1_dot_services__pb2.PersistBatch.FromString,
+                    response_serializer=tbmq_dot_v1_dot_services__pb2.PersistAnswer.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -380,6 +399,33 @@ class DevicePersistence:
             '/tbmq.v1.DevicePersistence/Forward',
             tbmq_dot_v1_dot_services__pb2.ForwardUp.SerializeToString,
             tbmq_dot_v1_dot_services__pb2.ForwardDown.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Persist(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tbmq.v1.DevicePersistence/Persist',
+            tbmq_dot_v1_dot_services__pb2.PersistBatch.SerializeToString,
+            tbmq_dot_v1_dot_services__pb2.PersistAnswer.FromString,
             options,
             channel_credentials,
             insecure,
