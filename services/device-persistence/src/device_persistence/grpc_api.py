@@ -174,7 +174,6 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
                 stored = await self._persist(batch.records)
             except RuntimeError as exc:  # stopping while Redis is unavailable
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            self.calls["persist_batches"] += 1
             await context.write(spb.PersistAnswer(seq=batch.seq, saved=stored))
 
     async def _read_acks(self, requests, stream: ForwardStream) -> None:

@@ -226,7 +226,7 @@ class DevicePersistenceService(Service):
         for tp, recs in batches.items():
             for r in recs:
                 records += 1
-                pm = self._decode(r.value, f"{tp.topic}[{tp.partition}]", r.offset)
+                pm = self._decode(r.value, tp, r.offset)
                 if pm is None:
                     continue
                 cid = pm.client_id
@@ -238,13 +238,10 @@ class DevicePersistenceService(Service):
                         src.offsets.append(r.offset)
                     else:  # the key moved partition (the topic was resized): this batch is not deduplicated
                         sources[cid] = None
-        with tracer.start_as_current_span("device-persistence.save", attributes={
-                "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
-            results = await self._save(groups, {c: s for c, s in sources.items() if s is not None}, origins)
-            if results is None:
-                return  # stopping while Redis is down: nothing committed, the batch is replayed
-            # queued on the connectors' streams, not awaited (forward.py)
-            self.forwards.forward(group_by_service(results.values()))
+        results = await self._save_and_forward(
+            records, groups, {c: s for c, s in sources.items() if s is not None}, origins)
+        if results is None:
+            return  # stopping while Redis is down: nothing committed, the batch is replayed
         # durable (saved): committed with the next ones (DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS), before a
         # rebalance and at stop
         for tp, recs in batches.items():
@@ -263,27 +260,40 @@ class DevicePersistenceService(Service):
         groups: dict[str, list[pb.PublishMsg]] = {}
         origins: dict[str, list[tuple[int, int] | None]] = {}
         for value in records:
-            pm = self._decode(value, "a Persist stream", 0)
+            pm = self._decode(value)
             if pm is not None:
                 _collect(pm, groups, origins)
         async with self._batch_lock:
-            with tracer.start_as_current_span("device-persistence.save", attributes={
-                    "messaging.batch.message_count": len(records), "tbmq.clients": len(groups)}):
-                results = await self._save(groups, {}, origins)
-                if results is None:
-                    raise RuntimeError("stopping while Redis is unavailable: the batch is not answered")
-                self.forwards.forward(group_by_service(results.values()))
+            results = await self._save_and_forward(len(records), groups, {}, origins)
+        if results is None:
+            raise RuntimeError("stopping while Redis is unavailable: the batch is not answered")
         self.stats["persist_records"] += len(records)
         self.stats["persist_batches"] += 1
         return sum(len(r.messages) for r in results.values())
 
-    def _decode(self, value: bytes | None, where: str, offset: int):
+    def _decode(self, value: bytes | None, tp=None, offset: int = 0):
+        """A PersistedMsg, or None (counted, logged with where it came from: a tbmq.msg.persisted record at
+        `tp`/`offset`, else a Persist stream) when it does not decode."""
         try:
             return pb.PersistedMsg.FromString(value or b"")
         except DecodeError:
             self.stats["bad_records"] += 1
-            log.error("undecodable PersistedMsg from %s (offset %d): skipped", where, offset)
+            if tp is None:
+                log.error("undecodable PersistedMsg on a Persist stream: skipped")
+            else:
+                log.error("undecodable PersistedMsg at %s[%d]@%d: skipped", tp.topic, tp.partition, offset)
             return None
+
+    async def _save_and_forward(self, records: int, groups, sources, origins):
+        """One batch of either input (the caller holds the batch lock): saved (`_save`), then its stored messages
+        queued on the connectors' Forward streams, not awaited (forward.py). None when stopping while Redis is
+        down (nothing saved for sure)."""
+        with tracer.start_as_current_span("device-persistence.save", attributes={
+                "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
+            results = await self._save(groups, sources, origins)
+            if results is not None:
+                self.forwards.forward(group_by_service(results.values()))
+            return results
 
     async def _save(self, groups, sources, origins=None):
         backoff = Backoff()
