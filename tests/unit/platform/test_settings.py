@@ -91,3 +91,17 @@ def test_static_membership_uses_the_instance_id_unless_switched_off():
                                  "TBMQ_KAFKA_STATIC_MEMBERSHIP": "false"}).group_instance_id is None
     with pytest.raises(SettingsError, match="TBMQ_KAFKA_STATIC_MEMBERSHIP"):
         load(CommonSettings, {"TBMQ_KAFKA_STATIC_MEMBERSHIP": "maybe"})
+
+
+def test_the_device_persistence_targets_are_one_setting_in_the_connector_and_the_router():
+    from connector.settings import ConnectorSettings
+    from router.settings import Settings as RouterSettings
+
+    environ = {"DEVICE_PERSISTENCE_GRPC_TARGETS": "dp-1:50061, dp-2:50061"}
+    for cls in (ConnectorSettings, RouterSettings):
+        assert load(cls, environ).device_persistence_grpc_targets == ("dp-1:50061", "dp-2:50061")
+        assert load(cls, {"DEVICE_PERSISTENCE_GRPC_TARGET": "dp-9:1"}).device_persistence_grpc_targets == \
+            ("dp-9:1",)
+        with pytest.raises(SettingsError) as err:  # an empty list would leave pick_target nothing to pick
+            load(cls, {"DEVICE_PERSISTENCE_GRPC_TARGETS": " , "})
+        assert err.value.problems == ["DEVICE_PERSISTENCE_GRPC_TARGETS=' , ': must name at least one host:port"]

@@ -101,6 +101,14 @@ def host_ports(raw: str) -> tuple[str, ...]:
     return items
 
 
+def targets(raw: str) -> tuple[str, ...]:
+    """A comma list of gRPC targets (host:port), at least one."""
+    items = host_ports(raw)
+    if not items:
+        raise ValueError("must name at least one host:port")
+    return items
+
+
 def fraction(raw: str) -> float:
     value = number(0)(raw)
     if not 0 < value <= 1:
@@ -127,6 +135,17 @@ def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
                doc=f"adaptive fetch window of {topic} (ms): under load a fetch waits up to this long so the "
                    "records of the window are handled as one batch; when quiet it returns at the first "
                    "record (0 = always at once); tbmq_platform.coalesce")
+
+
+def device_persistence_targets_env(use: str) -> Any:
+    """`DEVICE_PERSISTENCE_GRPC_TARGETS`, read by every service that reaches device-persistence (the connector
+    and the router). A client id picks one instance by its place in this list (tbmq_platform.peers.pick_target),
+    so the list must be the same, in the same order, in every one of them. `use` says what this service does
+    with it."""
+    return env("DEVICE_PERSISTENCE_GRPC_TARGETS", ("localhost:50061",), parse=targets,
+               fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
+               doc=f"device-persistence gRPC addresses (comma list, at least one; the same list in the same "
+                   f"order in every connector and router): {use}; when unset, DEVICE_PERSISTENCE_GRPC_TARGET")
 
 
 # --- loading --------------------------------------------------------------------------------------

@@ -13,13 +13,14 @@ from tbmq_platform.settings import (
     CommonSettings,
     boolean,
     choice,
+    device_persistence_targets_env,
     env,
     fetch_window_env,
-    host_ports,
     integer,
     number,
     port,
     port_or_off,
+    targets,
 )
 
 from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELAY_S
@@ -147,13 +148,10 @@ class ConnectorSettings(CommonSettings):
     connect_burst_per_ip: int = env(
         "MQTT_CONNECT_BURST_PER_IP", 1000, parse=integer(1),
         doc="connections one IP address may open at once before MQTT_CONNECT_RATE_PER_IP applies")
-    device_persistence_grpc_targets: tuple[str, ...] = env(
-        "DEVICE_PERSISTENCE_GRPC_TARGETS", ("localhost:50061",), parse=host_ports,
-        fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
-        doc="device-persistence gRPC addresses (comma list; one forward stream to each instance); when "
-            "unset, DEVICE_PERSISTENCE_GRPC_TARGET")
+    device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
+        "one forward stream to each instance; a client's stored messages are on the one its id picks")
     app_delivery_grpc_targets: tuple[str, ...] = env(
-        "APP_DELIVERY_GRPC_TARGETS", ("localhost:50062",), parse=host_ports,
+        "APP_DELIVERY_GRPC_TARGETS", ("localhost:50062",), parse=targets,
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
     stored_page_messages: int = env(
         "CONNECTOR_STORED_PAGE_MESSAGES", 2500, parse=integer(1, 65_534),
@@ -297,10 +295,6 @@ class ConnectorSettings(CommonSettings):
         problems.extend(self._listener_problems())
         if self.write_buffer_limit < self.write_buffer_high:
             problems.append("MQTT_WRITE_BUFFER_LIMIT must be >= MQTT_WRITE_BUFFER_HIGH")
-        if not self.app_delivery_grpc_targets:
-            problems.append("APP_DELIVERY_GRPC_TARGETS must name at least one target")
-        if not self.device_persistence_grpc_targets:
-            problems.append("DEVICE_PERSISTENCE_GRPC_TARGETS must name at least one target")
         return problems
 
 

@@ -6,8 +6,8 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (CommonSettings, choice, env, fetch_window_env, host_ports, integer, nonempty,
-                                   number, port)
+from tbmq_platform.settings import (CommonSettings, choice, device_persistence_targets_env, env, fetch_window_env,
+                                   integer, nonempty, number, port)
 
 
 def _default_data_dir() -> str:
@@ -59,11 +59,8 @@ class Settings(CommonSettings):
         doc="how the stored copies for persistent DEVICE clients reach device-persistence: grpc = its Persist "
             "streams (each batch answered once saved in Redis; docs/router.md), kafka = through "
             "tbmq.msg.persisted (one more Kafka hop per message)")
-    device_persistence_grpc_targets: tuple[str, ...] = env(
-        "DEVICE_PERSISTENCE_GRPC_TARGETS", ("localhost:50061",), parse=host_ports,
-        fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
-        doc="device-persistence gRPC addresses (comma list; ROUTER_PERSIST_VIA=grpc): a client's copies go to "
-            "one of them by a hash of its id; when unset, DEVICE_PERSISTENCE_GRPC_TARGET")
+    device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
+        "with ROUTER_PERSIST_VIA=grpc, a client's stored copies go to one of them, picked by its id")
 
     def validate(self):
         yield from super().validate()
