@@ -144,10 +144,11 @@ class SeqPublisher:
 
 class SeqSubscriber:
     """A persistent DEVICE/APPLICATION subscriber (3.1.1, clean_session=False, QoS `qos`) that can reconnect
-    (same client id, session kept) to another connector; collects the sequence numbers in arrival order."""
+    (same client id, session kept) to another connector; collects the sequence numbers in arrival order.
+    `clean`: a clean-session (live path) subscriber instead, which must stay connected."""
 
-    def __init__(self, client_id: str, topic: str, qos: int = 1) -> None:
-        self.client_id, self.topic, self.qos = client_id, topic, qos
+    def __init__(self, client_id: str, topic: str, qos: int = 1, *, clean: bool = False) -> None:
+        self.client_id, self.topic, self.qos, self.clean = client_id, topic, qos, clean
         self.client: Client | None = None
         self.port: int | None = None
         self._old: list = []  # messages of earlier connections
@@ -160,7 +161,7 @@ class SeqSubscriber:
     def _make(self) -> Client:
         """A new connection of the same session: like a real client keeping its session state, it takes over
         the QoS 2 messages of the previous connection that got PUBREC but not yet PUBREL."""
-        c = Client(self.client_id, v5=False, clean=False)
+        c = Client(self.client_id, v5=False, clean=self.clean)
         self._carrying = c.resume_session(self._previous) if self._previous is not None else 0
         return c
 
@@ -250,7 +251,7 @@ PHASE = 150  # messages per phase: before the kill, while the victim is down, af
 async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, client_prefix: str = "dev",
                          sub_offline_while_down: bool = False, sub_back_while_down: bool = False,
                          pairs: int = 1, fault=None, publishers: int = 1, qos: int = 1,
-                         window: int = 10) -> list[Verdict]:
+                         window: int = 10, clean_subscriber: bool = False) -> list[Verdict]:
     """Subscriber (persistent, QoS 1) on connector 1, publisher on connector 2; publish PHASE messages,
     SIGKILL `victim` once 2/3 of them are acknowledged (the rest are in flight or still to be sent), publish
     PHASE more while it is down, start it again, publish PHASE more; then every acknowledged number must
@@ -267,6 +268,9 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
     `publishers` publishers per subscriber (fan-in: order is checked per publisher), each with up to `window`
     messages unacknowledged, publishing and subscribing at `qos` (2: QoS 2 both ways).
 
+    `clean_subscriber`: the subscribers are clean-session clients (the live path,
+    tbmq.msg.downlink.basic) that stay connected on connector 1 throughout.
+
     `fault`: instead of the kill and the test's own restart, `await fault()` (e.g. a SIGKILL that the suite's
     supervisor must heal by itself, or a Kafka/Redis restart) at the same point; the third phase then runs
     once it returned."""
@@ -276,7 +280,7 @@ async def crash_scenario(suite, unique, victim: str, instance: int = 1, *, clien
     pubs: list[SeqPublisher] = []
     for i in range(pairs):
         topic = f"dur/{u}/{i}"
-        sub = SeqSubscriber(f"{u}-sub{i}" if pairs > 1 else f"{u}-sub", topic, qos)
+        sub = SeqSubscriber(f"{u}-sub{i}" if pairs > 1 else f"{u}-sub", topic, qos, clean=clean_subscriber)
         await run(sub.connect, ports[0])
         subs.append(sub)
         probe = Client(f"probe-{u}-{i}", v5=False)  # publisher/probe ids never match the APPLICATION pattern

@@ -47,3 +47,11 @@ async def test_durability_app_app_delivery_killed_subscriber_reconnects_meanwhil
     # stream is retried with backoff and must deliver everything once app-delivery is back
     await crash_scenario(healed, unique, "app-delivery", client_prefix="app", sub_offline_while_down=True,
                          sub_back_while_down=True)
+
+
+async def test_durability_app_qos2_router_killed_exactly_once(healed, unique):
+    # QoS 2 both ways, 3 publishers with 100 in flight each: the router's replay writes its uncommitted
+    # records' copies into tbmq.msg.app.<client> again, and app-delivery streams one copy per origin
+    # (tbmq_routing.origins); before, the replayed copies reached the client a second time
+    verdicts = await crash_scenario(healed, unique, "router", client_prefix="app", publishers=3, qos=2, window=100)
+    assert all(v.duplicates == 0 for v in verdicts), [v.summary() for v in verdicts]

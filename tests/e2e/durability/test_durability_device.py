@@ -5,7 +5,7 @@ one service." A 3.1.1 clean_session=False QoS 1 subscriber on connector 1, a QoS
 messages on connector 2; one service is SIGKILLed mid-stream and started again; every message whose PUBACK
 the publisher received must reach the subscriber (duplicates allowed, QoS 1), first occurrences in order
 (the design orders a persistent DEVICE client's messages by serial, and one topic is one tbmq.msg.all
-partition).
+partition). The last test holds a clean-session (live path) subscriber to the same promise.
 
 Run: .venv/bin/pytest tests/e2e/durability -q -rA -s
 """
@@ -79,3 +79,13 @@ async def test_durability_device_qos2_fan_in_wide_windows(healed, unique, victim
         # - the subscriber's connector: PUBREL goes out only once the PUBREC is stored, so a message the
         #   client completed is never owed again (tbmq_connection.machine); before, 20-37 of 450 came twice
         assert all(v.duplicates == 0 for v in verdicts), [v.summary() for v in verdicts]
+
+
+# The live path (clean-session subscriber, tbmq.msg.downlink.basic), QoS 2 both ways, the router SIGKILLed
+# with 3 x 100 messages in flight: what it routed but had not committed is routed again after its restart,
+# and the subscriber's connection takes one copy per tbmq.msg.all record (tbmq_connection.flow.OriginMarks;
+# before, the replayed copies reached the client a second time with new packet ids).
+async def test_durability_live_qos2_router_killed_exactly_once(healed, unique):
+    verdicts = await crash_scenario(healed, unique, "router", publishers=3, qos=2, window=100,
+                                    clean_subscriber=True)
+    assert all(v.duplicates == 0 for v in verdicts), [v.summary() for v in verdicts]

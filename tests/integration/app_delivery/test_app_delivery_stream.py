@@ -59,6 +59,32 @@ async def test_in_order_partial_ack_reopen_redelivers_with_dup(ad_suite, connect
     assert payload_ints(last) == [25] and not last[0].redelivery
 
 
+async def test_a_routers_replay_is_streamed_once_within_a_stream_and_across_streams(ad_suite, connector, producer,
+                                                                                  unique):
+    """A router that crashed writes the copies of its uncommitted tbmq.msg.all records again: each copy
+    names its origin, and app-delivery streams one per origin (tbmq_routing.origins), in one stream and in
+    the next one (the origins below the committed offset ride in its metadata)."""
+    client = cid(unique)
+
+    def copy(i: int) -> object:  # message i, routed from tbmq.msg.all partition 4 at offset 100 + i
+        return publish_msg(i, qos=2, origin_partition=4, origin_offset=100 + i)
+
+    # 0..9, the replay of 5..9, then 10
+    await producer.to_client(client, [copy(i) for i in range(10)] + [copy(i) for i in range(5, 10)] + [copy(10)])
+    st = connector.open(client, receive_maximum=100)
+    got = await st.take(11)
+    assert payload_ints(got) == list(range(11)), "a replayed copy was streamed again"
+    st.ack_many(got)
+    await wait_until(committed_up_to(ad_suite, client, 16), 20, "offset 16 committed (every ack arrived)")
+    await st.cancel()
+
+    # another replay, of copies taken by the stream before: the next stream skips them and starts at 11
+    await producer.to_client(client, [copy(i) for i in range(7, 11)] + [copy(11)])
+    st2 = connector.open(client, receive_maximum=100)
+    nxt = await st2.take(1)
+    assert payload_ints(nxt) == [11] and not nxt[0].redelivery
+
+
 async def test_receive_maximum_limits_outstanding(connector, producer, unique):
     client = cid(unique)
     await producer.to_client(client, [publish_msg(i) for i in range(30)])

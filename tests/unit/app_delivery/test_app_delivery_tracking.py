@@ -1,4 +1,4 @@
-"""Pure logic of app-delivery: acknowledged prefix, DUP marks, batch bounds, shared filters,
+"""Pure logic of app-delivery: acknowledged prefix, DUP marks, origins, batch bounds, shared filters,
 settings."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from app_delivery.settings import AppDeliverySettings, load_settings
-from app_delivery.tracking import (NO_MARK, AckTracker, BatchLimit, SharedFilters, decode_mark, encode_mark,
-                                   is_redelivery, needs_reservation, record_size)
+from app_delivery.tracking import (METADATA_MAX_CHARS, NO_MARK, AckTracker, BatchLimit, PartOrigins, SharedFilters,
+                                   decode_mark, decode_origins, encode_mark, is_redelivery, needs_reservation,
+                                   record_size)
 from tbmq_platform.settings import SettingsError
 
 pytestmark = pytest.mark.unit
@@ -95,6 +96,35 @@ def test_marks_round_trip_and_foreign_metadata():
     assert decode_mark(None) == NO_MARK
     assert decode_mark("dup:xyz") == NO_MARK
     assert decode_mark("something else") == NO_MARK
+
+
+def test_origins_ride_in_the_metadata_beside_the_mark():
+    meta = encode_mark(41, {3: 1000, 0: 7})
+    assert meta == "dup:41;o:0=7,3=1000"
+    assert decode_mark(meta) == 41 and decode_origins(meta) == {0: 7, 3: 1000}
+    assert encode_mark(41, {}) == "dup:41" and decode_origins("dup:41") == {}  # a mark of an older instance
+    assert decode_origins("") == {} and decode_origins(None) == {} and decode_origins("dup:1;o:x=1") == {}
+    # too many origin partitions for Kafka's metadata bound: the mark alone (never a refused commit)
+    many = {p: 10**15 for p in range(400)}
+    assert encode_mark(5, many) == "dup:5" and len(encode_mark(5, {p: 1 for p in range(10)})) < METADATA_MAX_CHARS
+
+
+def test_a_routers_replay_is_taken_once_and_the_commit_carries_what_was_taken():
+    o = PartOrigins()
+    # offsets 10.. of this partition; origins (tbmq.msg.all partition, offset)
+    assert o.first(10, 2, 500) and o.first(11, 2, 501) and o.first(12, 5, 90)
+    assert not o.first(13, 2, 500) and not o.first(14, 2, 501)  # the replay, after the originals
+    assert o.first(15, 2, 502)
+    assert o.at(12) == {2: 501}                  # commit point 12: records 10 and 11 are below it
+    assert o.at(16) == {2: 502, 5: 90}
+    # the next stream (another instance) starts from the committed metadata: the replay of what was
+    # taken before the commit is skipped, what comes after is not
+    nxt = PartOrigins(decode_origins(encode_mark(15, o.at(16))))
+    assert not nxt.first(16, 2, 501) and not nxt.first(17, 5, 90)
+    assert nxt.first(18, 2, 503) and nxt.first(19, 7, 0)
+    # origins another member committed meanwhile are merged in
+    nxt.merge({7: 40})
+    assert not nxt.first(20, 7, 40) and nxt.first(21, 7, 41)
 
 
 def test_redelivery_decision():

@@ -132,6 +132,31 @@ def test_qos2_inbound_exactly_once(level):
     assert len(c.take_effects(ProducePublish)) == 1
 
 
+def test_a_live_copy_a_routers_replay_brings_again_is_dropped():
+    """[MQTT-4.3.3-2] a QoS 2 message is delivered once: a router that crashed routes its uncommitted
+    records again, and their copies come after the first ones on the same downlink partition."""
+    c = Client(4)
+    c.connect()
+
+    def live(payload: bytes, origin) -> list:
+        c.call("deliver", msg(qos=2, payload=payload), 2, False, (), origin=origin)
+        return [p.payload for p in c.take()]
+
+    # (origin partition, downlink partition, origin offset, downlink offset)
+    assert live(b"a", (3, 0, 10, 100)) == [b"a"]
+    assert live(b"b", (3, 0, 11, 101)) == [b"b"]
+    assert live(b"a", (3, 0, 10, 102)) == [] and live(b"b", (3, 0, 11, 103)) == []  # the replay
+    assert live(b"c", (3, 0, 12, 104)) == [b"c"]  # what comes after the replay is new
+    assert c.m.stats["dropped_replayed"] == 2
+    # the same record may carry the client twice (its own subscriptions and a shared group): both go
+    assert live(b"c2", (3, 0, 12, 104)) == [b"c2"]
+    # marks are per (origin partition, downlink partition): lower offsets elsewhere are other messages
+    assert live(b"d", (4, 0, 5, 105)) == [b"d"] and live(b"e", (3, 1, 1, 7)) == [b"e"]
+    # a record of an older router (no origin) is always delivered
+    assert live(b"f", None) == [b"f"]
+    assert len(c.m.origins) == 3
+
+
 @pytest.mark.parametrize("level", [4, 5])
 def test_qos2_outbound_live_and_stored(level):
     c = Client(level)

@@ -188,6 +188,15 @@ def test_spliced_records_equal_the_serialized_messages():
     assert [r.key for r in recs] == [b"a/b", b"a/b", b"d1", b"d2", b""]
     # without the received bytes, msg is serialized here: same records
     assert [r.value for r in plan_records(msg, plan, b"a/b")] == expected
+    # with the origin: every BasicDownlink and PersistedMsg names it (one copy per origin downstream)
+    with_origin = plan_records(msg, plan, b"a/b", msg.SerializeToString(), origin=(7, 123456789))
+    for r in with_origin:
+        cls = pb.BasicDownlink if r.topic != topics.MSG_PERSISTED else pb.PersistedMsg
+        v = cls.FromString(r.value)
+        assert (v.origin_partition, v.origin_offset) == (7, 123456789)
+        v.ClearField("origin_partition")
+        v.ClearField("origin_offset")
+        assert v.SerializeToString() == expected[with_origin.index(r)]
 
 
 async def test_the_pinned_faust_has_the_internals_the_batch_consumer_uses():

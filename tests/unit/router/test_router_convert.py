@@ -190,3 +190,22 @@ def test_downlink_values_split_in_order_and_keep_a_message_near_the_bound():
     one = downlink_values(msg_field, ds[:2])
     assert one == [pb.BasicDownlink(msg=pb.PublishMsg(topic="t/x"), recipients=[
         pb.Recipient(client_id="c0", qos=1), pb.Recipient(client_id="c1", qos=1)]).SerializeToString()]
+
+
+def test_downlink_values_keep_one_clients_recipients_in_one_record_and_the_origin_in_each():
+    from router.convert import origin_fields
+    from tbmq_routing.rules import Delivery
+
+    # c3 has its own copy and one from a shared group, far apart in the plan's order
+    ds = [Delivery(f"c{i}", 1, False, ()) for i in range(8)] + [Delivery("c3", 2, False, (), "g", "t/#")]
+    msg_field = pb.BasicDownlink(msg=pb.PublishMsg(topic="t/x")).SerializeToString()
+    tail = origin_fields(3, 41)
+    values = downlink_values(msg_field, ds, max_bytes=len(msg_field) + len(tail) + 30, tail=tail)
+    assert len(values) > 2
+    decoded = [pb.BasicDownlink.FromString(v) for v in values]
+    assert all((d.origin_partition, d.origin_offset) == (3, 41) for d in decoded)
+    holding_c3 = [i for i, d in enumerate(decoded) if any(r.client_id == "c3" for r in d.recipients)]
+    assert len(holding_c3) == 1 and [r.qos for r in decoded[holding_c3[0]].recipients if r.client_id == "c3"] \
+        == [1, 2]
+    got = sorted((r.client_id, r.qos) for d in decoded for r in d.recipients)
+    assert got == sorted((d.client_id, d.qos) for d in ds)  # every recipient exactly once

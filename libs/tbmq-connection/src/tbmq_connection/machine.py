@@ -68,6 +68,7 @@ from tbmq_mqtt import (
 )
 from tbmq_auth import AuthRequest, AuthResult, Authorizer, Identity
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
+from tbmq_routing.origins import OriginMarks
 from tbmq_routing.wills import will_delay_seconds
 
 from .connect import ConnectRefused, plan_connect
@@ -220,6 +221,7 @@ class ConnectionMachine:
         self.acks: deque[ProducePublish] = deque()
         self.aliases = InboundAliases(config.topic_alias_maximum)
         self.out = OutboundWindow(min(config.max_inflight, 65535), config.max_queued, config.max_queued_bytes)
+        self.origins = OriginMarks()     # live deliveries: one copy per tbmq.msg.all record
         self.client_max_packet = None
         self.out_aliases: OutboundAliases | None = None   # v5 client with Topic Alias Maximum > 0
         self.problem_info = True         # v5 Request Problem Information (0: Reason Strings only on CONNACK/DISCONNECT)
@@ -456,9 +458,16 @@ class ConnectionMachine:
     # ------------------------------------------------------------------------------------ deliveries
     def deliver(self, msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids, now: int, *,
                 kind: int = LIVE, fixed_id: int | None = None, ref=None, dup: bool = False,
-                pubrel_only: bool = False) -> deque:
-        """One message for the client (a live delivery unless `kind` says otherwise)."""
+                pubrel_only: bool = False, origin: tuple[int, int, int, int] | None = None) -> deque:
+        """One message for the client (a live delivery unless `kind` says otherwise).
+
+        `origin` (live deliveries): (origin partition, downlink partition, origin offset, downlink offset)
+        of the BasicDownlink that brought it; a copy a router's replay brought again is dropped
+        (tbmq_routing.origins.OriginMarks)."""
         if self.state != CONNECTED:
+            return self.effects
+        if origin is not None and not self.origins.first(*origin):
+            self.stats["dropped_replayed"] += 1
             return self.effects
         if pubrel_only:
             self.out.offer(OutMsg(2, kind, None, fixed_id, True, ref), force=True)

@@ -8,6 +8,7 @@ Pure Python, no I/O, no dependencies. Modules:
 * ``tbmq_routing.naming``  -- ``app_topic_name``, ``shared_app_topic_name``, ``shared_store_id``,
   ``app_client_group``, ``app_shared_group``
 * ``tbmq_routing.expiry``  -- the message expiry rule (``expired``, ``forwarded_interval``, ``store_ttl_ms``)
+* ``tbmq_routing.origins`` -- ``OriginMarks``: one copy per tbmq.msg.all record (a router's replay dropped)
 * ``python -m tbmq_routing.bench`` -- trie benchmark
 """
 

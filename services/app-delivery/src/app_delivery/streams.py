@@ -14,7 +14,8 @@ lock per batch; a stream whose AppOpen did not ask for batches gets the same rec
 The window is taken and the records counted outstanding with nothing awaited in between, so no more than
 the window is ever unacknowledged. Acks come up as AppAck or AppAckBatch; both apply alike.
 
-Offsets: see tracking.py (acknowledged prefix; DUP mark reserved in the commit metadata before streaming).
+Offsets: see tracking.py (acknowledged prefix; DUP mark reserved in the commit metadata before streaming;
+the origins taken, so that a router's replay is not streamed twice).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from tbmq_routing import expiry
 from tbmq_routing.naming import app_client_group, app_shared_group
 
 from .settings import AppDeliverySettings
-from .tracking import (NO_MARK, AckTracker, BatchLimit, SharedFilters, decode_mark, encode_mark, is_redelivery,
-                       needs_reservation, record_size)
+from .tracking import (NO_MARK, AckTracker, BatchLimit, PartOrigins, SharedFilters, decode_mark, decode_origins,
+                       encode_mark, is_redelivery, needs_reservation, record_size)
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("app_delivery")
@@ -66,6 +67,7 @@ class PartState:
     reserved: int                   # DUP mark committed so far (>= prev_mark)
     committed: int | None           # offset last committed (by us) or found at assignment
     tracker: AckTracker = field(default_factory=AckTracker)
+    origins: PartOrigins = field(default_factory=PartOrigins)  # one copy per tbmq.msg.all record
 
     def point(self) -> int | None:
         p = self.tracker.commit_point()
@@ -186,9 +188,16 @@ class Source:
                 i += 1
                 offset = record.offset
                 rec = out.add()
-                if not self.prepare(record, rec.msg):
+                msg = rec.msg
+                if not self.prepare(record, msg):
                     del out[-1]
                     tracker.skipped(offset)
+                    continue
+                if msg.HasField("origin_offset") and not part.origins.first(offset, msg.origin_partition,
+                                                                            msg.origin_offset):
+                    del out[-1]  # a router's replay of a copy already taken
+                    tracker.skipped(offset)
+                    session.replayed += 1
                     continue
                 limit.take(size)
                 ref = rec.ref
@@ -242,7 +251,8 @@ class ClientSource(Source):
         if found is not None:
             self.consumer.seek(self.tp, found.offset)
             mark = decode_mark(found.metadata)
-            self.parts[self.tp] = PartState(self.tp, mark, mark, found.offset)
+            self.parts[self.tp] = PartState(self.tp, mark, mark, found.offset,
+                                            origins=PartOrigins(decode_origins(found.metadata)))
         else:
             await self.consumer.seek_to_beginning(self.tp)
             self.parts[self.tp] = PartState(self.tp, NO_MARK, NO_MARK, None)
@@ -272,7 +282,7 @@ class ClientSource(Source):
             if current is not None and (part.committed is None or current.offset > part.committed):
                 raise OffsetsReset(f"committed offset of {self.group} moved to {current.offset} by someone "
                                    f"else (ours {part.committed}); not committing {point}")
-            await self.consumer.commit({part.tp: OffsetAndMetadata(point, encode_mark(mark))})
+            await self.consumer.commit({part.tp: OffsetAndMetadata(point, encode_mark(mark, part.origins.at(point)))})
             part.committed, part.reserved = point, mark
 
     async def reserve(self, part: PartState, first: int, last: int) -> bool:
@@ -367,12 +377,13 @@ class SharedSource(Source):
                 # nobody moved it since we let it go: keep streaming after what we already sent
                 if mark > old.reserved:  # another member streamed it meanwhile
                     old.prev_mark = old.reserved = mark
+                old.origins.merge(decode_origins(c.metadata))
                 self.parts[tp] = old
                 consumer.seek(tp, old.tracker.last_seen + 1)
                 continue
             if c is not None:
                 consumer.seek(tp, c.offset)
-                self.parts[tp] = PartState(tp, mark, mark, c.offset)
+                self.parts[tp] = PartState(tp, mark, mark, c.offset, origins=PartOrigins(decode_origins(c.metadata)))
             else:
                 self.parts[tp] = PartState(tp, NO_MARK, NO_MARK, None)
         log.info("%s: %s assigned %s", self.session.client_id, self.group,
@@ -401,8 +412,8 @@ class SharedSource(Source):
                 offsets[part.tp] = (part, point, mark)
             if not offsets or self.consumer is None:
                 return
-            await self.consumer.commit({tp: OffsetAndMetadata(point, encode_mark(mark))
-                                        for tp, (_, point, mark) in offsets.items()})
+            await self.consumer.commit({tp: OffsetAndMetadata(point, encode_mark(mark, part.origins.at(point)))
+                                        for tp, (part, point, mark) in offsets.items()})
             for part, point, mark in offsets.values():
                 part.committed, part.reserved = point, mark
 
@@ -466,6 +477,7 @@ class StreamSession:
         self.sent = 0
         self.acked = 0
         self.expired = 0
+        self.replayed = 0  # copies a router's replay wrote again, not streamed (tbmq_routing.origins)
 
     # -- window and writes --------------------------------------------------------------------------
     async def acquire(self) -> int:
@@ -590,8 +602,9 @@ class StreamSession:
             log.exception("%s: final commit failed; unacknowledged records will be redelivered", self.client_id)
         for src in self.sources:
             await src.stop()
-        log.info("%s: stream closed (%s): %d sent, %d acked, %d outstanding, %d expired dropped",
-                 self.client_id, self.close_reason, self.sent, self.acked, len(self.outstanding), self.expired)
+        log.info("%s: stream closed (%s): %d sent, %d acked, %d outstanding, %d expired dropped, %d replayed "
+                 "copies skipped", self.client_id, self.close_reason, self.sent, self.acked, len(self.outstanding),
+                 self.expired, self.replayed)
         if self.on_closed is not None:
             self.on_closed(self)
 

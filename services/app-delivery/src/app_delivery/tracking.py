@@ -8,6 +8,11 @@
   scheme crash-safe: a record streamed before a crash is always at or below a mark already in Kafka.
   The price is over-flagging: records of a reserved batch that were never streamed also carry DUP=1
   after a crash or disconnect (DUP is "may have been sent before", so this is allowed).
+* Origins: a router that crashed writes its uncommitted records' copies again; every copy names its
+  tbmq.msg.all origin (``PublishMsg.origin_*``) and a partition streams one copy per origin
+  (``PartOrigins``, the rule of tbmq_routing.origins). The highest origin offset per origin partition below
+  the committed offset goes into the same metadata, so the next stream (another instance, another member)
+  knows what was taken before it.
 * Batches: one downstream message carries at most the free window slots (so never more than
   ``receive_maximum`` records are unacknowledged) and about ``max_bytes`` (``BatchLimit``).
 * Shared subscriptions: QoS cap at the member's granted QoS; the record's MQTT topic must match one of
@@ -19,10 +24,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from tbmq_routing.origins import OriginMarks
 from tbmq_routing.trie import Subscription, SubscriptionTrie
 
 METADATA_PREFIX = "dup:"
+ORIGINS_PREFIX = ";o:"
 NO_MARK = -1
+# Kafka refuses an offset commit whose metadata is over offset.metadata.max.bytes (4,096 by default): past
+# this the origins are left out (a replay may then be streamed again, as before; never a refused commit)
+METADATA_MAX_CHARS = 4000
 
 
 class AckTracker:
@@ -90,9 +100,15 @@ class AckTracker:
 
 # ------------------------------------------------------------------------------------------ DUP marks
 
-def encode_mark(mark: int) -> str:
-    """Committed-offset metadata carrying the highest offset that may have been streamed."""
-    return f"{METADATA_PREFIX}{mark}"
+def encode_mark(mark: int, origins: dict[int, int] | None = None) -> str:
+    """Committed-offset metadata: the highest offset that may have been streamed, and the highest origin
+    offset per tbmq.msg.all partition of the records below the committed offset."""
+    text = f"{METADATA_PREFIX}{mark}"
+    if origins:
+        full = text + ORIGINS_PREFIX + ",".join(f"{p}={o}" for p, o in sorted(origins.items()))
+        if len(full) <= METADATA_MAX_CHARS:
+            return full
+    return text
 
 
 def decode_mark(metadata: str | None) -> int:
@@ -100,9 +116,60 @@ def decode_mark(metadata: str | None) -> int:
     if not metadata or not metadata.startswith(METADATA_PREFIX):
         return NO_MARK
     try:
-        return int(metadata[len(METADATA_PREFIX):])
+        return int(metadata[len(METADATA_PREFIX):].partition(ORIGINS_PREFIX)[0])
     except ValueError:
         return NO_MARK
+
+
+def decode_origins(metadata: str | None) -> dict[int, int]:
+    """The origins written by `encode_mark`; {} when there are none or they cannot be read (nothing is
+    then taken for a replay: at worst a duplicate, never a loss)."""
+    if not metadata or not metadata.startswith(METADATA_PREFIX) or ORIGINS_PREFIX not in metadata:
+        return {}
+    out: dict[int, int] = {}
+    try:
+        for item in metadata.partition(ORIGINS_PREFIX)[2].split(","):
+            p, _, o = item.partition("=")
+            out[int(p)] = int(o)
+    except ValueError:
+        return {}
+    return out
+
+
+class PartOrigins:
+    """One copy per origin for the records of one partition (tbmq_routing.origins): `first(offset,
+    origin partition, origin offset)` is False for a replayed copy, which is then skipped; `at(point)` the
+    origins to commit with `point` (every taken record below it folded in). `committed`: from the metadata
+    found at assignment."""
+
+    __slots__ = ("committed", "_marks", "_pending")
+
+    def __init__(self, committed: dict[int, int] | None = None) -> None:
+        self.committed: dict[int, int] = {}
+        self._marks = OriginMarks()
+        self._pending: deque[tuple[int, int, int]] = deque()  # (offset, origin partition, origin offset)
+        self.merge(committed or {})
+
+    def merge(self, origins: dict[int, int]) -> None:
+        """Origins taken elsewhere (another member committed them): their copies are replays here too."""
+        for p, o in origins.items():
+            self._marks.seed(p, 0, o)
+            if o > self.committed.get(p, -1):
+                self.committed[p] = o
+
+    def first(self, offset: int, origin_partition: int, origin_offset: int) -> bool:
+        if not self._marks.first(origin_partition, 0, origin_offset, offset):
+            return False
+        self._pending.append((offset, origin_partition, origin_offset))
+        return True
+
+    def at(self, point: int) -> dict[int, int]:
+        pending, committed = self._pending, self.committed
+        while pending and pending[0][0] < point:
+            _, p, o = pending.popleft()
+            if o > committed.get(p, -1):
+                committed[p] = o
+        return committed
 
 
 def is_redelivery(offset: int, mark: int) -> bool:

@@ -224,9 +224,10 @@ class Connection(asyncio.Protocol):
         self._drain()
 
     # ---------------------------------------------------------------------------------- inputs from the service
-    def deliver(self, msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids) -> None:
-        """A live delivery (tbmq.msg.downlink.basic)."""
-        self.m.deliver(msg, qos, retain, subscription_ids, _now_ms())
+    def deliver(self, msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids,
+                origin: tuple[int, int, int, int] | None = None) -> None:
+        """A live delivery (tbmq.msg.downlink.basic), with the record's origin (ConnectionMachine.deliver)."""
+        self.m.deliver(msg, qos, retain, subscription_ids, _now_ms(), origin=origin)
         self._drain()
 
     def on_persisted(self, dm: pb.DevicePublishMsg) -> None:

@@ -638,13 +638,16 @@ class ConnectorService(Service):
 
     def _on_basic(self, record) -> None:
         dl = pb.BasicDownlink.FromString(record.value)
+        # one copy per origin and connection: a router's replay is dropped (tbmq_connection.flow.OriginMarks)
+        origin = (dl.origin_partition, record.partition, dl.origin_offset, record.offset) \
+            if dl.HasField("origin_offset") else None
         if self.spans:
             with span_from_kafka(tracer, "mqtt.deliver", record.headers):
-                self._deliver_basic(dl)
+                self._deliver_basic(dl, origin)
         else:
-            self._deliver_basic(dl)
+            self._deliver_basic(dl, origin)
 
-    def _deliver_basic(self, dl) -> None:
+    def _deliver_basic(self, dl, origin: tuple[int, int, int, int] | None) -> None:
         by_client = self.by_client
         msg = dl.msg
         for r in dl.recipients:
@@ -652,7 +655,7 @@ class ConnectorService(Service):
             if conn is None:
                 self.stats["dropped_not_connected"] += 1
             elif subscribed_to(conn.subs, msg.topic):
-                conn.deliver(msg, r.qos, r.retain, r.subscription_ids)
+                conn.deliver(msg, r.qos, r.retain, r.subscription_ids, origin)
             else:  # routed before an UNSUBSCRIBE whose UNSUBACK is sent [MQTT-3.10.4-2]
                 self.stats["dropped_unsubscribed"] += 1
 

@@ -129,7 +129,8 @@ _TAG_4_VARINT = b"\x20"  # field 4, wire type 0
 
 
 def origin_fields(partition: int, offset: int) -> bytes:
-    """PersistedMsg's origin_partition and origin_offset (fields 3 and 4), appended to a spliced value."""
+    """The origin_partition and origin_offset (fields 3 and 4) of PersistedMsg and of BasicDownlink,
+    appended to a spliced value."""
     return _TAG_3_VARINT + varint(partition) + _TAG_4_VARINT + varint(offset)
 
 
@@ -153,39 +154,51 @@ def _recipient_field(client_id: str, qos: int, retain: bool, subscription_ids) -
 DOWNLINK_RECORD_MAX_BYTES = 256 * 1024
 
 
-def downlink_values(msg_field: bytes, deliveries, max_bytes: int = DOWNLINK_RECORD_MAX_BYTES) -> list[bytes]:
+def downlink_values(msg_field: bytes, deliveries, max_bytes: int = DOWNLINK_RECORD_MAX_BYTES,
+                    tail: bytes = b"") -> list[bytes]:
     """The BasicDownlink values carrying ``deliveries``: ``msg_field`` (field 1: tag, length, the publisher's
-    PublishMsg bytes) followed by one ``recipients`` field per delivery. Protobuf messages are concatenations
-    of their fields, so the publisher's copy is serialized once per message, not once per connector (same
-    bytes as ``BasicDownlink(msg=..., recipients=...).SerializeToString()``). One value when it fits in
-    ``max_bytes``, else the recipients split in order over several, each at most ``max_bytes`` or the
-    message plus one recipient: every recipient is in exactly one value."""
+    PublishMsg bytes) followed by one ``recipients`` field per delivery, then ``tail`` (the origin fields).
+    Protobuf messages are concatenations of their fields, so the publisher's copy is serialized once per
+    message, not once per connector (same bytes as ``BasicDownlink(msg=..., recipients=...,
+    origin_...).SerializeToString()``). One value when it fits in ``max_bytes``, else the recipients split
+    in order over several, each at most ``max_bytes`` or the message plus one client's recipients: every
+    recipient is in exactly one value, and the recipients of one client (its own subscriptions' copy and
+    those of shared groups that picked it) are in the same one, because a connection takes one copy per
+    origin and downlink record (connector: OriginMarks)."""
     if len(deliveries) == 1:
         d = deliveries[0]
-        return [msg_field + _recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids)]
+        return [msg_field + _recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids) + tail]
     fields = [_recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids) for d in deliveries]
-    if len(msg_field) + sum(map(len, fields)) <= max_bytes:
-        return [msg_field + b"".join(fields)]
+    if len(msg_field) + sum(map(len, fields)) + len(tail) <= max_bytes:
+        return [msg_field + b"".join(fields) + tail]
+    by_client: dict[str, list[bytes]] = {}  # first-seen order; a client's copies kept together
+    for d, f in zip(deliveries, fields):
+        by_client.setdefault(d.client_id, []).append(f)
     values: list[bytes] = []
     parts: list[bytes] = [msg_field]
-    size = len(msg_field)
-    for f in fields:
-        if len(parts) > 1 and size + len(f) > max_bytes:
-            values.append(b"".join(parts))
-            parts, size = [msg_field], len(msg_field)
-        parts.append(f)
-        size += len(f)
-    values.append(b"".join(parts))
+    size = len(msg_field) + len(tail)
+    for group in by_client.values():
+        n = sum(map(len, group))
+        if len(parts) > 1 and size + n > max_bytes:
+            values.append(b"".join(parts) + tail)
+            parts, size = [msg_field], len(msg_field) + len(tail)
+        parts.extend(group)
+        size += n
+    values.append(b"".join(parts) + tail)
     return values
 
 
-def receiver_copy(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids) -> pb.PublishMsg:
+def receiver_copy(msg: pb.PublishMsg, qos: int, retain: bool, subscription_ids,
+                  origin: tuple[int, int] | None = None) -> pb.PublishMsg:
+    """The copy a receiver gets; `origin` (APPLICATION topics): the tbmq.msg.all (partition, offset)."""
     copy = pb.PublishMsg()
     copy.CopyFrom(msg)
     copy.qos = qos
     copy.retain = retain
     del copy.subscription_ids[:]
     copy.subscription_ids.extend(subscription_ids)
+    if origin is not None:
+        copy.origin_partition, copy.origin_offset = origin
     return copy
 
 
@@ -196,22 +209,24 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
     ``msg_bytes``: ``msg`` as received (serialized PublishMsg), spliced into every BasicDownlink
     instead of serializing ``msg`` again; serialized here when not given.
     ``origin``: the tbmq.msg.all (partition, offset) the message was read from, written into every
-    PersistedMsg (``origin_partition``, ``origin_offset``): device-persistence stores a client's copy once
-    per origin, so routing the same record again after a crash stores nothing twice.
+    PersistedMsg, BasicDownlink and APPLICATION copy (``origin_partition``, ``origin_offset``):
+    device-persistence stores a client's copy once per origin, and a connection and app-delivery deliver one
+    copy per origin (tbmq_routing.origins), so routing the same record again after a crash neither stores
+    nor delivers anything twice.
     """
     key = topic_key if topic_key is not None else msg.topic.encode("utf-8")
     out: list[OutRecord] = []
+    tail = origin_fields(*origin) if origin is not None else b""
     if plan.live:
         if msg_bytes is None:
             msg_bytes = msg.SerializeToString()
         msg_field = _TAG_1_LEN + varint(len(msg_bytes)) + msg_bytes
         for service_id, deliveries in plan.live.items():
             name, spec = _downlink(service_id)
-            for value in downlink_values(msg_field, deliveries):
+            for value in downlink_values(msg_field, deliveries, tail=tail):
                 out.append(OutRecord(name, key, value, spec))
     if plan.persisted:
         copies: dict[tuple, bytes] = {}  # receiver copy (with its field tag) per (qos, retain, ids)
-        tail = origin_fields(*origin) if origin is not None else b""
         for d in plan.persisted:
             ck = (d.qos, d.retain, d.subscription_ids)
             field = copies.get(ck)
@@ -223,10 +238,10 @@ def plan_records(msg: pb.PublishMsg, plan: RoutingPlan, topic_key: bytes | None 
             value = (_TAG_1_LEN + varint(len(cid)) + cid if cid else b"") + field + tail
             out.append(OutRecord(topics.MSG_PERSISTED, cid, value))
     for a in plan.app:
-        out.append(OutRecord(a.topic, key, receiver_copy(msg, a.qos, a.retain, a.subscription_ids)
+        out.append(OutRecord(a.topic, key, receiver_copy(msg, a.qos, a.retain, a.subscription_ids, origin)
                              .SerializeToString(), _cached_spec(_app_specs, a.client_id, topics.app_topic)))
     for s in plan.shared_app:
-        out.append(OutRecord(s.topic, key, receiver_copy(msg, s.qos, s.retain, s.subscription_ids)
+        out.append(OutRecord(s.topic, key, receiver_copy(msg, s.qos, s.retain, s.subscription_ids, origin)
                              .SerializeToString(),
                              _cached_spec(_shared_specs, s.topic_filter, topics.shared_app_topic)))
     return out

@@ -82,7 +82,7 @@ class UserProperty(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class PublishMsg(_message.Message):
-    __slots__ = ("publisher_id", "topic", "payload", "qos", "retain", "user_properties", "payload_format_indicator", "content_type", "response_topic", "correlation_data", "message_expiry_interval", "subscription_ids", "created_at_ms", "publisher_mqtt_version", "publisher_service_id")
+    __slots__ = ("publisher_id", "topic", "payload", "qos", "retain", "user_properties", "payload_format_indicator", "content_type", "response_topic", "correlation_data", "message_expiry_interval", "subscription_ids", "created_at_ms", "publisher_mqtt_version", "publisher_service_id", "origin_partition", "origin_offset")
     PUBLISHER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,8 @@ class PublishMsg(_message.Message):
     CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_MQTT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     publisher_id: str
     topic: str
     payload: bytes
@@ -113,7 +115,9 @@ class PublishMsg(_message.Message):
     created_at_ms: int
     publisher_mqtt_version: int
     publisher_service_id: str
-    def __init__(self, publisher_id: _Optional[str] = ..., topic: _Optional[str] = ..., payload: _Optional[bytes] = ..., qos: _Optional[int] = ..., retain: _Optional[bool] = ..., user_properties: _Optional[_Iterable[_Union[UserProperty, _Mapping]]] = ..., payload_format_indicator: _Optional[int] = ..., content_type: _Optional[str] = ..., response_topic: _Optional[str] = ..., correlation_data: _Optional[bytes] = ..., message_expiry_interval: _Optional[int] = ..., subscription_ids: _Optional[_Iterable[int]] = ..., created_at_ms: _Optional[int] = ..., publisher_mqtt_version: _Optional[int] = ..., publisher_service_id: _Optional[str] = ...) -> None: ...
+    origin_partition: int
+    origin_offset: int
+    def __init__(self, publisher_id: _Optional[str] = ..., topic: _Optional[str] = ..., payload: _Optional[bytes] = ..., qos: _Optional[int] = ..., retain: _Optional[bool] = ..., user_properties: _Optional[_Iterable[_Union[UserProperty, _Mapping]]] = ..., payload_format_indicator: _Optional[int] = ..., content_type: _Optional[str] = ..., response_topic: _Optional[str] = ..., correlation_data: _Optional[bytes] = ..., message_expiry_interval: _Optional[int] = ..., subscription_ids: _Optional[_Iterable[int]] = ..., created_at_ms: _Optional[int] = ..., publisher_mqtt_version: _Optional[int] = ..., publisher_service_id: _Optional[str] = ..., origin_partition: _Optional[int] = ..., origin_offset: _Optional[int] = ...) -> None: ...
 
 class Recipient(_message.Message):
     __slots__ = ("client_id", "qos", "retain", "subscription_ids")
@@ -128,12 +132,16 @@ class Recipient(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., qos: _Optional[int] = ..., retain: _Optional[bool] = ..., subscription_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BasicDownlink(_message.Message):
-    __slots__ = ("msg", "recipients")
+    __slots__ = ("msg", "recipients", "origin_partition", "origin_offset")
     MSG_FIELD_NUMBER: _ClassVar[int]
     RECIPIENTS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     msg: PublishMsg
     recipients: _containers.RepeatedCompositeFieldContainer[Recipient]
-    def __init__(self, msg: _Optional[_Union[PublishMsg, _Mapping]] = ..., recipients: _Optional[_Iterable[_Union[Recipient, _Mapping]]] = ...) -> None: ...
+    origin_partition: int
+    origin_offset: int
+    def __init__(self, msg: _Optional[_Union[PublishMsg, _Mapping]] = ..., recipients: _Optional[_Iterable[_Union[Recipient, _Mapping]]] = ..., origin_partition: _Optional[int] = ..., origin_offset: _Optional[int] = ...) -> None: ...
 
 class PersistedMsg(_message.Message):
     __slots__ = ("client_id", "msg", "origin_partition", "origin_offset")
