@@ -8,7 +8,7 @@ import sys
 import pytest
 from tbmq_platform.settings import SettingsError
 
-from device_persistence.settings import BYTES_LIMIT_VAR, LIMIT_VAR, TTL_VAR, Settings, load_settings
+from device_persistence.settings import BYTES_LIMIT_VAR, LIMIT_VAR, TTL_VAR, DevicePersistenceSettings, load_settings
 from device_persistence.store import Attachment
 
 pytestmark = pytest.mark.unit
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 def test_defaults():
     s = load_settings({})
-    assert isinstance(s, Settings)
+    assert isinstance(s, DevicePersistenceSettings)
     assert (s.service_name, s.instance_id, s.health_port, s.grpc_port) == (
         "device-persistence", "device-persistence-1", 8087, 50061)
     assert s.redis_url == "redis://localhost:6380/0" and s.redis_cluster_nodes == ()

@@ -95,7 +95,7 @@ def test_static_membership_uses_the_instance_id_unless_switched_off():
 
 def test_the_device_persistence_targets_are_one_setting_in_the_connector_and_the_router():
     from connector.settings import ConnectorSettings
-    from router.settings import Settings as RouterSettings
+    from router.settings import RouterSettings
 
     environ = {"DEVICE_PERSISTENCE_GRPC_TARGETS": "dp-1:50061, dp-2:50061"}
     for cls in (ConnectorSettings, RouterSettings):

@@ -10,7 +10,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 
 from router.app import Pipeline, create_app
-from router.settings import Settings
+from router.settings import RouterSettings
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +126,7 @@ async def test_topics_with_spec_are_created_once():
 
 @pytest.mark.parametrize("spans", [False, True])
 async def test_agent_routes_records_and_acks(tmp_path, spans):
-    app, runtime = create_app(Settings(data_dir=str(tmp_path), trace_spans=spans))
+    app, runtime = create_app(RouterSettings(data_dir=str(tmp_path), trace_spans=spans))
     kafka = FakeKafka()
     runtime.pipeline = Pipeline(kafka.send, kafka.ensure, 100, lambda e: None)
     st = runtime.routing

@@ -17,7 +17,7 @@ from tbmq_routing.rules import Delivery, RoutingPlan
 from router.app import Pipeline, RecordBatch, TopicPartitioner, create_app
 from tbmq_platform.kafka import KeyPartitioner
 from router.convert import plan_records, receiver_copy
-from router.settings import Settings
+from router.settings import RouterSettings
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +52,7 @@ def _publish(topic: str, **kw) -> bytes:
 
 @pytest.fixture
 def router(tmp_path):
-    app, runtime = create_app(Settings(data_dir=str(tmp_path)))
+    app, runtime = create_app(RouterSettings(data_dir=str(tmp_path)))
     app.flow_control.resume()  # as after a rebalance
     app.topics._acking_topics.add(topics.MSG_ALL)  # as once the agent's stream subscribed (acks on)
     kafka = FakeKafka()
@@ -201,10 +201,10 @@ def test_spliced_records_equal_the_serialized_messages():
 
 async def test_the_pinned_faust_has_the_internals_the_batch_consumer_uses():
     from router.app import check_faust_internals
-    from router.settings import Settings
+    from router.settings import RouterSettings
     from tbmq_platform.settings import load
 
-    app, _runtime = create_app(load(Settings, {}))
+    app, _runtime = create_app(load(RouterSettings, {}))
     check_faust_internals(app.consumer)  # raises when an upgrade moved one of them
 
 
@@ -226,10 +226,10 @@ def test_a_changed_faust_stops_the_router_with_a_message(monkeypatch):
 
 async def test_the_consumer_runs_on_the_worker_loop_when_asked():
     from router.app import InLoopConsumerThread
-    from router.settings import Settings
+    from router.settings import RouterSettings
     from tbmq_platform.settings import load
 
-    app, _runtime = create_app(load(Settings, {}))
+    app, _runtime = create_app(load(RouterSettings, {}))
     thread = app.consumer._thread
     assert type(thread) is InLoopConsumerThread
     assert thread.thread_loop is thread.parent_loop is asyncio.get_running_loop()
@@ -239,7 +239,7 @@ async def test_the_consumer_runs_on_the_worker_loop_when_asked():
 
     assert await thread.call_thread(coro, 1) == 2
     assert await thread.call_thread(lambda x: x * 3, 2) == 6  # mode's method queue takes sync calls too
-    app2, _ = create_app(load(Settings, {"ROUTER_CONSUMER_IN_LOOP": "false"}))
+    app2, _ = create_app(load(RouterSettings, {"ROUTER_CONSUMER_IN_LOOP": "false"}))
     assert type(app2.consumer._thread) is not InLoopConsumerThread
 
 

@@ -52,7 +52,7 @@ from tbmq_platform.topics import MSG_PERSISTED, spec
 
 from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
-from .settings import Settings
+from .settings import DevicePersistenceSettings
 from .store import DeviceMsgStore, Source
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class _Revoke(ConsumerRebalanceListener):
 class DevicePersistenceService(Service):
     name = "device-persistence"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: DevicePersistenceSettings) -> None:
         super().__init__(settings)
         self.s = settings
         self.store = DeviceMsgStore(settings.store_config())

@@ -26,7 +26,7 @@ BYTES_LIMIT_VAR = "MQTT_PERSISTENT_SESSION_DEVICE_PERSISTED_BYTES_LIMIT"
 
 
 @dataclass(frozen=True)
-class Settings(CommonSettings):
+class DevicePersistenceSettings(CommonSettings):
     service_name: str = "device-persistence"
     health_port: int = env("HEALTH_PORT", 8087, parse=port, doc="health/readiness HTTP port (0 = any)")
 
@@ -95,9 +95,9 @@ class Settings(CommonSettings):
                            connect_timeout_s=self.redis_socket_timeout_ms / 2000)
 
 
-def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> Settings:
-    return load(Settings, environ, **overrides)
+def load_settings(environ: Mapping[str, str] | None = None, **overrides) -> DevicePersistenceSettings:
+    return load(DevicePersistenceSettings, environ, **overrides)
 
 
-def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> Settings:
-    return load_or_exit(Settings, environ)
+def load_settings_or_exit(environ: Mapping[str, str] | None = None) -> DevicePersistenceSettings:
+    return load_or_exit(DevicePersistenceSettings, environ)

@@ -21,7 +21,7 @@ from tbmq_platform.settings import load_or_exit
 from tbmq_platform.telemetry import configure_telemetry
 
 from .app import RouterRuntime, create_app
-from .settings import Settings
+from .settings import RouterSettings
 
 log = logging.getLogger("router")
 
@@ -43,7 +43,7 @@ class RouterWorker(faust.Worker):
 
 
 def main() -> None:
-    settings = load_or_exit(Settings)
+    settings = load_or_exit(RouterSettings)
     configure_logging(settings.service_name, settings.log_format, settings.log_level)
     configure_telemetry(settings.service_name, settings.instance_id, settings.otlp_endpoint)
     configure_security(settings.kafka_security)  # the router's own aiokafka clients; Faust: create_app

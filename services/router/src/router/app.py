@@ -56,7 +56,7 @@ from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
 
 from .convert import OutRecord
 from .persist import PersistLink
-from .settings import Settings
+from .settings import RouterSettings
 from .state import RoutingState
 
 log = logging.getLogger("router")
@@ -539,7 +539,7 @@ def has_mark(records: dict) -> bool:
 class RouterRuntime(Service):
     """State views + health endpoint; started by the Worker BEFORE the Faust app."""
 
-    def __init__(self, settings: Settings, app: faust.App, state: RoutingState | None = None, **kw):
+    def __init__(self, settings: RouterSettings, app: faust.App, state: RoutingState | None = None, **kw):
         super().__init__(**kw)
         self.settings = settings
         self.app = app
@@ -829,7 +829,7 @@ def faust_credentials(security) -> dict:
     return {}
 
 
-def create_app(settings: Settings, state: RoutingState | None = None) -> tuple[faust.App, RouterRuntime]:
+def create_app(settings: RouterSettings, state: RoutingState | None = None) -> tuple[faust.App, RouterRuntime]:
     check_faust_internals()
     app = RouterApp(
         settings.group_id,

@@ -15,7 +15,7 @@ def _default_data_dir() -> str:
 
 
 @dataclass(frozen=True)
-class Settings(CommonSettings):
+class RouterSettings(CommonSettings):
     service_name: str = "router"
     health_port: int = env("HEALTH_PORT", 8082, parse=port, doc="health/readiness HTTP port (0 = any)")
 

@@ -6,11 +6,11 @@ from tbmq_platform.lifecycle import run
 from tbmq_platform.settings import load_or_exit
 
 from .service import SessionRegistry
-from .settings import Settings
+from .settings import SessionRegistrySettings
 
 
 def main() -> None:
-    settings = load_or_exit(Settings)
+    settings = load_or_exit(SessionRegistrySettings)
     run(settings, SessionRegistry)
 
 

@@ -50,7 +50,7 @@ from tbmq_routing.wills import publish_records
 from . import logic
 from .device import ClearFailed, DeviceClearer
 from .liveness import Liveness
-from .settings import Settings
+from .settings import SessionRegistrySettings
 from .state import Batch, SessionStore
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class _Listener(ConsumerRebalanceListener):
 class SessionRegistry(Service):
     name = "session-registry"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: SessionRegistrySettings) -> None:
         super().__init__(settings)
         self.s = settings
         self.rules = logic.Rules.from_settings(settings)

@@ -21,7 +21,7 @@ def _regex(raw: str) -> str:
 
 
 @dataclass(frozen=True)
-class Settings(CommonSettings):
+class SessionRegistrySettings(CommonSettings):
     service_name: str = "session-registry"
     health_port: int = env("HEALTH_PORT", 8086, parse=port, doc="health/readiness HTTP port (0 = any)")
 
