@@ -83,7 +83,7 @@ async def test_durability_device_qos2_fan_in_wide_windows(healed, unique, victim
 
 # The live path (clean-session subscriber, tbmq.msg.downlink.basic), QoS 2 both ways, the router SIGKILLed
 # with 3 x 100 messages in flight: what it routed but had not committed is routed again after its restart,
-# and the subscriber's connection takes one copy per tbmq.msg.all record (tbmq_connection.flow.OriginMarks;
+# and the subscriber's connection takes one copy per tbmq.msg.all record (tbmq_routing.origins.OriginMarks;
 # before, the replayed copies reached the client a second time with new packet ids).
 async def test_durability_live_qos2_router_killed_exactly_once(healed, unique):
     verdicts = await crash_scenario(healed, unique, "router", publishers=3, qos=2, window=100,

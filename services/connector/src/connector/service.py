@@ -638,7 +638,7 @@ class ConnectorService(Service):
 
     def _on_basic(self, record) -> None:
         dl = pb.BasicDownlink.FromString(record.value)
-        # one copy per origin and connection: a router's replay is dropped (tbmq_connection.flow.OriginMarks)
+        # one copy per origin and connection: a router's replay is dropped (tbmq_routing.origins.OriginMarks)
         origin = (dl.origin_partition, record.partition, dl.origin_offset, record.offset) \
             if dl.HasField("origin_offset") else None
         if self.spans:

@@ -164,7 +164,7 @@ def downlink_values(msg_field: bytes, deliveries, max_bytes: int = DOWNLINK_RECO
     in order over several, each at most ``max_bytes`` or the message plus one client's recipients: every
     recipient is in exactly one value, and the recipients of one client (its own subscriptions' copy and
     those of shared groups that picked it) are in the same one, because a connection takes one copy per
-    origin and downlink record (connector: OriginMarks)."""
+    origin and downlink record (tbmq_routing.origins.OriginMarks)."""
     if len(deliveries) == 1:
         d = deliveries[0]
         return [msg_field + _recipient_field(d.client_id, d.qos, d.retain, d.subscription_ids) + tail]
