@@ -66,7 +66,8 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes | None:
     return buf
 
 
-def _cpu_s() -> float:
+def process_cpu_s() -> float:
+    """This process's CPU time so far (user + system, every thread), seconds."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -85,7 +86,7 @@ def exchange_us(rounds: int = 7, repeat: int = 2000) -> tuple[float, float]:
             c = socket.create_connection(addr)
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while (m := _recv_exactly(c, len(MSG))) is not None:
-                c.sendall(b"%-64.9f" % _cpu_s() if m == ASK else MSG)
+                c.sendall(b"%-64.9f" % process_cpu_s() if m == ASK else MSG)
         finally:
             os._exit(0)
     a = None
@@ -95,7 +96,7 @@ def exchange_us(rounds: int = 7, repeat: int = 2000) -> tuple[float, float]:
 
         def cpu_both() -> float:
             a.sendall(ASK)
-            return _cpu_s() + float(_recv_exactly(a, len(MSG)))
+            return process_cpu_s() + float(_recv_exactly(a, len(MSG)))
 
         best = (float("inf"), float("inf"))
         for _ in range(rounds):

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import psutil
 
+from .calibrate import process_cpu_s
 from .stats import percentile
 
 CLIENTS = ("aiokafka", "librdkafka")
@@ -55,11 +55,6 @@ KEYS = [f"bench/kc/{i}".encode() for i in range(100)]
 
 
 # ------------------------------------------------------------------------------------------- child side
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 class _AioClient:
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -256,9 +251,9 @@ async def _child(client: str, bootstrap: str, rate: float, seconds: float, warm:
     await run_for(warm)
     print("measure", flush=True)
     measuring[0] = True
-    req0, cpu0, t0 = getattr(c, "requests", 0), _cpu_s(), time.monotonic()
+    req0, cpu0, t0 = getattr(c, "requests", 0), process_cpu_s(), time.monotonic()
     sent = await run_for(seconds)
-    cpu1, t1 = _cpu_s(), time.monotonic()
+    cpu1, t1 = process_cpu_s(), time.monotonic()
     await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 30)
     measuring[0] = False
     await c.stop()

@@ -1,31 +1,31 @@
 """CPU per exchange between two processes, by rate: a gRPC stream round trip (one message written, one answer
 read, as the router's Persist stream and device-persistence's Forward stream do) against the same round trip
-over a plain asyncio TCP connection, and, with no exchange at all, a fixed piece of Python work (a dict of 300
-entries built) timed alone (`time.thread_time` around it) after the same pauses. A measurement tool
+over a plain asyncio TCP connection, and, with no exchange at all, a small fixed piece of Python work (a dict
+of 300 entries built, about 40 µs) timed alone (`time.thread_time` around it) after the same pauses. A measurement tool
 (docs/performance.md, "The fifteenth round"), not a test: it asserts nothing.
 
     .venv/bin/python scripts/exchange_cost.py [round trips per step] [rate ...]
 
-Rates are round trips (or pieces of work) per second; 0 = back to back. Default: 300 round trips at 0, 1000, 200 and 70 per second.
-The client runs here, the server in a spawned process, both on uvloop; each side's CPU (user + system, every
-thread) is read with getrusage around the step. The message is a PersistBatch of 14 records of 150 bytes (what
-a router batch carries at 1,000 msg/s in the bench's p2p load); the answer a PersistAnswer."""
+Rates are round trips (or pieces of work) per second; 0 = back to back. Default: 300 round trips at 0, 1000,
+200 and 70 per second. The client runs here, the server in a spawned process, both on uvloop; each side's CPU
+(user + system, every thread) is read with getrusage around the step. The message is a PersistBatch of 14
+records of 150 bytes (what a router batch carries at 1,000 msg/s in the bench's p2p load); the answer a
+PersistAnswer."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import resource
 import struct
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.calibrate import process_cpu_s  # noqa: E402
 
 RECORDS = [b"x" * 150] * 14
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _serve(kind: str, conn) -> None:
@@ -64,7 +64,7 @@ def _serve(kind: str, conn) -> None:
             cmd = await loop.run_in_executor(None, conn.recv)
             if cmd == "stop":
                 return
-            conn.send(_cpu())
+            conn.send(process_cpu_s())
 
     uvloop.run(main())
 
@@ -97,12 +97,12 @@ async def _client(kind: str, port: int, n: int, rates: list[float], server) -> l
     out = []
     for rate in rates:
         server.send("cpu")
-        s0, c0 = server.recv(), _cpu()
+        s0, c0 = server.recv(), process_cpu_s()
         for i in range(n):
             await round_trip(i)
             if rate:
                 await asyncio.sleep(1 / rate)
-        c1 = _cpu()
+        c1 = process_cpu_s()
         server.send("cpu")
         s1 = server.recv()
         out.append((rate, (c1 - c0) / n * 1e6, (s1 - s0) / n * 1e6))
@@ -134,6 +134,10 @@ async def _alone(n: int, rates: list[float]) -> list[float]:
     return out
 
 
+def _label(rate: float) -> str:
+    return "back2back" if not rate else f"{rate:g}"
+
+
 def main() -> None:
     import uvloop
 
@@ -148,13 +152,11 @@ def main() -> None:
         proc.start()
         port = here.recv()
         for rate, client, server in uvloop.run(_client(kind, port, n, rates, here)):
-            label = "back2back" if not rate else f"{rate:g}"
-            print(f"{kind:10s} {label:>8s} {client:8.0f} {server:8.0f} {client + server:8.0f}", flush=True)
+            print(f"{kind:10s} {_label(rate):>8s} {client:8.0f} {server:8.0f} {client + server:8.0f}", flush=True)
         here.send("stop")
         proc.join(10)
     for rate, us in zip(rates, uvloop.run(_alone(n, rates))):
-        label = "back2back" if not rate else f"{rate:g}"
-        print(f"{'work':10s} {label:>8s} {us:8.0f} {'-':>8s} {us:8.0f}", flush=True)
+        print(f"{'work':10s} {_label(rate):>8s} {us:8.0f} {'-':>8s} {us:8.0f}", flush=True)
 
 
 if __name__ == "__main__":
