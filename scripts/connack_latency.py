@@ -1,6 +1,10 @@
 """CONNACK latency of persistent and clean reconnects with paho-mqtt: median, p99 and max in ms over -n
 reconnects of one client id, MQTT 3.1.1 and 5.0 (persistent: clean session 0 / clean start 0 with Session
-Expiry Interval 600, after one connection that subscribed; a 0.2 s pause between reconnects).
+Expiry Interval 600, after one connection that subscribed; a 0.2 s pause between reconnects), after an
+untimed pass of --warmup reconnects of each kind. The first few dozen reconnects after Kafka started run on
+its cold paths (most likely its JIT: the transaction requests a reconnect costs are not compiled yet) and take
+about twice as long; without the warm-up the first row measured them and the others did not
+(docs/performance.md, "The sixteenth round").
 
     .venv/bin/python -m tbmq_launcher run            # another terminal
     .venv/bin/python scripts/connack_latency.py --port 1883 -n 40
@@ -53,21 +57,33 @@ def one(cid, v5, persistent, port, subscribe=False):
     return dt, got["sp"]
 
 
+def rows(v5, persistent, port, n):
+    """`n` timed reconnects of a new client id (after one connection that subscribed): (ms each, session
+    present each)."""
+    cid = f"connack-{uuid.uuid4().hex[:8]}"
+    one(cid, v5, persistent, port, subscribe=True)
+    xs, sp = [], []
+    for _ in range(n):
+        dt, present = one(cid, v5, persistent, port)
+        xs.append(dt)
+        sp.append(present)
+        time.sleep(0.2)
+    return xs, sp
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=1883)
     ap.add_argument("-n", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=40, help="untimed reconnects of each kind first (0: none)")
     a = ap.parse_args()
+    if a.warmup:
+        for v5 in (False, True):
+            for persistent in (True, False):
+                rows(v5, persistent, a.port, a.warmup)
     for v5 in (False, True):
         for persistent in (True, False):
-            cid = f"connack-{uuid.uuid4().hex[:8]}"
-            one(cid, v5, persistent, a.port, subscribe=True)
-            xs, sp = [], []
-            for _ in range(a.n):
-                dt, present = one(cid, v5, persistent, a.port)
-                xs.append(dt)
-                sp.append(present)
-                time.sleep(0.2)
+            xs, sp = rows(v5, persistent, a.port, a.n)
             xs.sort()
             p99 = xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
             print(f"{'5.0' if v5 else '3.1.1'} {'persistent' if persistent else 'clean':10s} n={len(xs)} "
