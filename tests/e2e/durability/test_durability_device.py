@@ -13,7 +13,8 @@ Run: .venv/bin/pytest tests/e2e/durability -q -rA -s
 from __future__ import annotations
 
 import pytest
-from durability_helpers import crash_scenario
+from durability_helpers import SeqPublisher, SeqSubscriber, crash_scenario, verdict
+from mqtt_clients import Client, routed, run, wait_until
 
 # slow: ~5-17 s per test here, but each one kills and restarts a service (consumer-group rebalances) and the
 # folder needs its own suite: ~3 min in all, more on a loaded machine
@@ -61,6 +62,54 @@ async def test_durability_device_router_killed_subscriber_offline(healed, unique
     # the subscriber is offline while the router dies and restarts (its uncommitted messages are routed
     # again, into the store); it comes back after the restart
     await crash_scenario(healed, unique, "router", sub_offline_while_down=True)
+
+
+BACKLOG = 10_000  # stored for the offline subscriber: its drain takes about a second here (paho)
+
+
+@pytest.mark.parametrize("victim", ["device-persistence", "connector"])
+async def test_durability_device_backlog_drain_killed_midway(healed, unique, victim):
+    # a backlog stored for an offline subscriber is drained when it comes back: device-persistence streams
+    # each page in parts as it reads them (FetchUndeliveredParts) while the connector delivers the parts
+    # before; `victim` is SIGKILLed once the first stored messages arrived (mid-drain) and started again.
+    # device-persistence: the connector's page ends where the stream broke and the rest is fetched once it is
+    # back (the connection stays up); the subscriber's connector: the client reconnects to the other one.
+    # Every acknowledged message must arrive, first occurrences in order.
+    u = unique("dev")
+    ports = healed.mqtt_ports
+    sub = SeqSubscriber(f"{u}-sub", f"dur/{u}/backlog")
+    await run(sub.connect, ports[0])
+    probe = Client(f"probe-{u}", v5=False)
+    await run(probe.connect, ports[1])
+    await routed(probe, sub.client, sub.topic, 1, timeout=90)
+    await run(probe.close)
+    await run(sub.go_offline)
+    pub = SeqPublisher(f"pub-{u}", sub.topic, ports, ports[1], window=100)
+    try:
+        await run(pub.start)
+        pub.target = BACKLOG
+        await wait_until(lambda: pub.done or pub.error is not None, 300, "the backlog published")
+        assert pub.error is None, f"publisher thread failed: {pub.error!r}"
+        await run(sub.reconnect, [ports[0]])
+        await wait_until(lambda: sub.seqs(), 60, "the first stored message")
+        rc = await healed.kill_service(victim, 1)
+        assert rc == -9, f"{victim}-1 exit code {rc}"
+        at_kill = len(set(sub.seqs()))
+        if victim == "connector":
+            await wait_until(lambda: sub.client.disconnected is not None, 30, "subscriber disconnect")
+            await run(sub.reconnect, [ports[1]])
+        await healed.start_service(victim, 1)
+        await wait_until(lambda: pub.acked <= set(sub.seqs()), 180, "the whole backlog at the subscriber")
+    finally:
+        pub.stop()
+        await run(sub.close)
+    v = verdict(pub, sub)
+    print(f"\n[{victim}-1 killed mid-drain] {v.summary()} at_kill={at_kill} reconnects={sub.reconnects}")
+    assert at_kill < BACKLOG, f"the drain was over before the kill ({at_kill} of {BACKLOG})"
+    assert len(pub.acked) == BACKLOG
+    assert not v.missing, f"acknowledged messages lost: {v.summary()}"
+    assert not v.out_of_order, f"order broken: {v.summary()}"
+    assert all(sub.session_present[1:]), f"session not present on reconnect: {sub.session_present}"
 
 
 # Fan-in with larger windows, QoS 2 both ways (issue 15, deliverable 6): three publishers, each with up to

@@ -189,6 +189,43 @@ async def test_fetch_attach_forward_ack_pubrec_clear(dp):
     assert await dp.stored(cid) == []
 
 
+async def test_fetch_in_parts_answers_the_page_as_it_is_read(dp):
+    """FetchUndeliveredParts answers FetchUndelivered's page in parts of at most the store's script call (500
+    messages), `more` on every part but the last, whose `more` is the page's; the same messages, serials and
+    packet ids as the whole page; a re-sync of a session the client is no longer attached to is one
+    not_attached part."""
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    conn = await dp.fake_connector()
+    await dp.publish(cid, range(1200))
+    await dp.wait_stored(cid, lambda got: len(got) == 1200)
+
+    def req(session: str = "s1", **kw) -> spb.FetchUndeliveredRequest:
+        return spb.FetchUndeliveredRequest(client_id=cid, service_id=conn, session_id=session, **kw)
+
+    async def parts(request) -> list[spb.FetchUndeliveredResponse]:
+        return [p async for p in dp.stub.FetchUndeliveredParts(request)]
+
+    page = await parts(req(max_messages=1100))  # attaches s1
+    assert [(len(p.messages), p.more) for p in page] == [(500, True), (500, True), (100, True)]
+    got = [m for p in page for m in p.messages]
+    assert seqs(got) == list(range(1100))
+    assert [d.serial for d in got] == list(range(1, 1101))
+    assert [d.packet_id for d in got] == list(range(1, 1101))
+    assert not any(d.redelivery for d in got)
+    rest = await parts(req(resync=True, after_serial=1100))
+    assert [(len(p.messages), p.more) for p in rest] == [(100, False)]
+    assert seqs(rest[0].messages) == list(range(1100, 1200))
+
+    whole = await dp.stub.FetchUndelivered(req(resync=True))  # re-sent: same packet ids, redelivery set
+    again = [m for p in await parts(req(resync=True)) for m in p.messages]
+    assert len(again) == 1200 and list(whole.messages) == again and all(d.redelivery for d in again)
+
+    await dp.stub.FetchUndelivered(req("s2", max_messages=1))  # a newer session attaches
+    stale = await parts(req(resync=True))
+    assert len(stale) == 1 and stale[0].not_attached and not stale[0].messages
+    assert (await dp.stub.Clear(spb.ClearRequest(client_id=cid))).removed == 1200
+
+
 async def test_acknowledgements_up_the_forward_stream(dp):
     """Acknowledgement batches sent up a Forward stream are applied like AcknowledgeMany and answered
     with the same seq; a bad packet id is refused (nothing applied) and the stream goes on."""

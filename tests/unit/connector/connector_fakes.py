@@ -37,7 +37,7 @@ class FakeDevice:
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
         answer = await fut
         del self.answers[client_id]  # the next fetch waits for its own answer
-        return answer
+        yield answer  # the page in one part (grpc_clients.DevicePersistenceClient.fetch: parts as read)
 
     def answer(self, client_id, messages, more=False) -> None:
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())

@@ -17,9 +17,11 @@ interface (`port.ConnectionPort`). The session rules live in the machine; this m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from functools import partial
 
 import grpc
@@ -572,68 +574,88 @@ class Connection(asyncio.Protocol):
     #    serial order.
     async def _fetch_and_feed(self, e: FetchStored) -> None:
         m = self.m
-        page = await self._fetch(e)
-        if page is None or not m.fetch_wanted(e):
+        parts = 0
+        more = False
+        count = 0
+        async with contextlib.aclosing(self._fetch(e)) as answer:
+            async for stored, more in answer:
+                parts += 1
+                if not m.fetch_wanted(e):
+                    break
+                count += len(stored)
+                # Each part is given as it comes (device-persistence reads the next one meanwhile), one window
+                # at a time, each written in one go, yielding to the loop in between (the client's PUBACKs of
+                # the first window are handled while the rest is converted). Forwards arriving meanwhile are
+                # still held: they follow the answer, in order.
+                step = max(m.out.window, 64)
+                for i in range(0, len(stored), step):
+                    if i:
+                        await asyncio.sleep(0)
+                    if m.state != CONNECTED:
+                        return
+                    m.stored(e, stored[i:i + step], _now_ms())
+                    self._drain()
+        if not parts or not m.fetch_wanted(e):
             m.fetch_abandoned(e, _now_ms())
             self._drain()
             return
-        stored, more = page
-        if stored and e.group and not e.resync:
-            log.info("client %r: %d stored messages of shared group store %r", m.client_id, len(stored),
-                     e.store_id)
-        # A backlog is queued one window at a time, each written in one go, yielding to the loop in between
-        # (the client's PUBACKs of the first window are handled while the rest is converted). Forwards
-        # arriving meanwhile are still held: they follow the answer, in order.
-        step = max(m.out.window, 64)
-        for i in range(0, len(stored), step):
-            if i:
-                await asyncio.sleep(0)
-                if m.state != CONNECTED:
-                    return
-            m.stored(e, stored[i:i + step], _now_ms())
-            self._drain()
+        if count and e.group and not e.resync:
+            log.info("client %r: %d stored messages of shared group store %r", m.client_id, count, e.store_id)
         m.fetch_finished(e, _now_ms(), more=more)
         self._drain()
 
-    async def _fetch(self, e: FetchStored) -> tuple[list, bool] | None:
-        """FetchUndelivered(store id) for this session: one page of the stored messages and whether more
-        remain, ([], False) when it failed for good, None when the connection ended meanwhile.
+    async def _fetch(self, e: FetchStored) -> AsyncIterator[tuple[list, bool]]:
+        """FetchUndelivered(store id) for this session: one page of the stored messages, in parts as
+        device-persistence reads them, (messages, more) each; ([], False) when it failed for good; nothing
+        when the connection ended meanwhile.
 
         Retried while the connection lives when device-persistence is unavailable (restarting after a crash,
-        or slow): FetchUndelivered is also what ATTACHES this session, so giving up would leave a connected
-        client with neither its stored messages nor any new one (device-persistence keeps forwarding them to
-        the previous attachment) until it happens to reconnect. Safe to retry. A re-sync only reads (and
-        reads nothing when another session attached since)."""
+        or slow) before its first part: FetchUndelivered is also what ATTACHES this session, so giving up
+        would leave a connected client with neither its stored messages nor any new one (device-persistence
+        keeps forwarding them to the previous attachment) until it happens to reconnect. Safe to retry. A
+        re-sync only reads (and reads nothing when another session attached since). A failure after some
+        parts ends the page there with `more`: the next page is fetched after the last serial delivered
+        (the session is attached by then)."""
         m = self.m
         device = self.port.device
         backoff = Backoff()
         while True:
+            got = False
             try:
-                page = await device.fetch(e.store_id, m.cfg.service_id, m.session_id, resync=e.resync,
-                                          after=e.after, max_messages=e.max_messages, max_bytes=e.max_bytes)
-                break
+                async with contextlib.aclosing(device.fetch(
+                        e.store_id, m.cfg.service_id, m.session_id, resync=e.resync, after=e.after,
+                        max_messages=e.max_messages, max_bytes=e.max_bytes)) as parts:
+                    async for part in parts:
+                        if m.state != CONNECTED:
+                            return
+                        got = True
+                        yield part
+                return
             except grpc.aio.AioRpcError as exc:
                 if m.state != CONNECTED:
-                    return None
+                    return
+                if got:
+                    log.warning("client %r: FetchUndelivered(%r) failed midway (%s); the rest of the page is "
+                                "fetched next", m.client_id, e.store_id, exc.code().name)
+                    yield [], True
+                    return
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     log.warning("client %r: FetchUndelivered(%r) failed (%s); stored messages come on the next "
                                 "connect", m.client_id, e.store_id, exc.code().name)
-                    page = [], False
-                    break
+                    yield [], False
+                    return
                 delay = backoff.next()
                 log.warning("client %r: FetchUndelivered(%r) failed (%s); retrying in %.1fs",
                             m.client_id, e.store_id, exc.code().name, delay)
             except Exception as exc:
                 log.warning("client %r: FetchUndelivered(%r) failed (%r); stored messages come on the next "
                             "connect", m.client_id, e.store_id, exc)
-                page = [], False
-                break
+                if m.state == CONNECTED:
+                    yield [], got
+                return
             await asyncio.sleep(delay)  # the retry's back-off (not a synchronisation)
             if m.state != CONNECTED:
-                return None
-        if m.state != CONNECTED:
-            return None
-        return page
+                return
 
 
 _HANDLERS = {

@@ -1,12 +1,13 @@
-"""gRPC clients: device-persistence (one Forward stream per instance, plus unary calls) and app-delivery (one
-bidi stream per APPLICATION client).
+"""gRPC clients: device-persistence (one Forward stream per instance, a stream per fetched page, unary calls)
+and app-delivery (one bidi stream per APPLICATION client).
 
 device-persistence: `ForwardLink` keeps the `DevicePersistence.Forward` stream to one target open
 (reopened with backoff). Down it come the stored messages of the clients attached to this connector
 (`on_batch`); up it go the acknowledgements (`AckBatcher`, each batch answered with `acked` once it is
 in Redis). When the stream is not open, acknowledgements go through the unary `AcknowledgeMany` (both
 are idempotent). `on_open` (ready received: the stream is registered on that instance) and `on_close`
-tell the service to re-sync its persistent DEVICE connections (connection.py).
+tell the service to re-sync its persistent DEVICE connections (connection.py). A page of stored messages
+comes down its own short stream (`fetch`: FetchUndeliveredParts, a part per Redis script call).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from tbmq.v1 import services_pb2 as spb
@@ -382,6 +383,7 @@ class DevicePersistenceClient:
                           for t in self.targets]
         self._stubs = [sgrpc.DevicePersistenceStub(c) for c in self._channels]
         self._turn = itertools.count()
+        self._parts = True  # FetchUndeliveredParts until a device-persistence answers UNIMPLEMENTED
         self.links: list[ForwardLink] = []
         self._bg: set[asyncio.Task] = set()
         self.acks = AckBatcher(self._acknowledge_many, timeout, delay_s=ack_delay_s, pubrec_delay_s=pubrec_delay_s,
@@ -425,21 +427,40 @@ class DevicePersistenceClient:
         await self._stub().AcknowledgeMany(request, timeout=timeout, metadata=grpc_metadata())
 
     async def fetch(self, client_id: str, service_id: str, session_id: str, *, resync: bool = False,
-                    after: int = 0, max_messages: int = 0, max_bytes: int = 0) -> tuple[list, bool]:
-        """One page of the client's stored messages (FetchUndelivered: serials after `after`, at most
-        `max_messages` / `max_bytes`, 0 = no bound) and whether more remain. The first fetch of a connection
-        attaches the client; a `resync` (every later page too) only reads, and answers ([], False) when the
-        client is attached elsewhere now."""
+                    after: int = 0, max_messages: int = 0, max_bytes: int = 0) -> AsyncIterator[tuple[list, bool]]:
+        """One page of the client's stored messages (serials after `after`, at most `max_messages` /
+        `max_bytes`, 0 = no bound), in parts as device-persistence reads them (FetchUndeliveredParts):
+        (messages, more) per part, `more` on the last part = more remain after the page. The first fetch of
+        a connection attaches the client; a `resync` (every later page too) only reads, and answers one
+        part ([], False) when the client is attached elsewhere now. An AioRpcError after some parts means
+        the rest of the page was not read (the caller fetches after the last serial it got).
+        A device-persistence without FetchUndeliveredParts (older) answers the page in one part
+        (FetchUndelivered)."""
         if not resync:
             # acknowledgements still waiting here (e.g. of this client's previous connection) go first, so
             # the fetch does not return (and redeliver) what was already acknowledged
             await self.acks.settle(min(self.timeout, 2.0))
-        resp = await self._stub().FetchUndelivered(
-            spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id,
-                                        resync=resync, after_serial=after, max_messages=max_messages,
-                                        max_bytes=max_bytes),
-            timeout=self.timeout, metadata=grpc_metadata())
-        return list(resp.messages), resp.more
+        request = spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id,
+                                              resync=resync, after_serial=after, max_messages=max_messages,
+                                              max_bytes=max_bytes)
+        stub = self._stub()
+        if self._parts:
+            call = stub.FetchUndeliveredParts(request, timeout=self.timeout, metadata=grpc_metadata())
+            got = False
+            try:
+                async for part in call:
+                    got = True
+                    yield list(part.messages), part.more
+                return
+            except grpc.aio.AioRpcError as exc:
+                if got or exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._parts = False
+                log.warning("device-persistence has no FetchUndeliveredParts (older version): pages come whole")
+            finally:
+                call.cancel()  # a no-op once the stream ended; stops it when the caller stopped reading
+        resp = await stub.FetchUndelivered(request, timeout=self.timeout, metadata=grpc_metadata())
+        yield list(resp.messages), resp.more
 
     def _background(self, what: str, coro) -> None:
         async def run():

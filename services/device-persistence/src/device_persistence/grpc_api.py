@@ -1,8 +1,14 @@
 """The DevicePersistence gRPC API (grpc.aio) over a DeviceMsgStore and the forward streams.
 
-Every unary call continues the trace carried in its metadata (tbmq_platform.tracing.context_from_grpc).
-Bad arguments are INVALID_ARGUMENT; a Redis failure is UNAVAILABLE (the caller may retry: every call is
-idempotent except FetchUndelivered, whose repetition just re-attaches and re-reads).
+Every unary call, and FetchUndeliveredParts, continues the trace carried in its metadata
+(tbmq_platform.tracing.context_from_grpc). Bad arguments are INVALID_ARGUMENT; a Redis failure is UNAVAILABLE
+(the caller may retry: every call is idempotent except FetchUndelivered(Parts), whose repetition just
+re-attaches and re-reads).
+
+FetchUndeliveredParts (server stream): FetchUndelivered's page, one answer per part as the store reads it
+(DeviceMsgStore.fetch_undelivered_parts), so the connector delivers a part while the next is read. A Redis
+failure between parts ends the stream UNAVAILABLE: what was sent is still the session's (attached), and the
+connector fetches the rest after its last serial.
 
 Persist (bidi, one per router): batches of stored copies, each answered once saved (service.persist).
 
@@ -16,6 +22,7 @@ knows they are in Redis.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections import Counter
@@ -39,27 +46,50 @@ class BadRequest(ValueError):
     pass
 
 
+@contextlib.asynccontextmanager
+async def _serving(servicer, name: str, request, context: grpc.aio.ServicerContext):
+    """One call of `name`: a span from the caller's metadata; BadRequest -> INVALID_ARGUMENT, Redis errors ->
+    UNAVAILABLE."""
+    servicer.calls[name] += 1
+    ctx = context_from_grpc(context.invocation_metadata())
+    client_id = getattr(request, "client_id", "")
+    with tracer.start_as_current_span(f"DevicePersistence/{name}", context=ctx, kind=SpanKind.SERVER,
+                                      attributes={"mqtt.client_id": client_id}) as span:
+        try:
+            yield
+        except BadRequest as exc:
+            span.set_attribute("error", str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except (RedisError, OSError) as exc:
+            servicer.calls[f"{name}_failed"] += 1
+            log.warning("%s(%r) failed: %r", name, client_id, exc)
+            span.record_exception(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis: {exc}")
+
+
 def _rpc(method):
-    """Span from the caller's metadata; BadRequest -> INVALID_ARGUMENT, Redis errors -> UNAVAILABLE."""
+    """A unary method served under `_serving`."""
     name = method.__name__
 
     @functools.wraps(method)
     async def wrapper(self, request, context: grpc.aio.ServicerContext):
-        self.calls[name] += 1
-        ctx = context_from_grpc(context.invocation_metadata())
-        client_id = getattr(request, "client_id", "")
-        with tracer.start_as_current_span(f"DevicePersistence/{name}", context=ctx, kind=SpanKind.SERVER,
-                                          attributes={"mqtt.client_id": client_id}) as span:
-            try:
-                return await method(self, request)
-            except BadRequest as exc:
-                span.set_attribute("error", str(exc))
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            except (RedisError, OSError) as exc:
-                self.calls[f"{name}_failed"] += 1
-                log.warning("%s(%r) failed: %r", name, client_id, exc)
-                span.record_exception(exc)
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"Redis: {exc}")
+        async with _serving(self, name, request, context):
+            return await method(self, request)
+
+    return wrapper
+
+
+def _rpc_stream(method):
+    """A server-streaming method (an async generator) served under `_serving`: an error before or between
+    its answers ends the stream with that status."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context: grpc.aio.ServicerContext):
+        async with _serving(self, name, request, context):
+            async with contextlib.aclosing(method(self, request)) as answers:
+                async for answer in answers:
+                    yield answer
 
     return wrapper
 
@@ -68,6 +98,15 @@ def _service_id(service_id: str) -> str:
     if not service_id or "|" in service_id:
         raise BadRequest("service_id must be non-empty and must not contain '|'")
     return service_id
+
+
+def _fetch_args(request: spb.FetchUndeliveredRequest) -> dict:
+    """The store's fetch arguments of a FetchUndelivered(Parts) request, checked."""
+    _service_id(request.service_id)
+    if not request.session_id:
+        raise BadRequest("session_id must be non-empty")
+    return {"attach": Attachment(request.service_id, request.session_id), "check": request.resync,
+            "after": request.after_serial, "max_messages": request.max_messages, "max_bytes": request.max_bytes}
 
 
 def _packet_id(request) -> int:
@@ -85,14 +124,25 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
 
     @_rpc
     async def FetchUndelivered(self, request: spb.FetchUndeliveredRequest):
-        _service_id(request.service_id)
-        if not request.session_id:
-            raise BadRequest("session_id must be non-empty")
-        response = await self.store.fetch_undelivered_response(
-            request.client_id, attach=Attachment(request.service_id, request.session_id), check=request.resync,
-            after=request.after_serial, max_messages=request.max_messages, max_bytes=request.max_bytes)
+        response = await self.store.fetch_undelivered_response(request.client_id, **_fetch_args(request))
         trace.get_current_span().set_attribute("tbmq.messages", len(response.messages))
         return response
+
+    @_rpc_stream
+    async def FetchUndeliveredParts(self, request: spb.FetchUndeliveredRequest):
+        """FetchUndelivered's page, one answer per part as the store reads it (services.proto)."""
+        n = 0
+        async with contextlib.aclosing(self.store.fetch_undelivered_parts(
+                request.client_id, **_fetch_args(request))) as parts:
+            async for wire, more, not_attached in parts:
+                if not_attached:
+                    yield spb.FetchUndeliveredResponse(not_attached=True)
+                    break
+                part = spb.FetchUndeliveredResponse.FromString(wire)
+                part.more = more
+                n += len(part.messages)
+                yield part
+        trace.get_current_span().set_attribute("tbmq.messages", n)
 
     @_rpc
     async def Detach(self, request: spb.DetachRequest):

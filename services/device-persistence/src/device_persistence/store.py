@@ -40,9 +40,10 @@ not stored), else the configured TTL (default 7 days).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -665,23 +666,46 @@ class DeviceMsgStore:
     ) -> services_pb2.FetchUndeliveredResponse:
         """One page (serials > `after`, at most `max_messages` / `max_bytes`, 0 = no bound; the first
         message always fits) of the client's stored messages in serial order, expired ones dropped;
-        `more` = messages beyond the page remain. Messages not handed out yet get a packet id (while
-        fewer than `handed_out_limit` are in use: else the page ends there), handed-out ones keep theirs.
+        `more` = messages beyond the page remain: the parts of `fetch_undelivered_parts` in one answer."""
+        wires: list[bytes] = []
+        more = False
+        async with contextlib.aclosing(self.fetch_undelivered_parts(
+                client_id, attach, check=check, after=after, max_messages=max_messages,
+                max_bytes=max_bytes)) as parts:
+            async for wire, more, not_attached in parts:
+                if not_attached:
+                    return services_pb2.FetchUndeliveredResponse(not_attached=True)
+                wires.append(wire)
+        resp = services_pb2.FetchUndeliveredResponse.FromString(b"".join(wires))
+        resp.more = more
+        return resp
+
+    async def fetch_undelivered_parts(
+        self, client_id: str, attach: Attachment | None = None, *, check: bool = False, after: int = 0,
+        max_messages: int = 0, max_bytes: int = 0,
+    ) -> AsyncIterator[tuple[bytes, bool, bool]]:
+        """One page (serials > `after`, at most `max_messages` / `max_bytes`, 0 = no bound; the first
+        message always fits) of the client's stored messages in serial order, expired ones dropped, as
+        it is read: (wire, more, not_attached) per part, `wire` the encoded `messages` of a
+        FetchUndeliveredResponse (FromString parses it), `more` = messages remain beyond this part (true on
+        every part but the last, whose `more` is the page's). Messages not handed out yet get a packet id
+        (while fewer than `handed_out_limit` are in use: else the page ends there), handed-out ones keep
+        theirs.
 
         With `attach`, the client is attached to that connection atomically with the read (the previous
         connection gets no more forwards); with `check`, the attachment is only compared, never set
-        (`not_attached` when the client is not attached to `attach`: a later page or a re-sync must not
-        take it back from a newer session). A page that reaches the end makes the client LIVE on `attach`:
-        every message saved later is returned by save_*_attached for forwarding; until then messages
-        saved meanwhile come in later pages, after the backlog. Without `attach`: a peek (no packet ids
-        handed out, nothing attached).
+        (one part ("", False, True) when the client is not attached to `attach`: a later page or a
+        re-sync must not take it back from a newer session). A page that reaches the end makes the client
+        LIVE on `attach`: every message saved later is returned by save_*_attached for forwarding; until
+        then messages saved meanwhile come in later pages, after the backlog. Without `attach`: a peek (no
+        packet ids handed out, nothing attached).
 
-        The page is read in script calls of at most `fetch_chunk_messages` (the later ones read only,
-        "check", after the previous part's last serial, with the page's bytes left binding their first
-        message too), each sent before the previous part is encoded; a newer session attaching between two
-        parts ends the page there (`more`). The answer's wire bytes are spliced from the scripts' replies
-        (the stored PublishMsg bytes are copied, never parsed) and parsed once, by protobuf's C code: no
-        protobuf object is built per message in Python."""
+        The page is read in script calls of at most `fetch_chunk_messages`, its parts (the later ones read
+        only, "check", after the previous part's last serial, with the page's bytes left binding their
+        first message too), each sent before the previous part is encoded and yielded; a newer session
+        attaching between two parts ends the page there (`more`). A part's wire bytes are spliced from the
+        script's reply (the stored PublishMsg bytes are copied, never parsed): no protobuf object is built
+        per message in Python. Closing the iterator early cancels the part being read."""
         k = self.keys(client_id)
         if attach is None:
             mode, value = "peek", ""
@@ -702,8 +726,6 @@ class DeviceMsgStore:
         left_n, left_b = max_messages, max_bytes  # 0 = no bound
         asked = chunk if left_n == 0 else min(chunk, left_n)
         pending = call(mode, after, asked, left_b, False)
-        parts: list[bytes] = []
-        more = False
         first = True
         try:
             while pending is not None:
@@ -711,9 +733,10 @@ class DeviceMsgStore:
                 pending = None
                 if not isinstance(reply, list):  # not attached (a "check"): a newer session took the client
                     if first:
-                        return services_pb2.FetchUndeliveredResponse(not_attached=True)
-                    more = True  # between two parts: what was read so far is still this session's page
-                    break
+                        yield b"", False, True
+                    else:  # between two parts: what was read so far is still this session's page
+                        yield b"", True, False
+                    return
                 first = False
                 more = bool(int(reply[0]))
                 got = (len(reply) - 1) // 3
@@ -726,13 +749,10 @@ class DeviceMsgStore:
                         pending = call("check" if mode == "attach" else mode, int(reply[-2]), asked, left_b,
                                        True)
                         await asyncio.sleep(0)  # the next part's call is sent: Redis runs it meanwhile
-                parts.append(_stored_messages_wire(cid_field, reply, 1))
+                yield _stored_messages_wire(cid_field, reply, 1), more, False
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
-        resp = services_pb2.FetchUndeliveredResponse.FromString(b"".join(parts))
-        resp.more = more
-        return resp
 
     async def peek_last(self, client_id: str, n: int) -> list[messages_pb2.DevicePublishMsg]:
         """The client's last `n` stored messages by serial (fewer when fewer are stored), read only, with

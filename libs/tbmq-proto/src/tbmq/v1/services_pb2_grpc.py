@@ -43,6 +43,11 @@ class DevicePersistenceStub:
                 request_serializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredRequest.SerializeToString,
                 response_deserializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredResponse.FromString,
                 _registered_method=True)
+        self.FetchUndeliveredParts = channel.unary_stream(
+                '/tbmq.v1.DevicePersistence/FetchUndeliveredParts',
+                request_serializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredRequest.SerializeToString,
+                response_deserializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredResponse.FromString,
+                _registered_method=True)
         self.Detach = channel.unary_unary(
                 '/tbmq.v1.DevicePersistence/Detach',
                 request_serializer=tbmq_dot_v1_dot_services__pb2.DetachRequest.SerializeToString,
@@ -98,6 +103,17 @@ class DevicePersistenceServicer:
         `resync` (also for every page after the first), the attachment is only checked (never set): the
         answer is empty with not_attached = true when the client is no longer attached to (service_id,
         session_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchUndeliveredParts(self, request, context):
+        """The same page as FetchUndelivered (same request, same attachment rules), answered in parts as
+        device-persistence reads them from Redis (script calls of at most 500 messages each): the
+        connector delivers one part while the next is read. `more` is true on every part but the last, whose
+        `more` is the page's. A not-attached answer is one part with not_attached = true. A stream that fails
+        after some parts leaves the rest of the page to the next fetch after the last serial received.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,6 +186,11 @@ def add_DevicePersistenceServicer_to_server(servicer, server):
                     request_deserializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredRequest.FromString,
                     response_serializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredResponse.SerializeToString,
             ),
+            'FetchUndeliveredParts': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchUndeliveredParts,
+                    request_deserializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredRequest.FromString,
+                    response_serializer=tbmq_dot_v1_dot_services__pb2.FetchUndeliveredResponse.SerializeToString,
+            ),
             'Detach': grpc.unary_unary_rpc_method_handler(
                     servicer.Detach,
                     request_deserializer=tbmq_dot_v1_dot_services__pb2.DetachRequest.FromString,
@@ -235,6 +256,33 @@ class DevicePersistence:
             request,
             target,
             '/tbmq.v1.DevicePersistence/FetchUndelivered',
+            tbmq_dot_v1_dot_services__pb2.FetchUndeliveredRequest.SerializeToString,
+            tbmq_dot_v1_dot_services__pb2.FetchUndeliveredResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchUndeliveredParts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tbmq.v1.DevicePersistence/FetchUndeliveredParts',
             tbmq_dot_v1_dot_services__pb2.FetchUndeliveredRequest.SerializeToString,
             tbmq_dot_v1_dot_services__pb2.FetchUndeliveredResponse.FromString,
             options,
