@@ -55,7 +55,7 @@ async def test_every_service_serves_prometheus_metrics_that_follow_the_traffic(m
     assert "tbmq_consumer_lag" in conn and "process_cpu_seconds_total" in conn
     assert "tbmq_outbound_queued_messages" in conn and "tbmq_retained_messages" in conn
     # the persistent subscriber's stored messages were fetched and acknowledged over gRPC
-    assert value(conn, "tbmq_grpc_call_seconds_count", method="FetchUndelivered") >= 1
+    assert value(conn, "tbmq_grpc_call_seconds_count", method="FetchUndeliveredParts") >= 1
 
     async def router_routed():
         return value(await scrape(suite.health_port("router")), "tbmq_routed_messages_total") >= 15
