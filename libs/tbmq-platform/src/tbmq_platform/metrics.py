@@ -134,12 +134,21 @@ async def observe(hist: Histogram, labels: tuple[str, ...], call: Awaitable):
 
 
 class GrpcClientLatency:
-    """A grpc.aio unary-unary client interceptor: `observe(method, seconds)` for every call made on the
-    channel, failed ones included (`method` = the RPC's name, e.g. "FetchUndelivered"). `observe` is looked up
-    per call through `get()`, so a Metrics source can be attached after the channel exists."""
+    """A grpc.aio unary-unary and unary-stream client interceptor: `observe(method, seconds)` for every call
+    made on the channel, failed ones included (`method` = the RPC's name, e.g. "AcknowledgeMany"); a
+    unary-stream call (e.g. "FetchUndeliveredParts") from its start to its end: its last answer read, its
+    failure or its cancellation. `observe` is looked up per call through `get()`, so a Metrics source can be
+    attached after the channel exists."""
 
     def __init__(self, get: Callable[[], Callable[[str, float], None] | None]) -> None:
         self._get = get
+
+    @staticmethod
+    def _method(client_call_details) -> str:
+        method = client_call_details.method
+        if isinstance(method, bytes):
+            method = method.decode()
+        return method.rsplit("/", 1)[-1]
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         import time
@@ -153,21 +162,33 @@ class GrpcClientLatency:
             await call
         except Exception:
             pass  # the caller sees the error when it awaits the call
-        method = client_call_details.method
-        if isinstance(method, bytes):
-            method = method.decode()
-        observe(method.rsplit("/", 1)[-1], time.perf_counter() - t0)
+        observe(self._method(client_call_details), time.perf_counter() - t0)
+        return call
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        import time
+
+        t0 = time.perf_counter()
+        call = await continuation(client_call_details, request)
+        observe = self._get()
+        if observe is not None:  # the answers are the caller's to read: timed to the call's end
+            method = self._method(client_call_details)
+            call.add_done_callback(lambda _: observe(method, time.perf_counter() - t0))
         return call
 
 
 def grpc_client_interceptors(get: Callable[[], Callable[[str, float], None] | None]) -> list:
-    """[GrpcClientLatency as a grpc.aio.UnaryUnaryClientInterceptor] for grpc.aio channels."""
+    """GrpcClientLatency as a grpc.aio unary-unary and a unary-stream client interceptor (a channel takes
+    each interceptor as one kind only), for grpc.aio channels."""
     import grpc
 
-    class _Interceptor(GrpcClientLatency, grpc.aio.UnaryUnaryClientInterceptor):
+    class _Unary(GrpcClientLatency, grpc.aio.UnaryUnaryClientInterceptor):
         pass
 
-    return [_Interceptor(get)]
+    class _Stream(GrpcClientLatency, grpc.aio.UnaryStreamClientInterceptor):
+        pass
+
+    return [_Unary(get), _Stream(get)]
 
 
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "Metrics", "grpc_client_interceptors", "observe"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -378,7 +377,7 @@ class DevicePersistenceClient:
                  ack_max_calls: int = ACK_MAX_CALLS) -> None:
         self.targets = (targets,) if isinstance(targets, str) else tuple(targets)
         self.timeout = timeout
-        self.observe = None  # (method, seconds) per call (a fetch: to its last part): tbmq_grpc_call_seconds
+        self.observe = None  # (method, seconds) per call (a fetch: to its end): tbmq_grpc_call_seconds
         self._channels = [grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS,
                                                     interceptors=grpc_client_interceptors(lambda: self.observe))
                           for t in self.targets]
@@ -446,7 +445,6 @@ class DevicePersistenceClient:
                                               max_bytes=max_bytes)
         stub = self._stub()
         if self._parts:
-            t0 = time.perf_counter()
             call = stub.FetchUndeliveredParts(request, timeout=self.timeout, metadata=grpc_metadata())
             got = False
             try:
@@ -461,8 +459,6 @@ class DevicePersistenceClient:
                 log.warning("device-persistence has no FetchUndeliveredParts (older version): pages come whole")
             finally:
                 call.cancel()  # a no-op once the stream ended; stops it when the caller stopped reading
-                if self.observe is not None and self._parts:  # the stream to its end (the unary call: interceptor)
-                    self.observe("FetchUndeliveredParts", time.perf_counter() - t0)
         resp = await stub.FetchUndelivered(request, timeout=self.timeout, metadata=grpc_metadata())
         yield list(resp.messages), resp.more
 
