@@ -605,12 +605,12 @@ class Connection(asyncio.Protocol):
         self._drain()
 
     async def _fetch(self, e: FetchStored) -> AsyncIterator[tuple[list, bool]]:
-        """FetchUndelivered(store id) for this session: one page of the stored messages, in parts as
-        device-persistence reads them, (messages, more) each; ([], False) when it failed for good; nothing
-        when the connection ended meanwhile.
+        """FetchUndeliveredParts(store id) for this session (`DevicePersistenceClient.fetch`): one page of
+        the stored messages, in parts as device-persistence reads them, (messages, more) each; ([], False)
+        when it failed for good; nothing when the connection ended meanwhile.
 
         Retried while the connection lives when device-persistence is unavailable (restarting after a crash,
-        or slow) before its first part: FetchUndelivered is also what ATTACHES this session, so giving up
+        or slow) before its first part: the fetch is also what ATTACHES this session, so giving up
         would leave a connected client with neither its stored messages nor any new one (device-persistence
         keeps forwarding them to the previous attachment) until it happens to reconnect. Safe to retry. A
         re-sync only reads (and reads nothing when another session attached since). A failure after some
@@ -635,20 +635,20 @@ class Connection(asyncio.Protocol):
                 if m.state != CONNECTED:
                     return
                 if got:
-                    log.warning("client %r: FetchUndelivered(%r) failed midway (%s); the rest of the page is "
+                    log.warning("client %r: fetching store %r failed midway (%s); the rest of the page is "
                                 "fetched next", m.client_id, e.store_id, exc.code().name)
                     yield [], True
                     return
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    log.warning("client %r: FetchUndelivered(%r) failed (%s); stored messages come on the next "
+                    log.warning("client %r: fetching store %r failed (%s); stored messages come on the next "
                                 "connect", m.client_id, e.store_id, exc.code().name)
                     yield [], False
                     return
                 delay = backoff.next()
-                log.warning("client %r: FetchUndelivered(%r) failed (%s); retrying in %.1fs",
+                log.warning("client %r: fetching store %r failed (%s); retrying in %.1fs",
                             m.client_id, e.store_id, exc.code().name, delay)
             except Exception as exc:
-                log.warning("client %r: FetchUndelivered(%r) failed (%r); stored messages come on the next "
+                log.warning("client %r: fetching store %r failed (%r); stored messages come on the next "
                             "connect", m.client_id, e.store_id, exc)
                 if m.state == CONNECTED:
                     yield [], got
