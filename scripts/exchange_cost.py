@@ -1,8 +1,10 @@
 """CPU per exchange between two processes, by rate: a gRPC stream round trip (one message written, one answer
 read, as the router's Persist stream and device-persistence's Forward stream do) against the same round trip
 over a plain asyncio TCP connection, and, with no exchange at all, a small fixed piece of Python work (a dict
-of 300 entries built, about 40 µs) timed alone (`time.thread_time` around it) after the same pauses. A measurement tool
-(docs/performance.md, "The fifteenth round"), not a test: it asserts nothing.
+of 300 entries built, about 40 µs) timed alone (`time.thread_time` around it) after the same pauses. When
+grpclib is installed (it is not in requirements.lock: `.venv/bin/pip install grpclib`), the same stream spoken
+by grpclib too (HTTP/2 in Python on the event loop, no gRPC threads). A measurement tool (docs/performance.md,
+"The fifteenth round" and "The seventeenth round"), not a test: it asserts nothing.
 
     .venv/bin/python scripts/exchange_cost.py [round trips per step] [rate ...]
 
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.calibrate import process_cpu_s  # noqa: E402
 
 RECORDS = [b"x" * 150] * 14
+PERSIST = "/tbmq.v1.DevicePersistence/Persist"
 
 
 def _serve(kind: str, conn) -> None:
@@ -46,6 +49,23 @@ def _serve(kind: str, conn) -> None:
             sgrpc.add_DevicePersistenceServicer_to_server(Servicer(), server)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
+        elif kind == "grpclib":  # the same stream, spoken by grpclib (HTTP/2 in Python on the event loop)
+            from grpclib.const import Cardinality, Handler
+            from grpclib.server import Server
+            from tbmq.v1 import services_pb2 as spb
+
+            class Service:
+                async def persist(self, stream) -> None:
+                    async for batch in stream:
+                        await stream.send_message(spb.PersistAnswer(seq=batch.seq, saved=len(batch.records)))
+
+                def __mapping__(self):
+                    return {PERSIST: Handler(self.persist, Cardinality.STREAM_STREAM, spb.PersistBatch,
+                                             spb.PersistAnswer)}
+
+            server = Server([Service()])
+            await server.start("127.0.0.1", 0)
+            port = server._server.sockets[0].getsockname()[1]
         else:
             async def handle(reader, writer):
                 try:
@@ -81,6 +101,19 @@ async def _client(kind: str, port: int, n: int, rates: list[float], server) -> l
         async def round_trip(i: int) -> None:
             await call.write(spb.PersistBatch(seq=i, records=RECORDS))
             await call.read()
+    elif kind == "grpclib":
+        from grpclib.client import Channel
+        from grpclib.const import Cardinality
+        from tbmq.v1 import services_pb2 as spb
+
+        gchannel = Channel("127.0.0.1", port)
+        stream = gchannel.request(PERSIST, Cardinality.STREAM_STREAM, spb.PersistBatch, spb.PersistAnswer)
+        await stream.__aenter__()
+        await stream.send_request()
+
+        async def round_trip(i: int) -> None:
+            await stream.send_message(spb.PersistBatch(seq=i, records=RECORDS))
+            await stream.recv_message()
     else:
         from tbmq.v1 import services_pb2 as spb
 
@@ -108,6 +141,8 @@ async def _client(kind: str, port: int, n: int, rates: list[float], server) -> l
         out.append((rate, (c1 - c0) / n * 1e6, (s1 - s0) / n * 1e6))
     if kind == "grpc":
         await channel.close()
+    elif kind == "grpclib":
+        gchannel.close()
     else:
         writer.close()
     return out
@@ -146,7 +181,13 @@ def main() -> None:
     ctx = mp.get_context("spawn")  # never fork a process that has started gRPC
     print(f"{n} round trips per step; CPU in us per round trip (user + system, all threads)")
     print(f"{'exchange':10s} {'rate/s':>8s} {'client':>8s} {'server':>8s} {'both':>8s}")
-    for kind in ("grpc", "tcp"):
+    try:
+        import grpclib  # noqa: F401
+        kinds = ("grpc", "grpclib", "tcp")
+    except ImportError:  # not in requirements.lock: `.venv/bin/pip install grpclib` for its rows
+        kinds = ("grpc", "tcp")
+        print("(grpclib not installed: no grpclib rows)")
+    for kind in kinds:
         here, there = ctx.Pipe()
         proc = ctx.Process(target=_serve, args=(kind, there), daemon=True)
         proc.start()
