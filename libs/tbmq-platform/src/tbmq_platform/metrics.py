@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -124,8 +125,6 @@ class Metrics:
 
 async def observe(hist: Histogram, labels: tuple[str, ...], call: Awaitable):
     """`await call`, observing its duration in `hist` (labels) whether it succeeds or fails."""
-    import time
-
     t0 = time.perf_counter()
     try:
         return await call
@@ -151,8 +150,6 @@ class GrpcClientLatency:
         return method.rsplit("/", 1)[-1]
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
-        import time
-
         t0 = time.perf_counter()
         call = await continuation(client_call_details, request)
         observe = self._get()
@@ -166,8 +163,6 @@ class GrpcClientLatency:
         return call
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):
-        import time
-
         t0 = time.perf_counter()
         call = await continuation(client_call_details, request)
         observe = self._get()
