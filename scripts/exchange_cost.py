@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import socket
 import struct
 import sys
 import time
@@ -63,9 +64,10 @@ def _serve(kind: str, conn) -> None:
                     return {PERSIST: Handler(self.persist, Cardinality.STREAM_STREAM, spb.PersistBatch,
                                              spb.PersistAnswer)}
 
+            sock = socket.create_server(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
             server = Server([Service()])
-            await server.start("127.0.0.1", 0)
-            port = server._server.sockets[0].getsockname()[1]
+            await server.start(sock=sock)
         else:
             async def handle(reader, writer):
                 try:
