@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import random
 import time
 import uuid
@@ -618,3 +619,114 @@ async def test_persist_stream_saves_forwards_and_answers_each_batch_in_order(dp)
     assert (await dp.details()).get("persist_batches", 0) >= 4
     await dp.stub.Clear(spb.ClearRequest(client_id=a))
     await dp.stub.Clear(spb.ClearRequest(client_id=b))
+
+
+async def _answers(call, n: int) -> list[tuple[int, int]]:
+    return [(x.seq, x.saved) for x in [await call.read() for _ in range(n)]]
+
+
+async def test_a_client_whose_keys_redis_refuses_is_dead_lettered_and_the_others_are_saved(dp, capsys):
+    """A client whose Redis keys Redis refuses (here: its messages key holds a string, WRONGTYPE) does not stop
+    the batch: after DEVICE_PERSISTENCE_SAVE_ATTEMPTS refused attempts each client is saved apart, the other
+    clients' copies are stored and forwarded, the refused ones go to tbmq.msg.persisted.dead in order with
+    Redis's answer, and only then is the batch answered. Once the keys are mended, `tbmq dead-letters replay`
+    stores them; `--after-offset` with the offset it printed replays nothing again."""
+    from tbmq_platform.cli import dead_letters, parser, read_records
+    from tbmq_platform.topics import DEAD_LETTER_ERROR_HEADER, MSG_PERSISTED_DEAD
+
+    a, bad, b = (f"dev-{uuid.uuid4().hex[:10]}" for _ in range(3))
+    await dp.store.redis.set(dp.store.keys(bad).messages, b"not a sorted set")
+    before = (await dp.details()).get("dead_lettered", 0)
+    conn = await dp.fake_connector()
+    records = [persisted(a, 0, (0, 20)), persisted(bad, 0, (0, 21)), persisted(b, 0, (0, 22)),
+               persisted(bad, 1, (0, 23)), persisted(a, 1, (0, 24))]
+    async with dp.forward(conn) as down:
+        await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=a, service_id=conn, session_id="s"))
+        call = dp.stub.Persist()
+        try:
+            await call.write(spb.PersistBatch(seq=1, records=records))
+            # answered once saved; its count leaves out the copies an earlier refused attempt had stored
+            assert [seq for seq, _ in await asyncio.wait_for(_answers(call, 1), BOUND)] == [1]
+        finally:
+            call.cancel()
+        assert await dp.stored(a) == [0, 1] and await dp.stored(b) == [0]
+        assert seqs(await down.wait_count(2)) == [0, 1]  # a is live: forwarded
+    details = await dp.details()
+    assert details["dead_lettered"] - before == 2
+    assert details["save_failures"] >= 5  # DEVICE_PERSISTENCE_SAVE_ATTEMPTS' default
+
+    dead = [r for r in await read_records(dp.suite.bootstrap_servers, MSG_PERSISTED_DEAD) if r.key == bad.encode()]
+    assert [int(pb.PersistedMsg.FromString(r.value).msg.payload) for r in dead] == [0, 1]
+    assert all(b"WRONGTYPE" in dict(r.headers)[DEAD_LETTER_ERROR_HEADER] for r in dead)
+    assert [pb.PersistedMsg.FromString(r.value).origin_offset for r in dead] == [21, 23]
+
+    capsys.readouterr()
+    await dead_letters(parser().parse_args(["dead-letters", "list", "--client-id", bad,
+                                            "--bootstrap-servers", dp.suite.bootstrap_servers]))
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["client_id"], x["origin"]) for x in listed] == [(bad, "0:21"), (bad, "0:23")]
+    assert "WRONGTYPE" in listed[0]["error"] and "payload" not in listed[0]
+
+    # a newer copy is stored as soon as the keys are mended; the replayed older ones come after it
+    await dp.store.redis.delete(dp.store.keys(bad).messages)
+    await dp.publish(bad, [7])
+    await dp.wait_stored(bad, lambda got: got == [7])
+    await dead_letters(parser().parse_args(["dead-letters", "replay", "--client-id", bad,
+                                            "--bootstrap-servers", dp.suite.bootstrap_servers]))
+    replay = json.loads(capsys.readouterr().out)
+    assert replay["replayed"] == 2 and replay["last_offset"] == dead[-1].offset
+    await dp.wait_stored(bad, lambda got: got == [7, 0, 1])
+    await dead_letters(parser().parse_args(["dead-letters", "replay", "--client-id", bad, "--after-offset",
+                                            str(replay["last_offset"]), "--bootstrap-servers",
+                                            dp.suite.bootstrap_servers]))
+    assert json.loads(capsys.readouterr().out)["replayed"] == 0
+    for cid in (a, bad, b):
+        await dp.stub.Clear(spb.ClearRequest(client_id=cid))
+
+
+async def test_a_batch_whose_every_client_is_refused_waits_and_nothing_is_dead_lettered(dp):
+    """When Redis refuses every client of a batch of several, the cause is not one client's data: the batch is
+    retried like any failed save, unanswered and not dead-lettered, until Redis takes it."""
+    x, y = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    for cid in (x, y):
+        await dp.store.redis.set(dp.store.keys(cid).messages, b"not a sorted set")
+    before = await dp.details()
+    call = dp.stub.Persist()
+    try:
+        await call.write(spb.PersistBatch(seq=1, records=[persisted(x, 0, (0, 30)), persisted(y, 0, (0, 31))]))
+        answer = asyncio.ensure_future(_answers(call, 1))
+        # past the attempts (5), and at least twice through the clients saved apart
+
+        async def refused_apart() -> bool:
+            return (await dp.details()).get("save_failures", 0) - before.get("save_failures", 0) >= 7
+        assert await poll(refused_apart, BOUND), "the refused batch was not retried"
+        assert not answer.done()
+        assert (await dp.details()).get("dead_lettered", 0) == before.get("dead_lettered", 0)
+        for cid in (x, y):
+            await dp.store.redis.delete(dp.store.keys(cid).messages)
+        assert await asyncio.wait_for(answer, BOUND) == [(1, 2)]
+    finally:
+        call.cancel()
+    assert await dp.stored(x) == [0] and await dp.stored(y) == [0]
+    for cid in (x, y):
+        await dp.stub.Clear(spb.ClearRequest(client_id=cid))
+
+
+async def test_tbmq_msg_persisted_records_of_a_refused_client_are_dead_lettered_and_committed_past(dp):
+    """The same on the Kafka input (ROUTER_PERSIST_VIA=kafka): the refused client's records go to the dead
+    letters, the others are stored, and the consumer goes on (a later record of a good client is stored)."""
+    from tbmq_platform.cli import read_records
+    from tbmq_platform.topics import MSG_PERSISTED_DEAD
+
+    good, bad = f"dev-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    await dp.store.redis.set(dp.store.keys(bad).messages, b"not a sorted set")
+    await dp.publish(bad, [0, 1], flush=False)
+    await dp.publish(good, [0])
+    await dp.wait_stored(good, lambda got: got == [0])
+    await dp.publish(good, [1])
+    await dp.wait_stored(good, lambda got: got == [0, 1])
+    dead = [r for r in await read_records(dp.suite.bootstrap_servers, MSG_PERSISTED_DEAD) if r.key == bad.encode()]
+    assert [int(pb.PersistedMsg.FromString(r.value).msg.payload) for r in dead] == [0, 1]
+    await dp.store.redis.delete(dp.store.keys(bad).messages)
+    for cid in (good, bad):
+        await dp.stub.Clear(spb.ClearRequest(client_id=cid))

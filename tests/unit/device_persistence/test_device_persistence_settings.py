@@ -72,3 +72,35 @@ def test_attachment_encoding():
     assert Attachment.decode(b"svc|sess|with|bars") == Attachment("svc", "sess|with|bars")
     assert Attachment.decode(b"") is None and Attachment.decode(None) is None
     assert Attachment.decode(b"no-bar") is None
+
+
+def test_save_attempts_bounds():
+    assert load_settings({}).save_attempts == 5
+    assert load_settings({"DEVICE_PERSISTENCE_SAVE_ATTEMPTS": "1"}).save_attempts == 1
+    with pytest.raises(SettingsError, match="DEVICE_PERSISTENCE_SAVE_ATTEMPTS"):
+        load_settings({"DEVICE_PERSISTENCE_SAVE_ATTEMPTS": "0"})
+
+
+def test_refused_for_data_tells_a_clients_data_from_redis_itself():
+    """What redis-py raises for Redis's answers (its parser strips a leading "ERR "): refusals of the data are
+    dead-lettered after the attempts, everything about Redis itself is retried."""
+    from redis.exceptions import (BusyLoadingError, ConnectionError, NoPermissionError, NoScriptError,
+                                  OutOfMemoryError, ReadOnlyError, ResponseError, TimeoutError)
+
+    from device_persistence.store import refused_for_data
+
+    data = [ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value script: 3f2a, "
+                          "on @user_script:120."),
+            ResponseError("user_script:88: attempt to perform arithmetic on a nil value script: 3f2a, on "
+                          "@user_script:88."),
+            ResponseError("save_messages: bad origin header of batch 2")]
+    redis_itself = [ConnectionError("Connection refused"), TimeoutError("Timeout reading from socket"),
+                    BusyLoadingError("Redis is loading the dataset in memory"),
+                    OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+                    ReadOnlyError("You can't write against a read only replica."),
+                    NoScriptError("No matching script. Please use EVAL."),
+                    NoPermissionError("this user has no permissions to run the 'evalsha' command"),
+                    ResponseError("BUSY Redis is busy running a script."),
+                    ResponseError("CLUSTERDOWN The cluster is down"), OSError("reset")]
+    assert [refused_for_data(e) for e in data] == [True] * len(data)
+    assert [refused_for_data(e) for e in redis_itself] == [False] * len(redis_itself)

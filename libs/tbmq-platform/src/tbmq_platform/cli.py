@@ -7,12 +7,21 @@
                      [--expires-in SECONDS] [--reason TEXT]
     tbmq blocked list
     tbmq blocked delete KEY
+    tbmq dead-letters list [--client-id ID]
+    tbmq dead-letters replay [--client-id ID] [--after-offset N]
 
 Writes the compacted topics tbmq.security.credentials (key = the username) and tbmq.security.blocked
 (key = "<kind>:<value>") that every connector follows: a change applies within a second, to new CONNECTs and
 to the next PUBLISH / SUBSCRIBE of connected clients (docs/security.md). `credentials add` of an existing
 name replaces it. Passwords are read from stdin and stored only as argon2id hashes; `credentials list`
-never prints a hash. Kafka: `--bootstrap-servers` (default localhost:9092), the KAFKA_SECURITY_PROTOCOL /
+never prints a hash.
+
+`dead-letters` reads tbmq.msg.persisted.dead: the stored copies for persistent DEVICE clients that Redis refused
+for the client's data (device-persistence, docs/device-persistence.md "Dead letters"). `list` prints one JSON line
+per dead letter; `replay`, once the client's Redis keys are mended, writes them again to tbmq.msg.persisted without
+their origin (device-persistence would take a copy older than the client's newest stored one for a router's
+replay and drop it), so each replay stores them again: `--after-offset` (the last offset a replay printed)
+replays only the newer ones. Kafka: `--bootstrap-servers` (default localhost:9092), the KAFKA_SECURITY_PROTOCOL /
 KAFKA_SASL_* settings of the environment, and TBMQ_TOPIC_* when the topics have to be created.
 """
 
@@ -26,7 +35,8 @@ import time
 
 from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
 
-from .topics import SECURITY_BLOCKED, SECURITY_CREDENTIALS, spec
+from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, MSG_PERSISTED, MSG_PERSISTED_DEAD,
+                     SECURITY_BLOCKED, SECURITY_CREDENTIALS, spec)
 
 
 class CliError(Exception):
@@ -142,11 +152,95 @@ async def blocked(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------ dead letters
+async def read_records(bootstrap: str, topic: str, after_offset: int = -1):
+    """Every record of `topic` above `after_offset`, from its start to the end it had when called, in offset
+    order per partition (no consumer group: nothing is committed)."""
+    from .kafka import make_consumer, topic_partitions
+
+    await _ensure(bootstrap, topic)
+    consumer = make_consumer(bootstrap, group_id=None, client_id="tbmq-cli")
+    await consumer.start()
+    try:
+        tps = await topic_partitions(consumer, topic)
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(after_offset + 1, 0))
+        left = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+        out = []
+        while left:
+            for tp, recs in (await consumer.getmany(*left, timeout_ms=1000)).items():
+                out += [r for r in recs if r.offset < ends[tp]]
+                if await consumer.position(tp) >= ends[tp]:
+                    left.discard(tp)
+        return out
+    finally:
+        await consumer.stop()
+
+
+def dead_letter_row(record) -> dict:
+    """One tbmq.msg.persisted.dead record as `dead-letters list` prints it (never the payload)."""
+    from tbmq.v1 import messages_pb2 as pb
+
+    headers = {k: v.decode("utf-8", "replace") for k, v in (record.headers or ())}
+    row = {"partition": record.partition, "offset": record.offset, "timestamp_ms": record.timestamp,
+           "error": headers.get(DEAD_LETTER_ERROR_HEADER, ""), "instance": headers.get(DEAD_LETTER_INSTANCE_HEADER, "")}
+    try:
+        pm = pb.PersistedMsg.FromString(record.value or b"")
+    except Exception:  # DecodeError: shown, not fatal
+        return {**row, "client_id": (record.key or b"").decode("utf-8", "replace"), "decode_error": True}
+    row.update(client_id=pm.client_id, topic=pm.msg.topic, qos=pm.msg.qos, payload_bytes=len(pm.msg.payload))
+    if pm.HasField("origin_offset"):
+        row["origin"] = f"{pm.origin_partition}:{pm.origin_offset}"
+    return row
+
+
+def replayed_value(value: bytes) -> bytes:
+    """A dead letter as written back to tbmq.msg.persisted: the same copy without its origin."""
+    from tbmq.v1 import messages_pb2 as pb
+
+    pm = pb.PersistedMsg.FromString(value)
+    pm.ClearField("origin_partition")
+    pm.ClearField("origin_offset")
+    return pm.SerializeToString()
+
+
+async def dead_letters(args) -> int:
+    records = [r for r in await read_records(args.bootstrap_servers, MSG_PERSISTED_DEAD, args.after_offset)
+               if args.client_id is None or (r.key or b"").decode("utf-8", "replace") == args.client_id]
+    if args.action == "list":
+        for r in records:
+            print(json.dumps(dead_letter_row(r), sort_keys=True))
+        return 0
+    from .kafka import make_producer
+
+    await _ensure(args.bootstrap_servers, MSG_PERSISTED)
+    producer = make_producer(args.bootstrap_servers, client_id="tbmq-cli")
+    await producer.start()
+    sent, skipped = [], 0
+    try:
+        for r in records:
+            try:
+                value = replayed_value(r.value or b"")
+            except Exception:  # DecodeError: left where it is
+                skipped += 1
+                continue
+            sent.append(await producer.send(MSG_PERSISTED, value, key=r.key))
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    last = max((r.offset for r in records), default=args.after_offset)
+    print(json.dumps({"replayed": len(sent), "undecodable": skipped, "last_offset": last}, sort_keys=True))
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------ parser
 def parser() -> argparse.ArgumentParser:
     kafka = argparse.ArgumentParser(add_help=False)
     kafka.add_argument("--bootstrap-servers", default="localhost:9092", help="Kafka (default localhost:9092)")
-    p = argparse.ArgumentParser(prog="tbmq", description="tbmq-py administration: credentials and blocked clients")
+    p = argparse.ArgumentParser(prog="tbmq",
+                                description="tbmq-py administration: credentials, blocked clients, dead letters")
     top = p.add_subparsers(dest="command", required=True)
 
     c = top.add_parser("credentials", help="MQTT credentials (tbmq.security.credentials)").add_subparsers(
@@ -177,13 +271,23 @@ def parser() -> argparse.ArgumentParser:
     b.add_parser("list", parents=[kafka], help="list blocked rules")
     bd = b.add_parser("delete", parents=[kafka], help="delete a blocked rule by its key (see list)")
     bd.add_argument("key")
+
+    dl = top.add_parser("dead-letters", help="stored copies Redis refused (tbmq.msg.persisted.dead)").add_subparsers(
+        dest="action", required=True)
+    for action, text in (("list", "one JSON line per dead letter (never the payload)"),
+                         ("replay", "write them again to tbmq.msg.persisted (once the client's keys are mended)")):
+        a = dl.add_parser(action, parents=[kafka], help=text)
+        a.add_argument("--client-id", help="only this client's dead letters")
+        a.add_argument("--after-offset", type=int, default=-1, metavar="N",
+                       help="only the dead letters above this offset (the last_offset a replay printed)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return asyncio.run(credentials(args) if args.command == "credentials" else blocked(args))
+        command = {"credentials": credentials, "blocked": blocked, "dead-letters": dead_letters}[args.command]
+        return asyncio.run(command(args))
     except CliError as exc:
         print(f"tbmq: {exc}", file=sys.stderr)
         return 2

@@ -51,6 +51,10 @@ class TopicLayout:
 
 MSG_ALL = "tbmq.msg.all"
 MSG_PERSISTED = "tbmq.msg.persisted"
+MSG_PERSISTED_DEAD = "tbmq.msg.persisted.dead"
+# headers of a tbmq.msg.persisted.dead record: what Redis answered, and the device-persistence instance
+DEAD_LETTER_ERROR_HEADER = "tbmq-error"
+DEAD_LETTER_INSTANCE_HEADER = "tbmq-instance"
 MSG_APP_PREFIX = APP_TOPIC_PREFIX
 MSG_APP_SHARED_PREFIX = SHARED_APP_TOPIC_PREFIX
 MSG_RETAINED = "tbmq.msg.retained"
@@ -118,6 +122,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(MSG_PERSISTED, "subscriber client id", "PersistedMsg", 12,
               "router, only with ROUTER_PERSIST_VIA=kafka (by default the copies go over device-persistence's "
               "gRPC Persist streams)", "device-persistence", single_node_partitions=1),
+    TopicSpec(MSG_PERSISTED_DEAD, "subscriber client id",
+              "PersistedMsg; header `tbmq-error`: what Redis answered", 1,
+              "device-persistence (stored copies Redis refused for the client's data, e.g. a key of another type)",
+              "`tbmq dead-letters list / replay` (replay: into tbmq.msg.persisted, without origin)",
+              retention_ms=30 * DAY_MS),
     TopicSpec(MSG_APP_PREFIX + "<client>", "MQTT topic", "PublishMsg (receiver copy)", 1, "router",
               "app-delivery (group app-delivery.c.<client>)"),
     TopicSpec(MSG_APP_SHARED_PREFIX + "<filter>", "MQTT topic", "PublishMsg (receiver copy)", 4, "router",

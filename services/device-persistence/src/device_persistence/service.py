@@ -21,7 +21,10 @@ one partition, in order):
      are revoked and at stop the batch in progress finishes, the forward queues are flushed (so this
      instance's forwards go out before the next owner's) and the in-flight and pending commits are done.
 
-Guarantee: an offset is committed only when every record below it is SAVED in Redis (step 2 returned).
+Guarantee: an offset is committed (a Persist batch answered) only when every record below it is SAVED in Redis
+(step 2 returned), or, for a client whose keys Redis refuses for their data (`store.refused_for_data`, after
+DEVICE_PERSISTENCE_SAVE_ATTEMPTS attempts), written to tbmq.msg.persisted.dead and acknowledged by Kafka
+(`_save_apart`; docs/device-persistence.md, "Dead letters").
 A crash before the commit replays those records, and a save retried after a Redis error repeats one: the
 client's state in Redis keeps the last offset applied, so neither stores a message twice (no duplicate,
 never a loss).
@@ -45,15 +48,16 @@ from redis.exceptions import RedisError
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.backoff import Backoff
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
-from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
+from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.lifecycle import Service
-from tbmq_platform.topics import MSG_PERSISTED, spec
+from tbmq_platform.topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, MSG_PERSISTED,
+                                  MSG_PERSISTED_DEAD, spec)
 
 from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
 from .settings import DevicePersistenceSettings
-from .store import DeviceMsgStore, Source
+from .store import DeviceMsgStore, SaveResult, Source, refused_for_data
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence")
@@ -111,13 +115,14 @@ class DevicePersistenceService(Service):
         self._commit_task: asyncio.Task | None = None  # the one commit in flight, off the hot loop
         self._last_commit = 0.0
         self.retention: RetentionWatch | None = None
+        self._dead_producer = None  # tbmq.msg.persisted.dead's producer, started with the first dead letter
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         s = self.s
         await self.store.start()  # connects, loads the scripts (a Lua error fails start-up)
         await self.store.ping()
-        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED)], layout=s.topic_layout)
+        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED), spec(MSG_PERSISTED_DEAD)], layout=s.topic_layout)
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       max_poll_records=s.max_poll_records, long_poll=True,
                                       group_instance_id=s.group_instance_id)
@@ -152,6 +157,8 @@ class DevicePersistenceService(Service):
                       {"stream_overflow": "forward_dropped", "no_stream": "forward_no_stream"})
         m.counters_by("failures", "failed operations (retried)", st, "what",
                       {"save": "save_failures", "commit": "commit_failures", "bad_record": "bad_records"})
+        m.counter("dead_lettered", "stored copies Redis refused for the client's data, sent to "
+                  "tbmq.msg.persisted.dead", lambda: st["dead_lettered"])
         m.gauge("forward_streams", "open Forward streams (one per connector)", lambda: len(self.forwards))
         m.gauge("forward_queued_bytes", "bytes queued on Forward streams", self.forwards.queued_bytes)
         m.lag("consumer_lag", lambda: [(self.s.group_id, self.consumer)] if self.consumer is not None else [])
@@ -177,6 +184,8 @@ class DevicePersistenceService(Service):
             await self.retention.close()
         if self.consumer is not None:
             await self.consumer.stop()
+        if self._dead_producer is not None:
+            await self._dead_producer.stop()
         await self.store.close()
         log.info("stopped: %s", dict(self.stats))
 
@@ -296,22 +305,87 @@ class DevicePersistenceService(Service):
             return results
 
     async def _save(self, groups, sources, origins=None):
+        """The batch saved, retried until it is (None when stopping first). After DEVICE_PERSISTENCE_SAVE_ATTEMPTS
+        attempts refused for the data (`refused_for_data`) each client is saved apart and the copies Redis still
+        refuses are dead-lettered (`_save_apart`)."""
         backoff = Backoff()
+        refusals = 0
+        lettered: set[str] = set()  # clients whose copies went to the dead letters (not sent again on a retry)
         while True:
             try:
-                results = await self.store.save_many_attached(groups, sources=sources, origins=origins)
+                if refusals >= self.s.save_attempts:
+                    results = await self._save_apart(groups, sources, origins or {}, lettered)
+                else:
+                    results = await self.store.save_many_attached(groups, sources=sources, origins=origins)
                 self.stats["saved"] += sum(len(r.messages) for r in results.values())
                 await self._forward_lost_replies(results)
                 return results
-            except (RedisError, OSError) as exc:
-                # Nothing is committed; a retry stores nothing twice (the batch's source offsets).
+            except (RedisError, OSError, KafkaError) as exc:
+                # Nothing is committed; a retry stores nothing twice (the batch's source offsets and origins).
                 self.stats["save_failures"] += 1
                 if self._stopping:
                     log.warning("save failed while stopping (%r): batch left uncommitted", exc)
                     return None
+                if refused_for_data(exc):
+                    refusals += 1
                 delay = backoff.next()
                 log.warning("saving a batch in Redis failed (%r); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+
+    async def _save_apart(self, groups, sources, origins, lettered: set[str]):
+        """Each client of a batch Redis keeps refusing saved on its own call. A client whose own save is still
+        refused for its data has its copies sent to tbmq.msg.persisted.dead (`_dead_letter`) and the batch goes
+        on: one client's broken keys do not stop every other client's saves. When no client of a batch of
+        several can be saved, the cause is Redis or the scripts, not one client's data: the error is raised and
+        the batch retried like any failed save (nothing dead-lettered)."""
+        todo = [cid for cid in groups if cid not in lettered]
+        outcomes = await asyncio.gather(*(self.store.save_many_attached(
+            {cid: groups[cid]}, sources={cid: sources[cid]} if cid in sources else None,
+            origins={cid: origins[cid]} if cid in origins else None) for cid in todo), return_exceptions=True)
+        results: dict[str, SaveResult] = {cid: SaveResult([]) for cid in lettered}
+        refused: dict[str, BaseException] = {}
+        for cid, outcome in zip(todo, outcomes):
+            if isinstance(outcome, dict):
+                results.update(outcome)
+            elif refused_for_data(outcome):
+                refused[cid] = outcome
+            else:
+                raise outcome
+        if refused and len(refused) == len(todo) and len(groups) > 1:
+            raise next(iter(refused.values()))
+        for cid, exc in refused.items():
+            await self._dead_letter(cid, groups[cid], origins.get(cid), exc)
+            lettered.add(cid)
+            results[cid] = SaveResult([])
+        return results
+
+    async def _dead_letter(self, client_id: str, msgs, origins, exc: BaseException) -> None:
+        """A client's copies Redis refused, to tbmq.msg.persisted.dead in order (key = client id, the copies as
+        routed, with their origins; header tbmq-error = Redis's answer), acknowledged by Kafka before the batch
+        goes on: nothing is lost, and `tbmq dead-letters replay` stores them once the client's keys are mended."""
+        if self._dead_producer is None:
+            producer = make_producer(self.s.bootstrap, client_id=f"{self.s.instance_id}-dead-letters")
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self._dead_producer = producer
+        error = str(exc).encode("utf-8", "replace")[:1000]
+        headers = [(DEAD_LETTER_ERROR_HEADER, error), (DEAD_LETTER_INSTANCE_HEADER, self.s.instance_id.encode())]
+        sends = []
+        for i, msg in enumerate(msgs):
+            pm = pb.PersistedMsg(client_id=client_id, msg=msg)
+            origin = origins[i] if origins else None
+            if origin is not None:
+                pm.origin_partition, pm.origin_offset = origin
+            sends.append(await self._dead_producer.send(MSG_PERSISTED_DEAD, value=pm.SerializeToString(),
+                                                        key=client_id.encode("utf-8"), headers=headers))
+        await asyncio.gather(*sends)
+        self.stats["dead_lettered"] += len(msgs)
+        log.error("Redis refused the stored copies of client %r (%s): %d message(s) sent to %s; "
+                  "`tbmq dead-letters replay --client-id` stores them once the client's keys are mended",
+                  client_id, error.decode("utf-8", "replace"), len(msgs), MSG_PERSISTED_DEAD)
 
     async def _forward_lost_replies(self, results) -> None:
         """A client whose whole batch the save found applied before, and stored none of it now: either a

@@ -60,6 +60,11 @@ class DevicePersistenceSettings(CommonSettings):
                               doc="TTL (s) of a stored message without an MQTT 5 message expiry")
     group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence", parse=nonempty,
                         doc="consumer group of tbmq.msg.persisted")
+    save_attempts: int = env("DEVICE_PERSISTENCE_SAVE_ATTEMPTS", 5, parse=integer(1, 1000),
+                             doc="attempts of a batch's save that Redis refuses for a client's data (a key of "
+                                 "another type, an error inside a script) before each client is saved apart "
+                                 "and the copies still refused go to tbmq.msg.persisted.dead; errors of Redis "
+                                 "itself (down, OOM, LOADING, ...) are retried without end")
     max_poll_records: int = env("DEVICE_PERSISTENCE_MAX_POLL_RECORDS", 2000, parse=integer(1, 100_000),
                                 doc="records per batch (getmany): one save_many + one commit per batch")
     commit_interval_ms: float = env("DEVICE_PERSISTENCE_COMMIT_INTERVAL_MS", 100.0, parse=number(0),

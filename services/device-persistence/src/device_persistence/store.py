@@ -77,6 +77,7 @@ __all__ = [
     "client_keys",
     "default_lua_dir",
     "hash_tag",
+    "refused_for_data",
     "script_source",
 ]
 
@@ -89,6 +90,20 @@ LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script but deta
 
 _TYPE_PUBLISH = b"P"
 _TYPE_PUBREL = b"R"
+
+
+def refused_for_data(exc: BaseException) -> bool:
+    """Redis refused a script call for what is in the keys or the arguments it was given, not for the state
+    of Redis: the same call fails the same way however often it is retried. A key of another type
+    (WRONGTYPE), or an error raised inside a script (Redis 7 ends those with "script: <sha>, on
+    @user_script:<line>."; the scripts' own checks answer "ERR <script>: ...", which redis-py gives without
+    "ERR "). Every other error (a connection, a timeout, BUSY, LOADING, OOM, READONLY, TRYAGAIN,
+    CLUSTERDOWN, NOSCRIPT, NOPERM, ...) is about Redis and passes when Redis does."""
+    if not isinstance(exc, ResponseError) or isinstance(exc, NoScriptError):
+        return False
+    text = str(exc)
+    return text.startswith("WRONGTYPE") or "@user_script:" in text or any(
+        text.startswith(f"{name}: ") for name in SCRIPT_NAMES)
 
 
 def default_lua_dir() -> Path:
