@@ -73,6 +73,8 @@ def message_metrics(topic: str, value: bytes | None, kafka_ts_ms: int) -> list[t
             if m.retain:
                 out.append((t, "incoming_retained_msgs", "", 1))
             return out
+        if topic == T.MSG_PERSISTED_TALLY:
+            return tally_metrics(pb.PersistTally.FromString(value))
         path = outgoing_path(topic)
         t = kafka_ts_ms
         if path == PATH_BASIC:
@@ -98,6 +100,16 @@ def message_metrics(topic: str, value: bytes | None, kafka_ts_ms: int) -> list[t
                 (t, "outgoing_bytes", "", n), (t, "outgoing_bytes", p, n)]
     except Exception:  # DecodeError and anything odd: count it, never fail the query
         return [(kafka_ts_ms, "decode_errors", f"topic={topic.split('.')[2] if topic.count('.') >= 2 else topic}", 1)]
+
+
+def tally_metrics(tally) -> list[tuple[int, str, str, int]]:
+    """One device-persistence PersistTally (the stored copies its Persist streams brought in one second) as the
+    rows tbmq.msg.persisted's records of those copies would give, at the second's start."""
+    t, n, size, p = tally.second_ms, tally.copies, tally.payload_bytes, f"path={PATH_PERSISTED}"
+    out = [(t, "outgoing_msgs", "", n), (t, "outgoing_msgs", p, n), (t, "outgoing_bytes", "", size),
+           (t, "outgoing_bytes", p, size)]
+    out += [(t, "outgoing_msgs", f"qos={q}", c) for q, c in enumerate(tally.copies_by_qos) if c]
+    return out
 
 
 def decode_message_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -6,14 +6,18 @@ import re
 
 from tbmq_platform import topics as T
 
-# Outgoing copies: one BasicDownlink per connector (counts its recipients), PersistedMsg, and the
-# APPLICATION topics (tbmq.msg.app.<client> and tbmq.msg.app.shared.<filter>).
-MESSAGE_TOPICS_PATTERN = "|".join([
+# Outgoing copies: one BasicDownlink per connector (counts its recipients), PersistedMsg, device-persistence's
+# per-second tallies of the copies it got over Persist streams (PersistTally), and the APPLICATION topics
+# (tbmq.msg.app.<client> and tbmq.msg.app.shared.<filter>).
+# Anchored: Spark's Kafka source keeps a topic when the pattern is found in its name (find, not a full match),
+# so an unanchored alternative `tbmq\.msg\.persisted` would also take tbmq.msg.persisted.dead.
+MESSAGE_TOPICS_PATTERN = "^(?:" + "|".join([
     re.escape(T.MSG_ALL),
     re.escape(T.DOWNLINK_BASIC_PREFIX) + ".+",
     re.escape(T.MSG_PERSISTED),
+    re.escape(T.MSG_PERSISTED_TALLY),
     re.escape(T.MSG_APP_PREFIX) + ".+",
-])
+]) + ")$"
 ENTITY_TOPICS = [T.CLIENT_SESSION, T.CLIENT_SUBSCRIPTIONS]
 
 

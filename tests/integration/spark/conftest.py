@@ -116,10 +116,14 @@ async def stats_run(kafka, spark, tmp_path_factory) -> StatsRun:
         client_id="dev1", msg=publish("pub-1", "sensors/t", b"y" * 7, 1, m0)).SerializeToString(), m0 + 40_001))
     recs.append((app_topic, b"alarms/x", publish("pub-1", "alarms/x", b"z" * 5, 2, m0).SerializeToString(),
                  m0 + 40_002))
-    for dim, v in (("", 4), ("path=basic", 2), ("path=persisted", 1), ("path=app", 1), ("qos=1", 2),
-                   ("qos=0", 1), ("qos=2", 1)):
+    # device-persistence's tally of 3 copies it got over Persist streams in one second (ROUTER_PERSIST_VIA=grpc)
+    recs.append((T.MSG_PERSISTED_TALLY, b"device-persistence-1", pb.PersistTally(
+        second_ms=m0 + 41_000, copies=3, payload_bytes=11, copies_by_qos=[1, 2, 0]).SerializeToString(),
+        m0 + 42_050))
+    for dim, v in (("", 4 + 3), ("path=basic", 2), ("path=persisted", 1 + 3), ("path=app", 1), ("qos=1", 2 + 2),
+                   ("qos=0", 1 + 1), ("qos=2", 1)):
         p1.add(m0 + 40_000, "outgoing_msgs", dim, v)
-    for dim, v in (("", 20 + 7 + 5), ("path=basic", 20), ("path=persisted", 7), ("path=app", 5)):
+    for dim, v in (("", 20 + 7 + 5 + 11), ("path=basic", 20), ("path=persisted", 7 + 11), ("path=app", 5)):
         p1.add(m0 + 40_000, "outgoing_bytes", dim, v)
     # minute 1: 5 more publishes; dev2 disconnects, dev3's session is removed (tombstone), dev1 takes over
     # its own session on a new connection (a disconnect + a connect, still one connected session)

@@ -51,7 +51,8 @@ def test_parquet_counts_per_window(stats_run):
     w0 = mine[b]
     assert w0[("incoming_msgs", "")] == 12 and w0[("incoming_bytes", "")] == sum(range(10, 130, 10))
     assert w0[("incoming_msgs", "qos=0")] == 4 and w0[("incoming_msgs", "segment=sensors")] == 6
-    assert w0[("outgoing_msgs", "")] == 4 and w0[("connects", "")] == 3
+    assert w0[("outgoing_msgs", "")] == 4 + 3 and w0[("connects", "")] == 3  # 3: device-persistence's tally
+    assert w0[("outgoing_msgs", "path=persisted")] == 1 + 3 and w0[("outgoing_bytes", "path=persisted")] == 7 + 11
 
 
 def test_restart_continues_without_double_counting(stats_run):

@@ -55,6 +55,7 @@ MSG_PERSISTED_DEAD = "tbmq.msg.persisted.dead"
 # headers of a tbmq.msg.persisted.dead record: what Redis answered, and the device-persistence instance
 DEAD_LETTER_ERROR_HEADER = "tbmq-error"
 DEAD_LETTER_INSTANCE_HEADER = "tbmq-instance"
+MSG_PERSISTED_TALLY = "tbmq.msg.persisted.tally"
 MSG_APP_PREFIX = APP_TOPIC_PREFIX
 MSG_APP_SHARED_PREFIX = SHARED_APP_TOPIC_PREFIX
 MSG_RETAINED = "tbmq.msg.retained"
@@ -127,6 +128,10 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               "device-persistence (stored copies Redis refused for the client's data, e.g. a key of another type)",
               "`tbmq dead-letters list / replay` (replay: into tbmq.msg.persisted, without origin)",
               retention_ms=30 * DAY_MS),
+    TopicSpec(MSG_PERSISTED_TALLY, "device-persistence instance id",
+              "PersistTally: the stored copies received on Persist streams in one second", 1,
+              "device-persistence (ROUTER_PERSIST_VIA=grpc; a record per second that had copies)",
+              "spark stats job (outgoing path=persisted)"),
     TopicSpec(MSG_APP_PREFIX + "<client>", "MQTT topic", "PublishMsg (receiver copy)", 1, "router",
               "app-delivery (group app-delivery.c.<client>)"),
     TopicSpec(MSG_APP_SHARED_PREFIX + "<filter>", "MQTT topic", "PublishMsg (receiver copy)", 4, "router",

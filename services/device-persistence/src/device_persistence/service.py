@@ -36,6 +36,7 @@ is fetched by the connector when its stream (re)opens or ends, or by the client'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -52,15 +53,19 @@ from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, MSG_PERSISTED,
-                                  MSG_PERSISTED_DEAD, spec)
+                                  MSG_PERSISTED_DEAD, MSG_PERSISTED_TALLY, spec)
 
 from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
 from .settings import DevicePersistenceSettings
 from .store import DeviceMsgStore, SaveResult, Source, refused_for_data
+from .tally import Tallies
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence")
+
+TALLY_DELAY_S = 0.05  # a second's tally is written this long after it ends (its last batches answered)
+TALLY_STOP_TIMEOUT_S = 5.0
 
 
 def _collect(pm, groups: dict, origins: dict) -> bool:
@@ -115,14 +120,17 @@ class DevicePersistenceService(Service):
         self._commit_task: asyncio.Task | None = None  # the one commit in flight, off the hot loop
         self._last_commit = 0.0
         self.retention: RetentionWatch | None = None
-        self._dead_producer = None  # tbmq.msg.persisted.dead's producer, started with the first dead letter
+        self._producer = None  # dead letters and tallies; started when the first is written
+        self.tallies = Tallies()  # the Persist streams' copies per second, for the Spark statistics (tally.py)
+        self._tally_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         s = self.s
         await self.store.start()  # connects, loads the scripts (a Lua error fails start-up)
         await self.store.ping()
-        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED), spec(MSG_PERSISTED_DEAD)], layout=s.topic_layout)
+        await ensure_topics(s.bootstrap, [spec(MSG_PERSISTED), spec(MSG_PERSISTED_DEAD), spec(MSG_PERSISTED_TALLY)],
+                            layout=s.topic_layout)
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       max_poll_records=s.max_poll_records, long_poll=True,
                                       group_instance_id=s.group_instance_id)
@@ -184,8 +192,14 @@ class DevicePersistenceService(Service):
             await self.retention.close()
         if self.consumer is not None:
             await self.consumer.stop()
-        if self._dead_producer is not None:
-            await self._dead_producer.stop()
+        if self._tally_task is not None:
+            self._tally_task.cancel()
+        if self.tallies:  # the last seconds' tallies, best effort
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TALLY_STOP_TIMEOUT_S):
+                    await self._send_tallies(self.tallies.take_all())
+        if self._producer is not None:
+            await self._producer.stop()
         await self.store.close()
         log.info("stopped: %s", dict(self.stats))
 
@@ -278,6 +292,7 @@ class DevicePersistenceService(Service):
             raise RuntimeError("stopping while Redis is unavailable: the batch is not answered")
         self.stats["persist_records"] += len(records)
         self.stats["persist_batches"] += 1
+        self._tally(groups)
         return sum(len(r.messages) for r in results.values())
 
     def _decode(self, value: bytes | None, tp=None, offset: int = 0):
@@ -363,14 +378,7 @@ class DevicePersistenceService(Service):
         """A client's copies Redis refused, to tbmq.msg.persisted.dead in order (key = client id, the copies as
         routed, with their origins; header tbmq-error = Redis's answer), acknowledged by Kafka before the batch
         goes on: nothing is lost, and `tbmq dead-letters replay` stores them once the client's keys are mended."""
-        if self._dead_producer is None:
-            producer = make_producer(self.s.bootstrap, client_id=f"{self.s.instance_id}-dead-letters")
-            try:
-                await producer.start()
-            except BaseException:
-                await producer.stop()
-                raise
-            self._dead_producer = producer
+        producer = await self._kafka_producer()
         error = str(exc).encode("utf-8", "replace")[:1000]
         headers = [(DEAD_LETTER_ERROR_HEADER, error), (DEAD_LETTER_INSTANCE_HEADER, self.s.instance_id.encode())]
         sends = []
@@ -379,13 +387,60 @@ class DevicePersistenceService(Service):
             origin = origins[i] if origins else None
             if origin is not None:
                 pm.origin_partition, pm.origin_offset = origin
-            sends.append(await self._dead_producer.send(MSG_PERSISTED_DEAD, value=pm.SerializeToString(),
-                                                        key=client_id.encode("utf-8"), headers=headers))
+            sends.append(await producer.send(MSG_PERSISTED_DEAD, value=pm.SerializeToString(),
+                                             key=client_id.encode("utf-8"), headers=headers))
         await asyncio.gather(*sends)
         self.stats["dead_lettered"] += len(msgs)
         log.error("Redis refused the stored copies of client %r (%s): %d message(s) sent to %s; "
                   "`tbmq dead-letters replay --client-id` stores them once the client's keys are mended",
                   client_id, error.decode("utf-8", "replace"), len(msgs), MSG_PERSISTED_DEAD)
+
+    async def _kafka_producer(self):
+        """The service's producer (dead letters, tallies), started at its first use: an instance that writes
+        neither never connects one."""
+        if self._producer is None:
+            producer = make_producer(self.s.bootstrap, client_id=f"{self.s.instance_id}-producer")
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    def _tally(self, groups) -> None:
+        """The copies of an answered Persist batch counted in this second (tally.py); the writer runs while
+        tallies are pending, so an idle instance has no timer."""
+        self.tallies.add(int(time.time()), [m for msgs in groups.values() for m in msgs])
+        if self._tally_task is None or self._tally_task.done():
+            self._tally_task = self.spawn(self._write_tallies(), "persist tallies")
+
+    async def _write_tallies(self) -> None:
+        """Each second's tally written to tbmq.msg.persisted.tally just after the second ends; failures are logged
+        and the tallies kept for the next attempt (never raises: statistics never stop the service)."""
+        backoff = Backoff()
+        while self.tallies:
+            await asyncio.sleep(1.0 - time.time() % 1.0 + TALLY_DELAY_S)
+            done = self.tallies.take_done(time.time())
+            if done and not await self._send_tallies(done):
+                self.tallies.put_back(done)
+                await asyncio.sleep(backoff.next())
+            else:
+                backoff.reset()
+
+    async def _send_tallies(self, tallies) -> bool:
+        try:
+            producer = await self._kafka_producer()
+            key = self.s.instance_id.encode()
+            await asyncio.gather(*[await producer.send(MSG_PERSISTED_TALLY, t.SerializeToString(), key=key,
+                                                       timestamp_ms=t.second_ms) for t in tallies])
+            self.stats["tallies_written"] += len(tallies)
+            return True
+        except Exception as exc:  # KafkaError, OSError, a producer that would not start
+            self.stats["tally_failures"] += 1
+            log.warning("writing %d persist tallies to %s failed (%r); kept for the next attempt",
+                        len(tallies), MSG_PERSISTED_TALLY, exc)
+            return False
 
     async def _forward_lost_replies(self, results) -> None:
         """A client whose whole batch the save found applied before, and stored none of it now: either a

@@ -355,6 +355,18 @@ class ApplicationRemovedEvent(_message.Message):
     removed_at_ms: int
     def __init__(self, client_id: _Optional[str] = ..., topic: _Optional[str] = ..., removed_at_ms: _Optional[int] = ...) -> None: ...
 
+class PersistTally(_message.Message):
+    __slots__ = ("second_ms", "copies", "payload_bytes", "copies_by_qos")
+    SECOND_MS_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COPIES_BY_QOS_FIELD_NUMBER: _ClassVar[int]
+    second_ms: int
+    copies: int
+    payload_bytes: int
+    copies_by_qos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, second_ms: _Optional[int] = ..., copies: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., copies_by_qos: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class UsageStat(_message.Message):
     __slots__ = ("key", "dimension", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]
