@@ -68,6 +68,7 @@ class Client:
         self.pubacks: dict[int, object] = {}
         self.disconnected = None
         self.disconnect_properties = None
+        self.disconnects: list = []  # every disconnect's reason code, in order (paho reconnects by itself)
         self.c.on_message = self._on_message
         self.c.on_connect = self._on_connect
         self.c.on_subscribe = self._on_subscribe
@@ -98,6 +99,7 @@ class Client:
         with self.cond:
             self.disconnected = reason_code
             self.disconnect_properties = properties
+            self.disconnects.append(reason_code)
             self.cond.notify_all()
 
     def wait(self, pred: Callable[[], bool], timeout: float | None = None) -> bool:

@@ -205,6 +205,33 @@ async def test_blocked_client_id_refused_then_unblocked(sec, unique, v5):
         await run((await accepted_on(port, cid, v5, (user, "pw"))).close)
 
 
+@pytest.mark.parametrize("v5", [False, True], ids=["311", "5"])
+async def test_a_connected_client_is_disconnected_when_blocked_or_its_credential_deleted(sec, unique, v5):
+    """A blocked rule written while a matching client is connected closes its connection on whichever connector
+    holds it (v5: DISCONNECT 0x98 Administrative action; 3.1.1: the socket closed), and a client whose
+    credential is deleted is closed the same way; another client of the same credential stays connected when
+    only the first is blocked."""
+    user, bad, good = unique("kick"), unique("bad"), unique("good")
+    await add_credential(sec, user, "pw", "--pub", "kick/#")
+    blocked = await accepted_on(sec.mqtt_ports[0], bad, v5, (user, "pw"))
+    other = await accepted_on(sec.mqtt_ports[1], good, v5, (user, "pw"))
+    await run(tbmq, sec, "blocked", "add", "--client-id", bad, "--expires-in", "3600")
+    assert await run(blocked.wait, lambda: blocked.disconnects, BOUND), "the blocked client stayed"
+    if v5:
+        assert blocked.disconnects[0].value == RC.ADMINISTRATIVE_ACTION
+    # the other client of the same credential still works: its QoS 1 PUBLISH is acknowledged
+    info = await run(other.publish, "kick/t", b"m", 1, check=False)
+    assert await run(other.wait, lambda: info.mid in other.pubacks) and other.pubacks[info.mid].value == 0
+    assert other.disconnects == []
+    await run(tbmq, sec, "credentials", "delete", user)
+    assert await run(other.wait, lambda: other.disconnects, BOUND), "the deleted credential's client stayed"
+    if v5:
+        assert other.disconnects[0].value == RC.ADMINISTRATIVE_ACTION
+    await run(tbmq, sec, "blocked", "delete", f"client_id:{bad}")
+    for c in (blocked, other):
+        await run(c.close)
+
+
 # ------------------------------------------------------------------------------------------------ X.509
 async def test_client_certificate_cn_authenticates_without_a_password(sec, unique, tmp_path):
     user = unique("x509")

@@ -21,7 +21,7 @@ import pytest
 from mqtt_clients import BOUND, Client, payloads, poll, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.services import readyz
-from tbmq_launcher.tls import issue_client_cert
+from tbmq_launcher.tls import ensure_dev_certs, issue_client_cert
 from tbmq_mqtt import Connect, encode
 
 pytestmark = [pytest.mark.e2e]
@@ -224,3 +224,47 @@ async def test_a_bad_tls_setting_stops_start_up_with_one_message(tmp_path):
     for text in ("MQTT_TLS_PORT=18883", "MQTT_WSS_PORT=18084", "MQTT_TLS_CERT_FILE", "MQTT_TLS_KEY_FILE=",
                  "no such file", "MQTT_TLS_CA_FILE"):
         assert text in lines[0], text
+
+
+def presented_cert(port: int, ca: str) -> bytes:
+    """The DER certificate the TLS listener on `port` presents to a client that trusts `ca`."""
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def der(pem_file) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(open(pem_file).read())
+
+
+async def test_a_renewed_certificate_is_loaded_without_a_restart(kafka, tmp_path_factory, tmp_path):
+    """MQTT_TLS_RELOAD_INTERVAL_S: the connector checks its TLS files and loads changed ones for new handshakes
+    (TLS and WSS). A certificate that does not match its key (a renewal half written) is refused and the old
+    one kept; once the key follows, the new certificate is presented, with no restart."""
+    async with suite(kafka, tmp_path_factory.mktemp("suite-reload"), ["connector"],
+                     {"MQTT_TLS_RELOAD_INTERVAL_S": "0.2", "MQTT_PORT": "0", "MQTT_WS_PORT": "0"},
+                     tls_dir=tmp_path_factory.mktemp("tls-reload")) as s:
+        certs, port, health = s.tls, s.tls_ports[0], s.instance("connector").health_port
+        old = der(certs.server_cert)
+        assert await run(presented_cert, port, str(certs.ca)) == old
+        # a renewal by the same CA, made next to the live files
+        renewal = tmp_path / "renewal"
+        renewal.mkdir()
+        for f in (certs.ca, certs.ca_key):
+            shutil.copy(f, renewal / f.name)
+        new = ensure_dev_certs(renewal)
+        assert der(new.server_cert) != old
+
+        os.replace(new.server_cert, certs.server_cert)       # the certificate first: its key is not there yet
+        await wait_until(lambda: _detail(health, "tls_reload_failures"), BOUND, "the half-written pair refused")
+        assert await run(presented_cert, port, str(certs.ca)) == old
+        assert await run(presented_cert, s.wss_ports[0], str(certs.ca)) == old
+        os.replace(new.server_key, certs.server_key)
+        await wait_until(lambda: _detail(health, "tls_reloads"), BOUND, "the renewed certificate loaded")
+        for p in (port, s.wss_ports[0]):
+            assert await run(presented_cert, p, str(certs.ca)) == der(certs.server_cert) != old
+
+
+async def _detail(health_port: int, key: str) -> int:
+    return (await readyz(health_port)).get(key, 0)

@@ -273,6 +273,31 @@ def test_administrative_disconnect_is_reported_and_sends_the_will_now():
     assert [w.delay for w in c.of(ScheduleWill)] == [0]
 
 
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_revoked_connection_is_closed_reported_and_its_will_sent(level):
+    """A blocked rule that matches a connected client, or its credential deleted (connector.service): v5
+    DISCONNECT 0x98 with the reason as its Reason String, 3.x the socket closed; reported like any close by
+    the server, so the Will goes; the CONNECT's user name is what blocked rules match."""
+    c = Client(level)
+    c.connect(answer(), will=Will(topic="w", payload=b"bye", qos=1, retain=False), username="alice")
+    c.take_effects()
+    assert c.m.username == "alice"
+    c.call("revoke", "blocked by an administrator")
+    sent = c.take()
+    if level == 5:
+        assert plain(sent) == [Disconnect(RC.ADMINISTRATIVE_ACTION)]
+        assert sent[0].properties.reason_string == "blocked by an administrator"
+    else:
+        assert sent == []
+    assert c.closed is not None and "access revoked" in c.closed.reason
+    (report,) = c.of(ReportDisconnect)
+    assert not report.graceful
+    assert [w.delay for w in c.of(ScheduleWill)] == [0]
+    assert c.m.stats["connections_revoked"] == 1
+    c.call("revoke", "again")  # closed: nothing more
+    assert c.take() == [] and c.m.stats["connections_revoked"] == 1
+
+
 # ------------------------------------------------------------------------------------------ keep alive
 @pytest.mark.parametrize("level", [4, 5])
 def test_keep_alive_timeout_after_one_and_a_half_periods(level):

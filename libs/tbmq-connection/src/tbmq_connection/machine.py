@@ -200,6 +200,7 @@ class ConnectionMachine:
         self.keep_alive = 0
         # session
         self.client_id = ""
+        self.username: str | None = None
         self.session_id = ""
         self.session: pb.SessionInfo | None = None
         self.client_type = pb.CLIENT_TYPE_DEVICE
@@ -708,6 +709,17 @@ class ConnectionMachine:
         self._close(f"session taken over ({rc.name})", rc=rc, reason_string=_TAKEOVER_TEXT[rc])
         return self.effects
 
+    def revoke(self, why: str, now: int) -> deque:
+        """An operator took the client's right to be connected away (a blocked rule that matches it, its
+        credential deleted): v5 DISCONNECT 0x98 Administrative action with `why` as the Reason String; 3.x: the
+        network connection is closed. As after any close by the server, the Will is published."""
+        if self.state == CLOSED:
+            return self.effects
+        self.stats["connections_revoked"] += 1
+        self._close(f"access revoked: {why}", rc=RC.ADMINISTRATIVE_ACTION, reason_string=why,
+                    log_level=logging.WARNING)
+        return self.effects
+
     def shutdown(self, now: int) -> deque:
         """The server is shutting down: v5 DISCONNECT 0x8B."""
         self._close("server shutting down", rc=RC.SERVER_SHUTTING_DOWN)
@@ -757,6 +769,7 @@ class ConnectionMachine:
         self.state = CONNECTING
         self._plan = plan
         self.client_id = plan.client_id
+        self.username = c.username  # what blocked rules match (tbmq_auth.BlockedRule.matches), at CONNECT and after
         self.session_id = str(uuid.uuid4())
         self.keep_alive = plan.keep_alive
         self.client_max_packet = plan.maximum_packet_size

@@ -132,6 +132,11 @@ class Connection(asyncio.Protocol):
         return self.m.session_id if self.m is not None else ""
 
     @property
+    def username(self) -> str | None:
+        """The CONNECT's user name (None: none given, or no CONNECT yet)."""
+        return self.m.username if self.m is not None else None
+
+    @property
     def credential(self) -> str | None:
         """The name of the credential the client authenticated with (None: anonymous or not yet)."""
         m = self.m
@@ -250,6 +255,13 @@ class Connection(asyncio.Protocol):
 
     def take_over(self, cmd: pb.DisconnectCommand) -> None:
         self.m.take_over(cmd, _now_ms())
+        self._drain()
+
+    def revoke(self, why: str) -> None:
+        """Closed by an operator's rule (ConnectionMachine.revoke)."""
+        if self.m is None:
+            return
+        self.m.revoke(why, _now_ms())
         self._drain()
 
     def shutdown(self) -> None:

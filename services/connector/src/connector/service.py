@@ -32,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import os
+import ssl
 import time
 import uuid
 from collections import Counter
@@ -94,6 +96,18 @@ async def assign_at_end(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> li
     for tp in tps:
         await consumer.position(tp)
     return tps
+
+
+def file_stamps(paths) -> tuple:
+    """What tells a changed file (modification time, size, inode; None when missing), per path."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 class ConnectorService(Service):
@@ -189,7 +203,7 @@ class ConnectorService(Service):
         self.subs_view = self.views.view(CLIENT_SUBSCRIPTIONS, self._apply_subscriptions)
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
-        self.views.view(SECURITY_BLOCKED, self.auth_tables.apply_blocked)
+        self.views.view(SECURITY_BLOCKED, self._apply_blocked)
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
@@ -214,6 +228,8 @@ class ConnectorService(Service):
         ssl_ctx = s.server_ssl_context() if any(li.tls for li in s.listeners()) else None
         for li in s.listeners():
             await self._listen(li, ssl_ctx)
+        if ssl_ctx is not None and s.tls_reload_interval_s > 0:
+            self.spawn(self._tls_reload_loop(ssl_ctx, file_stamps(s.tls_files())), "TLS reload")
         self.mqtt_port = self.bound.get("mqtt", 0)
         self._register_metrics()
         if s.sys_interval_s > 0:
@@ -223,6 +239,32 @@ class ConnectorService(Service):
                  ", ".join(f"{li.name} {li.host}:{self.bound[li.name]}" for li in s.listeners()),
                  len(self.retained), len(self._subs_raw), len(self.auth_tables.credentials),
                  ",".join(s.auth_providers), "allowed" if self.authorizer.allow_anonymous else "refused")
+
+    async def _tls_reload_loop(self, ctx: ssl.SSLContext, seen: tuple) -> None:
+        """Every MQTT_TLS_RELOAD_INTERVAL_S: when a TLS file changed (a renewed certificate), the files are first
+        loaded into a context of their own (a half-written or mismatched pair is refused there, and tried again
+        at the next check), then into the listeners' context, which every new TLS / WSS handshake uses; open
+        connections keep what they negotiated. A CA file's certificates are added (a CA removed from it stays
+        trusted until a restart)."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(s.tls_reload_interval_s)
+            now = file_stamps(s.tls_files())
+            if now == seen:
+                continue
+            try:
+                s.server_ssl_context()
+                ctx.load_cert_chain(s.tls_cert_file, s.tls_key_file)
+                if s.tls_ca_file:
+                    ctx.load_verify_locations(cafile=s.tls_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                self.stats["tls_reload_failures"] += 1
+                log.warning("the TLS files changed but do not load (%s): the listeners keep the current "
+                            "certificate; checked again in %gs", exc, s.tls_reload_interval_s)
+                continue
+            seen = now
+            self.stats["tls_reloads"] += 1
+            log.info("TLS certificate reloaded from %s for new connections", s.tls_cert_file)
 
     def _register_metrics(self) -> None:
         """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time (nothing per message)."""
@@ -543,14 +585,35 @@ class ConnectorService(Service):
 
     def _apply_credential(self, key: bytes | None, value: bytes | None) -> None:
         """A credential written (or deleted): the table, then every connection authenticated with it re-checks
-        its subscriptions (one pass over the connections per change: changes are an operator's, rare)."""
+        its subscriptions, or is closed when the credential was deleted (ConnectionMachine.revoke). One pass over
+        the connections per change: changes are an operator's, rare."""
         if key is None:
             return
         self.auth_tables.apply_credential(key, value)
         name = key.decode()
-        for conn in self.connections:
+        gone = name not in self.auth_tables.credentials  # deleted (or unreadable): nothing authenticates them now
+        for conn in list(self.connections):
             if conn.credential == name:
-                conn.acl_changed()
+                if gone:
+                    conn.revoke("credential deleted")
+                else:
+                    conn.acl_changed()
+
+    def _apply_blocked(self, key: bytes | None, value: bytes | None) -> None:
+        """A blocked rule written (or deleted): the table, then every connection a rule now in force matches is
+        closed (ConnectionMachine.revoke: v5 DISCONNECT 0x98 Administrative action; 3.x: the socket closed). Its
+        reconnect is refused at CONNECT (0x8A Banned; 3.x: 5) while the rule lasts."""
+        if key is None:
+            return
+        self.auth_tables.apply_blocked(key, value)
+        rule = self.auth_tables.blocked.get(key.decode()) if value is not None else None
+        if rule is None:
+            return
+        now = int(time.time() * 1000)
+        for conn in list(self.connections):
+            m = conn.m
+            if m is not None and m.client_id and rule.matches(m.client_id, m.username, m.peer_ip, now):
+                conn.revoke("blocked by an administrator")
 
     def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:

@@ -61,6 +61,10 @@ class ConnectorSettings(CommonSettings):
         "MQTT_TLS_CLIENT_AUTH", "none", parse=choice("none", "optional", "required"),
         doc="client certificates on TLS/WSS: none (not asked), optional (verified when sent), required (a client "
             "without one signed by MQTT_TLS_CA_FILE is refused at the handshake)")
+    tls_reload_interval_s: float = env(
+        "MQTT_TLS_RELOAD_INTERVAL_S", 60.0, parse=number(0),
+        doc="how often the TLS files are checked; changed ones (a renewed certificate) are loaded into the TLS and "
+            "WSS listeners for new connections, open ones keep theirs (0 = never: a restart loads them)")
     # authentication (docs/security.md)
     auth_providers: tuple[str, ...] = env(
         "MQTT_AUTH_PROVIDERS", DEFAULT_PROVIDERS, parse=parse_providers,
@@ -249,6 +253,10 @@ class ConnectorSettings(CommonSettings):
         ctx.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
                            "required": ssl.CERT_REQUIRED}[self.tls_client_auth]
         return ctx
+
+    def tls_files(self) -> tuple[str, ...]:
+        """The files server_ssl_context reads."""
+        return tuple(f for f in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file) if f)
 
     def _listener_problems(self) -> list[str]:
         problems = []
