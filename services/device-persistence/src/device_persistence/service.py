@@ -64,7 +64,8 @@ from .tally import Tallies
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence")
 
-TALLY_DELAY_S = 0.05  # a second's tally is written this long after it ends (its last batches answered)
+TALLY_FLUSH_S = 5.0  # the tallies of the seconds ended are written together this often (one produce request)
+TALLY_DELAY_S = 0.05  # ... this long after a multiple of TALLY_FLUSH_S (the last batches of a second answered)
 TALLY_STOP_TIMEOUT_S = 5.0
 
 
@@ -416,11 +417,12 @@ class DevicePersistenceService(Service):
             self._tally_task = self.spawn(self._write_tallies(), "persist tallies")
 
     async def _write_tallies(self) -> None:
-        """Each second's tally written to tbmq.msg.persisted.tally just after the second ends; failures are logged
-        and the tallies kept for the next attempt (never raises: statistics never stop the service)."""
+        """The tallies of the seconds ended written to tbmq.msg.persisted.tally every TALLY_FLUSH_S (a record per
+        second, one request: a write costs wake-ups in this process and in Kafka, so not one a second); failures
+        are logged and the tallies kept for the next attempt (never raises: statistics never stop the service)."""
         backoff = Backoff()
         while self.tallies:
-            await asyncio.sleep(1.0 - time.time() % 1.0 + TALLY_DELAY_S)
+            await asyncio.sleep(TALLY_FLUSH_S - time.time() % TALLY_FLUSH_S + TALLY_DELAY_S)
             done = self.tallies.take_done(time.time())
             if done and not await self._send_tallies(done):
                 self.tallies.put_back(done)

@@ -2,7 +2,8 @@
 
 With `ROUTER_PERSIST_VIA=kafka` the statistics job counts the records of tbmq.msg.persisted as outgoing copies
 (path=persisted). Over Persist streams (the default) no record of them reaches Kafka, so device-persistence
-writes one `PersistTally` a second that had copies to tbmq.msg.persisted.tally, and the job counts those
+writes one `PersistTally` per second that had copies to tbmq.msg.persisted.tally (the ended seconds together,
+every few seconds), and the job counts those
 (spark/tbmq_spark/decode.py). A tally covers one wall-clock second, so it falls in exactly one window of any
 whole-second length. Counts are of copies received, as tbmq.msg.persisted's records are of copies written: a
 batch a router sends again after its stream reopened is counted again, as a router's replay writes its records
