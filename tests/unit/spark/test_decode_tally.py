@@ -71,3 +71,13 @@ def test_pending_tallies_are_bounded():
     assert tallies.dropped == 3
     done = tallies.take_done(10**9)
     assert len(done) == MAX_PENDING_SECONDS and done[0].second_ms == 3000
+    # a write that keeps failing: each attempt takes the pending tallies and puts them back with the seconds
+    # counted meanwhile; the bound holds across the attempts, the oldest dropped
+    tallies.put_back(done)
+    for attempt in range(4):
+        failed = tallies.take_done(10**9)
+        tallies.add(10**6 + attempt, one)
+        tallies.put_back(failed)
+    kept = tallies.take_all()
+    assert len(kept) == MAX_PENDING_SECONDS and tallies.dropped == 3 + 4
+    assert [t.second_ms // 1000 for t in kept[-4:]] == [10**6 + a for a in range(4)]

@@ -31,10 +31,8 @@ class Tallies:
         """Counts `msgs` (PublishMsg copies) in `second`."""
         t = self._by_second.get(second)
         if t is None:
-            if len(self._by_second) >= MAX_PENDING_SECONDS:
-                del self._by_second[min(self._by_second)]
-                self.dropped += 1
             t = self._by_second[second] = [0, 0, 0, 0, 0]
+            self._bound()
         for m in msgs:
             t[0] += 1
             t[1] += len(m.payload)
@@ -61,6 +59,15 @@ class Tallies:
             cur[1] += t.payload_bytes
             for q, n in enumerate(t.copies_by_qos[:3]):
                 cur[2 + q] += n
+        self._bound()
+
+    def _bound(self) -> None:
+        """At most MAX_PENDING_SECONDS pending, the oldest dropped: whether a new second is counted or a failed
+        write's tallies come back (while Kafka refuses writes, each attempt takes the pending ones and puts them
+        back with the seconds counted meanwhile)."""
+        while len(self._by_second) > MAX_PENDING_SECONDS:
+            del self._by_second[min(self._by_second)]
+            self.dropped += 1
 
     @staticmethod
     def _message(second: int, t: list[int]) -> pb.PersistTally:
