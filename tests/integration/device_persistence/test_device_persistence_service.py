@@ -732,43 +732,42 @@ async def test_tbmq_msg_persisted_records_of_a_refused_client_are_dead_lettered_
         await dp.stub.Clear(spb.ClearRequest(client_id=cid))
 
 
-async def test_the_copies_of_persist_streams_are_tallied_per_second_for_the_statistics(dp):
+async def test_the_copies_of_persist_streams_are_tallied_per_second_for_the_statistics(kafka, tmp_path_factory):
     """Each second that had Persist-stream copies gets one PersistTally on tbmq.msg.persisted.tally (key = the
     instance), written once the second is over: together they count every copy answered, with its QoS and
-    payload bytes (the Spark statistics' outgoing path=persisted, tests/unit/spark/test_decode_tally.py)."""
+    payload bytes (the Spark statistics' outgoing path=persisted, tests/unit/spark/test_decode_tally.py). An
+    instance of its own: the module's `dp` instances tally the other tests' copies, and write them up to
+    TALLY_FLUSH_S later, so their tallies could land after any starting offset taken here."""
     from tbmq_platform.cli import read_records
     from tbmq_platform.topics import MSG_PERSISTED_TALLY
 
-    key = dp.suite.service_id("device-persistence").encode()
-    start = {r.partition: r.offset for r in await read_records(dp.suite.bootstrap_servers, MSG_PERSISTED_TALLY)}
-    c = f"dev-{uuid.uuid4().hex[:10]}"
-    batches = [[pb.PersistedMsg(client_id=c, msg=pb.PublishMsg(topic="t", payload=b"x" * (i + j), qos=(i + j) % 3),
-                                origin_partition=0, origin_offset=1000 + 10 * i + j).SerializeToString()
-                for j in range(3)] for i in range(4)]
-    sent = [pb.PersistedMsg.FromString(v).msg for b in batches for v in b]
-    call = dp.stub.Persist()
-    try:
-        for seq, records in enumerate(batches, 1):
-            await call.write(spb.PersistBatch(seq=seq, records=records))
-        assert [x.seq for x in [await call.read() for _ in batches]] == [1, 2, 3, 4]
-    finally:
-        call.cancel()
-    answered_ms = time.time() * 1000
+    async with own_suite(kafka, tmp_path_factory, "tally", {}) as dp:
+        key = dp.suite.service_id("device-persistence").encode()
+        c = f"dev-{uuid.uuid4().hex[:10]}"
+        batches = [[pb.PersistedMsg(client_id=c, msg=pb.PublishMsg(topic="t", payload=b"x" * (i + j),
+                                                                   qos=(i + j) % 3),
+                                    origin_partition=0, origin_offset=1000 + 10 * i + j).SerializeToString()
+                    for j in range(3)] for i in range(4)]
+        sent = [pb.PersistedMsg.FromString(v).msg for b in batches for v in b]
+        call = dp.stub.Persist()
+        try:
+            for seq, records in enumerate(batches, 1):
+                await call.write(spb.PersistBatch(seq=seq, records=records))
+            assert [x.seq for x in [await call.read() for _ in batches]] == [1, 2, 3, 4]
+        finally:
+            call.cancel()
+        answered_ms = time.time() * 1000
+        got: list = []
 
-    def newer(records):
-        return [r for r in records if r.offset > start.get(r.partition, -1) and r.key == key]
+        async def tallied() -> bool:
+            got[:] = [pb.PersistTally.FromString(r.value)
+                      for r in await read_records(dp.suite.bootstrap_servers, MSG_PERSISTED_TALLY) if r.key == key]
+            return sum(t.copies for t in got) >= len(sent)
 
-    got: list = []
-
-    async def tallied() -> bool:
-        got[:] = [pb.PersistTally.FromString(r.value)
-                  for r in newer(await read_records(dp.suite.bootstrap_servers, MSG_PERSISTED_TALLY))]
-        return sum(t.copies for t in got) >= len(sent)
-
-    assert await poll(tallied, BOUND), f"tallies: {got}"
-    assert sum(t.copies for t in got) == len(sent)
-    assert sum(t.payload_bytes for t in got) == sum(len(m.payload) for m in sent)
-    assert [sum(t.copies_by_qos[q] for t in got if len(t.copies_by_qos) > q) for q in range(3)] == [
-        sum(m.qos == q for m in sent) for q in range(3)]
-    assert all(t.second_ms % 1000 == 0 and t.second_ms <= answered_ms for t in got)
-    await dp.stub.Clear(spb.ClearRequest(client_id=c))
+        assert await poll(tallied, BOUND), f"tallies: {got}"
+        assert sum(t.copies for t in got) == len(sent)
+        assert sum(t.payload_bytes for t in got) == sum(len(m.payload) for m in sent)
+        assert [sum(t.copies_by_qos[q] for t in got if len(t.copies_by_qos) > q) for q in range(3)] == [
+            sum(m.qos == q for m in sent) for q in range(3)]
+        assert all(t.second_ms % 1000 == 0 and t.second_ms <= answered_ms for t in got)
+        await dp.stub.Clear(spb.ClearRequest(client_id=c))
