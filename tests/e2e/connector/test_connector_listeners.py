@@ -1,7 +1,8 @@
 """The connector's four listeners end to end, with clients nobody here wrote: paho-mqtt 3.1.1 and 5.0 over
 TLS (verifying the launcher's development CA), WebSocket (path /mqtt) and WSS; mosquitto_pub/mosquitto_sub
 with --cafile over TLS; client certificates required (refused at the TLS handshake without one, accepted
-with one signed by the CA); a listener switched off; a bad TLS setting stopping start-up.
+with one signed by the CA); a listener switched off; a bad TLS setting stopping start-up; renewed certificates,
+revoked client certificates (MQTT_TLS_CRL_FILE) and removed CAs taking effect without a restart.
 
 Two suites share the tests' Kafka: `ls` (session registry, router, one connector with every listener on and
 MQTT_TLS_CLIENT_AUTH=optional) and `strict` (one more connector only, MQTT_TLS_CLIENT_AUTH=required, its TCP
@@ -21,7 +22,7 @@ import pytest
 from mqtt_clients import BOUND, Client, payloads, poll, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.services import readyz
-from tbmq_launcher.tls import ensure_dev_certs, issue_client_cert
+from tbmq_launcher.tls import ensure_dev_certs, issue_client_cert, revocation_list
 from tbmq_mqtt import Connect, encode
 
 pytestmark = [pytest.mark.e2e]
@@ -268,3 +269,62 @@ async def test_a_renewed_certificate_is_loaded_without_a_restart(kafka, tmp_path
 
 async def _detail(health_port: int, key: str) -> int:
     return (await readyz(health_port)).get(key, 0)
+
+
+def accepted(port: int, ca: str, cert: tuple) -> bool:
+    """Whether a TLS 1.2 handshake with the client certificate `cert` (certificate, key) succeeds (TLS 1.2: the
+    server checks the client's certificate inside the handshake; asyncio closes a refused one without an
+    alert, so the client cannot tell why)."""
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(*map(str, cert))
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND) as raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname="localhost"):
+                return True
+        except (ssl.SSLError, OSError):
+            return False
+
+
+async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restart(kafka, tmp_path_factory,
+                                                                                   tmp_path):
+    """MQTT_TLS_CRL_FILE: a client certificate its lists name is refused at the handshake. With
+    MQTT_TLS_RELOAD_INTERVAL_S, a new list and a CA removed from MQTT_TLS_CA_FILE apply to the next handshake
+    on TLS and WSS, with no restart; the other clients' certificates are still accepted."""
+    tls_dir = tmp_path_factory.mktemp("tls-crl")
+    certs, other = ensure_dev_certs(tls_dir), ensure_dev_certs(tmp_path / "other-ca", "another CA")
+    a, b = (issue_client_cert(certs, n, tmp_path / "clients") for n in ("a", "b"))
+    c = issue_client_cert(other, "c", tmp_path / "clients")
+    cas, crls = tmp_path / "cas.pem", tmp_path / "crls.pem"
+
+    def replace(path, text: str) -> None:  # as a deployment tool would: a new file renamed over the old one
+        (tmp_path / "new").write_text(text)
+        os.replace(tmp_path / "new", path)
+
+    def write_crls(*revoked) -> None:  # every CA that signs client certificates needs its list
+        replace(crls, "".join(revocation_list(ca, [r[0] for r in revoked if r is not c or ca is other],
+                                              tmp_path / f"crl-{i}.pem").read_text()
+                              for i, ca in enumerate((certs, other))))
+
+    replace(cas, certs.ca.read_text() + other.ca.read_text())
+    write_crls()
+    async with suite(kafka, tmp_path_factory.mktemp("suite-crl"), ["connector"],
+                     {"MQTT_TLS_RELOAD_INTERVAL_S": "0.2", "MQTT_PORT": "0", "MQTT_WS_PORT": "0",
+                      "MQTT_TLS_CLIENT_AUTH": "required", "MQTT_TLS_CA_FILE": str(cas),
+                      "MQTT_TLS_CRL_FILE": str(crls)}, tls_dir=tls_dir) as s:
+        ports, ca, health = (s.tls_ports[0], s.wss_ports[0]), str(certs.ca), s.instance("connector").health_port
+
+        async def handshakes() -> list:  # a, b, c on TLS, then on WSS
+            return [await run(accepted, p, ca, cert) for p in ports for cert in (a, b, c)]
+
+        async def reloaded(n: int) -> bool:
+            return await _detail(health, "tls_reloads") >= n
+
+        assert await handshakes() == [True] * 6
+        write_crls(a)  # device a's certificate revoked
+        await wait_until(lambda: reloaded(1), BOUND, "the new revocation list loaded")
+        assert await handshakes() == [False, True, True] * 2
+        replace(cas, certs.ca.read_text())  # the second CA no longer trusted
+        await wait_until(lambda: reloaded(2), BOUND, "the CA file without the second CA loaded")
+        assert await handshakes() == [False, True, False] * 2
+        assert await _detail(health, "tls_reload_failures") == 0

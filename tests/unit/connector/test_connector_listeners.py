@@ -9,7 +9,7 @@ import pytest
 from connector.settings import ConnectorSettings
 from connector.websocket import WebSocketAdapter
 from connector_fakes import FakeTransport
-from tbmq_launcher.tls import ensure_dev_certs
+from tbmq_launcher.tls import ensure_dev_certs, revocation_list
 from tbmq_platform.settings import SettingsError, load
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
@@ -93,6 +93,28 @@ def test_client_certificates_setting_reaches_the_context(certs):
     s = load(ConnectorSettings, tls_env(certs, MQTT_TLS_CA_FILE=str(certs.ca), MQTT_TLS_CLIENT_AUTH="optional"))
     assert s.server_ssl_context().verify_mode == ssl.CERT_OPTIONAL
     assert load(ConnectorSettings, tls_env(certs)).server_ssl_context().verify_mode == ssl.CERT_NONE
+
+
+def test_a_crl_file_turns_revocation_checks_on_and_bad_ones_are_named(certs, tmp_path):
+    import ssl
+
+    crl = str(revocation_list(certs, (), tmp_path / "crl.pem"))
+    required = {"MQTT_TLS_CA_FILE": str(certs.ca), "MQTT_TLS_CLIENT_AUTH": "required"}
+    s = load(ConnectorSettings, tls_env(certs, **required, MQTT_TLS_CRL_FILE=crl))
+    assert s.server_ssl_context().verify_flags & ssl.VERIFY_CRL_CHECK_LEAF
+    assert crl in s.tls_files()  # the reload watches it
+    assert not load(ConnectorSettings, tls_env(certs, **required)).server_ssl_context().verify_flags & (
+        ssl.VERIFY_CRL_CHECK_LEAF)
+    with pytest.raises(SettingsError) as e:  # no client certificate is asked for: nothing to check
+        load(ConnectorSettings, tls_env(certs, MQTT_TLS_CRL_FILE=crl))
+    assert "MQTT_TLS_CRL_FILE is set but MQTT_TLS_CLIENT_AUTH=none" in str(e.value)
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, tls_env(certs, **required, MQTT_TLS_CRL_FILE=str(tmp_path / "nope.pem")))
+    assert "MQTT_TLS_CRL_FILE=" in str(e.value) and "no such file" in str(e.value)
+    for wrong in (certs.ca, certs.server_key):  # a certificate would become a trusted CA; a key is no list
+        with pytest.raises(SettingsError) as e:
+            load(ConnectorSettings, tls_env(certs, **required, MQTT_TLS_CRL_FILE=str(wrong)))
+        assert "cannot be loaded" in str(e.value) and "certificate revocation lists" in str(e.value)
 
 
 # ------------------------------------------------------------------------------------------ WebSocket adapter

@@ -2,6 +2,7 @@
 
     certs = ensure_dev_certs(Path(".run/tls"))   # ca.pem, ca-key.pem, server.pem, server-key.pem
     cert, key = issue_client_cert(certs, "device-1")   # a client certificate signed by that CA
+    crl = revocation_list(certs, [cert])               # a CRL of that CA listing it (MQTT_TLS_CRL_FILE)
 
 Made with the `openssl` command line (P-256 keys; the server certificate names localhost, 127.0.0.1 and ::1).
 Existing files are kept, so clients that trust `ca.pem` keep working across runs. For development and tests
@@ -10,8 +11,12 @@ only: the CA's key lies next to it, unencrypted.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,14 +76,15 @@ def _signed(certs: DevCerts, out: Path, key: Path, subject: str, extensions: str
         ext.unlink(missing_ok=True)
 
 
-def ensure_dev_certs(directory: Path) -> DevCerts:
-    """The development CA and server certificate in `directory`, made when missing."""
+def ensure_dev_certs(directory: Path, ca_name: str = "tbmq-py development CA") -> DevCerts:
+    """The development CA (CN `ca_name`: CAs side by side need names of their own, since a certificate names
+    its issuer) and server certificate in `directory`, made when missing."""
     certs = DevCerts(Path(directory).resolve())
     d = certs.directory
     d.mkdir(parents=True, exist_ok=True)
     if not (certs.ca.exists() and certs.ca_key.exists()):
         _key(certs.ca_key, d)
-        _openssl("req", "-x509", "-new", "-key", str(certs.ca_key), "-subj", "/CN=tbmq-py development CA",
+        _openssl("req", "-x509", "-new", "-key", str(certs.ca_key), "-subj", f"/CN={ca_name}",
                  "-days", DAYS, "-sha256", "-addext", "basicConstraints=critical,CA:TRUE",
                  "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", str(certs.ca), cwd=d)
         certs.server_cert.unlink(missing_ok=True)  # signed by a CA that is gone
@@ -101,4 +107,32 @@ def issue_client_cert(certs: DevCerts, name: str, directory: Path | None = None)
     return cert, key
 
 
-__all__ = ["CertError", "DevCerts", "ensure_dev_certs", "issue_client_cert"]
+CA_CONFIG = """[ ca ]
+default_ca = dev
+[ dev ]
+database = index.txt
+crlnumber = crlnumber
+default_md = sha256
+default_crl_days = 30
+"""
+
+
+def revocation_list(certs: DevCerts, revoked: Iterable[Path] = (), out: Path | None = None) -> Path:
+    """A CRL signed by the development CA listing the certificates `revoked` (PEM files it signed), valid 30 days,
+    written in one step (a rename) to `out` (default <directory>/crl.pem). Its number is the time in ms."""
+    out = Path(out or certs.directory / "crl.pem")
+    with tempfile.TemporaryDirectory(prefix="crl-") as tmp:
+        d = Path(tmp)
+        (d / "ca.cnf").write_text(CA_CONFIG)
+        (d / "index.txt").write_text("")
+        number = format(time.time_ns() // 1_000_000, "X")
+        (d / "crlnumber").write_text(number.rjust(len(number) + len(number) % 2, "0") + "\n")
+        signer = ("-config", "ca.cnf", "-cert", str(certs.ca), "-keyfile", str(certs.ca_key))
+        for cert in revoked:
+            _openssl("ca", *signer, "-revoke", str(Path(cert).resolve()), cwd=d)
+        _openssl("ca", *signer, "-gencrl", "-out", "crl.pem", cwd=d)
+        os.replace(d / "crl.pem", out)
+    return out
+
+
+__all__ = ["CertError", "DevCerts", "ensure_dev_certs", "issue_client_cert", "revocation_list"]

@@ -110,6 +110,22 @@ def file_stamps(paths) -> tuple:
     return tuple(out)
 
 
+class ListenerTls:
+    """The TLS / WSS listeners' current context. A server keeps the context it was made with, so a reloaded one
+    is put in place per handshake: the listening context's SNI callback (OpenSSL's servername callback, called
+    for every ClientHello, with or without a server name) moves the connection to `current` (SSL_set_SSL_CTX):
+    its certificate and key, and the CAs and CRLs that verify the client's certificate. The verify mode and
+    flags stay the listening context's, which the same settings made."""
+
+    def __init__(self, listening: ssl.SSLContext) -> None:
+        self.listening = self.current = listening
+        listening.sni_callback = self._select
+
+    def _select(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        if self.current is not self.listening:
+            conn.context = self.current
+
+
 class ConnectorService(Service):
     name = "connector"
 
@@ -229,7 +245,7 @@ class ConnectorService(Service):
         for li in s.listeners():
             await self._listen(li, ssl_ctx)
         if ssl_ctx is not None and s.tls_reload_interval_s > 0:
-            self.spawn(self._tls_reload_loop(ssl_ctx, file_stamps(s.tls_files())), "TLS reload")
+            self.spawn(self._tls_reload_loop(ListenerTls(ssl_ctx), file_stamps(s.tls_files())), "TLS reload")
         self.mqtt_port = self.bound.get("mqtt", 0)
         self._register_metrics()
         if s.sys_interval_s > 0:
@@ -240,12 +256,11 @@ class ConnectorService(Service):
                  len(self.retained), len(self._subs_raw), len(self.auth_tables.credentials),
                  ",".join(s.auth_providers), "allowed" if self.authorizer.allow_anonymous else "refused")
 
-    async def _tls_reload_loop(self, ctx: ssl.SSLContext, seen: tuple) -> None:
-        """Every MQTT_TLS_RELOAD_INTERVAL_S: when a TLS file changed (a renewed certificate), the files are first
-        loaded into a context of their own (a half-written or mismatched pair is refused there, and tried again
-        at the next check), then into the listeners' context, which every new TLS / WSS handshake uses; open
-        connections keep what they negotiated. A CA file's certificates are added (a CA removed from it stays
-        trusted until a restart)."""
+    async def _tls_reload_loop(self, tls: ListenerTls, seen: tuple) -> None:
+        """Every MQTT_TLS_RELOAD_INTERVAL_S: when a TLS file changed (a renewed certificate, a CA added or
+        removed, a new CRL), the whole set is loaded into a new context (a half-written or mismatched pair is
+        refused there and tried again at the next check), which then serves every new TLS / WSS handshake in
+        place of the old one; open connections keep what they negotiated."""
         s = self.settings
         while True:
             await asyncio.sleep(s.tls_reload_interval_s)
@@ -253,18 +268,15 @@ class ConnectorService(Service):
             if now == seen:
                 continue
             try:
-                s.server_ssl_context()
-                ctx.load_cert_chain(s.tls_cert_file, s.tls_key_file)
-                if s.tls_ca_file:
-                    ctx.load_verify_locations(cafile=s.tls_ca_file)
-            except (OSError, ssl.SSLError) as exc:
+                tls.current = s.server_ssl_context()
+            except (OSError, ValueError) as exc:
                 self.stats["tls_reload_failures"] += 1
                 log.warning("the TLS files changed but do not load (%s): the listeners keep the current "
-                            "certificate; checked again in %gs", exc, s.tls_reload_interval_s)
+                            "certificate, CAs and CRLs; checked again in %gs", exc, s.tls_reload_interval_s)
                 continue
             seen = now
             self.stats["tls_reloads"] += 1
-            log.info("TLS certificate reloaded from %s for new connections", s.tls_cert_file)
+            log.info("TLS files reloaded (%s) for new connections", ", ".join(s.tls_files()))
 
     def _register_metrics(self) -> None:
         """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time (nothing per message)."""

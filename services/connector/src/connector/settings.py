@@ -27,7 +27,17 @@ from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELA
 
 MAX_VBI = 268_435_455
 TLS_PORT, WSS_PORT = 8883, 8084
+CRL_BLOCK, CERT_BLOCK = "-----BEGIN X509 CRL-----", "-----BEGIN CERTIFICATE-----"
 WITH_CERTIFICATE = -1  # the TLS listeners' default: on at their standard port when a certificate is configured
+
+
+def check_crl_file(path: str) -> None:
+    """MQTT_TLS_CRL_FILE must hold revocation lists only: OpenSSL loads CRLs and certificates from the same
+    kind of file, so a certificate put there by mistake would become a trusted CA. Raises ValueError."""
+    with open(path, encoding="ascii", errors="replace") as f:
+        text = f.read()
+    if CERT_BLOCK in text or CRL_BLOCK not in text:
+        raise ValueError(f"{path}: expected PEM certificate revocation lists ({CRL_BLOCK}) and no certificate")
 
 
 @dataclass(frozen=True)
@@ -61,10 +71,16 @@ class ConnectorSettings(CommonSettings):
         "MQTT_TLS_CLIENT_AUTH", "none", parse=choice("none", "optional", "required"),
         doc="client certificates on TLS/WSS: none (not asked), optional (verified when sent), required (a client "
             "without one signed by MQTT_TLS_CA_FILE is refused at the handshake)")
+    tls_crl_file: str = env(
+        "MQTT_TLS_CRL_FILE", "",
+        doc="certificate revocation lists (PEM) of the CAs in MQTT_TLS_CA_FILE: a client certificate they list is "
+            "refused at the handshake; set, every CA that signs client certificates needs its CRL in the file "
+            "(empty = no revocation check)")
     tls_reload_interval_s: float = env(
         "MQTT_TLS_RELOAD_INTERVAL_S", 60.0, parse=number(0),
-        doc="how often the TLS files are checked; changed ones (a renewed certificate) are loaded into the TLS and "
-            "WSS listeners for new connections, open ones keep theirs (0 = never: a restart loads them)")
+        doc="how often the TLS files are checked; when one changed (a renewed certificate, a CA added or removed, a "
+            "new CRL) the whole set replaces the TLS and WSS listeners' for new connections, open ones keep theirs "
+            "(0 = never: a restart loads them)")
     # authentication (docs/security.md)
     auth_providers: tuple[str, ...] = env(
         "MQTT_AUTH_PROVIDERS", DEFAULT_PROVIDERS, parse=parse_providers,
@@ -244,19 +260,25 @@ class ConnectorSettings(CommonSettings):
 
     def server_ssl_context(self) -> ssl.SSLContext:
         """The TLS/WSS listeners' context: TLS 1.2+, the server certificate, and client certificates verified
-        against MQTT_TLS_CA_FILE as MQTT_TLS_CLIENT_AUTH says. Raises OSError/ssl.SSLError on a bad file."""
+        against MQTT_TLS_CA_FILE as MQTT_TLS_CLIENT_AUTH says, and against MQTT_TLS_CRL_FILE's revocation lists
+        when it is set (the client's own certificate; OpenSSL's X509_V_FLAG_CRL_CHECK). Raises
+        OSError/ssl.SSLError/ValueError on a bad file."""
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
         if self.tls_ca_file:
             ctx.load_verify_locations(cafile=self.tls_ca_file)
+        if self.tls_crl_file:
+            check_crl_file(self.tls_crl_file)
+            ctx.load_verify_locations(cafile=self.tls_crl_file)
+            ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
         ctx.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
                            "required": ssl.CERT_REQUIRED}[self.tls_client_auth]
         return ctx
 
     def tls_files(self) -> tuple[str, ...]:
         """The files server_ssl_context reads."""
-        return tuple(f for f in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file) if f)
+        return tuple(f for f in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_crl_file) if f)
 
     def _listener_problems(self) -> list[str]:
         problems = []
@@ -291,11 +313,18 @@ class ConnectorSettings(CommonSettings):
         elif self.tls_ca_file and not os.path.isfile(self.tls_ca_file):
             problems.append(f"MQTT_TLS_CA_FILE={self.tls_ca_file!r}: no such file")
             files_ok = False
+        if self.tls_crl_file and self.tls_client_auth == "none":
+            problems.append("MQTT_TLS_CRL_FILE is set but MQTT_TLS_CLIENT_AUTH=none asks for no client certificate "
+                            "to check: set it to optional or required, or unset the CRL file")
+        elif self.tls_crl_file and not os.path.isfile(self.tls_crl_file):
+            problems.append(f"MQTT_TLS_CRL_FILE={self.tls_crl_file!r}: no such file")
+            files_ok = False
         if files_ok:
             try:
                 self.server_ssl_context()
-            except (OSError, ssl.SSLError) as exc:
-                problems.append(f"MQTT_TLS_CERT_FILE/MQTT_TLS_KEY_FILE/MQTT_TLS_CA_FILE cannot be loaded: {exc}")
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                problems.append(f"MQTT_TLS_CERT_FILE/MQTT_TLS_KEY_FILE/MQTT_TLS_CA_FILE/MQTT_TLS_CRL_FILE cannot be "
+                                f"loaded: {exc}")
         return problems
 
     def validate(self) -> list[str]:
