@@ -17,6 +17,7 @@ from tbmq_connection import (
     ProduceSubscriptions,
     PubrecStored,
     ReportDisconnect,
+    RequestSession,
     ScheduleWill,
     SessionStarted,
     WaitRetained,
@@ -296,6 +297,32 @@ def test_a_revoked_connection_is_closed_reported_and_its_will_sent(level):
     assert c.m.stats["connections_revoked"] == 1
     c.call("revoke", "again")  # closed: nothing more
     assert c.take() == [] and c.m.stats["connections_revoked"] == 1
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_connect_revoked_before_its_connack_is_answered_then_closed(level):
+    """A blocked rule (or a deleted credential) that arrives while the CONNECT waits for the session registry
+    (its check already passed): the CONNACK is still sent, so the client is not left without an answer, and
+    the connection is closed right after it, as a connected one would be, with its Will."""
+    c = Client(level)
+    c.send(Connect(protocol_level=level, client_id="dev", clean_start=True, keep_alive=0,
+                   will=Will(topic="w", payload=b"bye", qos=1, retain=False), properties=Properties(),
+                   username="alice"))
+    (request,) = c.take_effects(RequestSession)
+    c.call("revoke", "blocked by an administrator")
+    assert c.take() == [] and c.closed is None and c.m.stats["connections_revoked"] == 0
+    c.run(c.m.session_answer(answer(), c.now))
+    sent = c.take()
+    assert isinstance(sent[0], ConnAck) and sent[0].reason_code == 0
+    if level == 5:
+        assert plain(sent[1:]) == [Disconnect(RC.ADMINISTRATIVE_ACTION)]
+    else:
+        assert sent[1:] == []
+    assert c.closed is not None and "access revoked" in c.closed.reason
+    (report,) = c.of(ReportDisconnect)
+    assert not report.graceful
+    assert [w.delay for w in c.of(ScheduleWill)] == [0]
+    assert c.m.stats["connections_revoked"] == 1
 
 
 # ------------------------------------------------------------------------------------------ keep alive

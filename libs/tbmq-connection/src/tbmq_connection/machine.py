@@ -194,6 +194,7 @@ class ConnectionMachine:
         self.effects: deque = deque()
         self.state = NEW
         self.state_before_close = NEW
+        self._revoke_at_connack: str | None = None  # revoke() while CONNECTING: applied once CONNACK is sent
         self.level = MQTT_3_1_1
         self.v5 = False
         self.last_rx = 0
@@ -712,8 +713,15 @@ class ConnectionMachine:
     def revoke(self, why: str, now: int) -> deque:
         """An operator took the client's right to be connected away (a blocked rule that matches it, its
         credential deleted): v5 DISCONNECT 0x98 Administrative action with `why` as the Reason String; 3.x: the
-        network connection is closed. As after any close by the server, the Will is published."""
+        network connection is closed. As after any close by the server, the Will is published.
+
+        A CONNECT still waiting for its CONNACK (authentication or the session registry's answer in flight:
+        the rule came after its check) is answered first and closed right after: closing it there would leave
+        the client with no CONNACK at all, and the registry with a session it just handed over."""
         if self.state == CLOSED:
+            return self.effects
+        if self.state == CONNECTING:
+            self._revoke_at_connack = why
             return self.effects
         self.stats["connections_revoked"] += 1
         self._close(f"access revoked: {why}", rc=RC.ADMINISTRATIVE_ACTION, reason_string=why,
@@ -843,6 +851,9 @@ class ConnectionMachine:
             self._send(encode(ConnAck(present, RC.SUCCESS), self.level))
         self.state = CONNECTED
         self.effects.append(Online(self.client_id))
+        if self._revoke_at_connack is not None:  # revoked while the CONNECT was in flight (revoke)
+            self.revoke(self._revoke_at_connack, 0)
+            return
         if self.persistent and self.client_type == pb.CLIENT_TYPE_DEVICE and cfg.device_persistence:
             self.device = True
             self.fetching = True

@@ -63,7 +63,7 @@ from tbmq_platform.topics import (
     static_topics,
 )
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
-from tbmq_connection import CONNECTED, ConnectionMachine, MachineConfig
+from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection import systopics
 from tbmq_connection.limits import Admission
 from tbmq_connection.convert import publish_msg
@@ -624,9 +624,8 @@ class ConnectorService(Service):
         now = int(time.time() * 1000)
         for conn in list(self.connections):
             m = conn.m
-            # connected ones only: a CONNECT still waiting for its CONNACK is left to finish (closing it there
-            # leaves the client without any CONNACK); its next CONNECT is refused
-            if m is not None and m.state == CONNECTED and rule.matches(m.client_id, m.username, m.peer_ip, now):
+            # a CONNECT waiting for its CONNACK too: the machine closes it right after its CONNACK
+            if m is not None and m.client_id is not None and rule.matches(m.client_id, m.username, m.peer_ip, now):
                 conn.revoke("blocked by an administrator")
 
     def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
