@@ -1,8 +1,9 @@
 """Authentication and authorization end to end (docs/security.md), with clients nobody here wrote: paho-mqtt
 3.1.1 and 5.0 and mosquitto_pub/mosquitto_sub with -u/-P, against two connectors (+ session registry and
-router) that refuse anonymous clients (MQTT_ALLOW_ANONYMOUS=false) and ask TLS clients for a certificate
-(MQTT_TLS_CLIENT_AUTH=optional). Credentials and blocked clients are written with the `tbmq` command line (a
-subprocess, as an operator runs it); a change is waited for with `waits.wait_until`, never a sleep.
+router) that refuse anonymous clients (MQTT_ALLOW_ANONYMOUS=false), ask TLS clients for a certificate
+(MQTT_TLS_CLIENT_AUTH=optional) and take JSON Web Tokens as passwords (provider jwt, an EC public key).
+Credentials and blocked clients are written with the `tbmq` command line (a subprocess, as an operator runs
+it); a change is waited for with `waits.wait_until`, never a sleep.
 
 The tests' Kafka is shared by every e2e module: the credentials, certificate names and blocked client ids
 here are unique per test, so no other module's clients are affected.
@@ -13,9 +14,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from connector_helpers import two_connector_suite
 from mqtt_clients import BOUND, Client, payloads, poll, run, wait_until
 from tbmq_launcher.tls import issue_client_cert
@@ -29,11 +34,22 @@ TBMQ = str(Path(sys.executable).with_name("tbmq"))
 
 
 @pytest.fixture(scope="module")
-async def sec(kafka, tmp_path_factory):
+def jwt_key(tmp_path_factory):
+    """The token issuer's key (EC P-256): its public half is the connectors' MQTT_AUTH_JWT_PUBLIC_KEY_FILE."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = tmp_path_factory.mktemp("jwt") / "issuer.pem"
+    path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key, path
+
+
+@pytest.fixture(scope="module")
+async def sec(kafka, tmp_path_factory, jwt_key):
+    env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_TLS_CLIENT_AUTH": "optional",
+           "MQTT_AUTH_PROVIDERS": "password,x509,jwt", "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(jwt_key[1])}
     async with two_connector_suite(kafka, tmp_path_factory.mktemp("suite-auth"),
                                    ["session-registry", "router", "connector"],
-                                   service_env={"connector": {"MQTT_ALLOW_ANONYMOUS": "false",
-                                                              "MQTT_TLS_CLIENT_AUTH": "optional"}}) as s:
+                                   service_env={"connector": env}) as s:
         yield s
 
 
@@ -297,4 +313,48 @@ async def test_acl_change_drops_subscriptions_no_longer_allowed(sec, unique):
     assert await run(c.wait, lambda: payloads(c, kept) == [b"marker"])
     assert payloads(c, gone) == [] and c.disconnected is None
     for x in (c, w, p):
+        await run(x.close)
+
+
+# ------------------------------------------------------------------------------------------------ JWT
+def sign(key, expires_in: float, **claims) -> str:
+    return jwt.encode({"exp": int(time.time() + expires_in), **claims}, key, algorithm="ES256")
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["311", "5"])
+async def test_a_jwt_password_authenticates_with_its_acl_until_it_expires(sec, unique, jwt_key, v5):
+    """Provider jwt: a token signed by the issuer's key is accepted on both connectors, its acl claim decides
+    SUBSCRIBE and PUBLISH, a token of another key, an expired one or one for another client id is refused, and
+    at its exp the connection ends (v5 DISCONNECT 0x87 Not authorized)."""
+    key, _ = jwt_key
+    cid, watcher = unique("tok"), unique("watch")
+    acl = {"pub": ["tok/%c/#"], "sub": ["cmd/%c"]}
+    await add_credential(sec, watcher, "pw", "--sub", f"tok/{cid}/#")
+    w = await accepted_on(sec.mqtt_ports[1], watcher, True, (watcher, "pw"))
+    assert [getattr(rc, "value", rc) for rc in await run(w.subscribe, f"tok/{cid}/#", 1)] == [1]
+    c = await accepted_on(sec.mqtt_ports[0], cid, v5, ("device", sign(key, 3600, client_id=cid, acl=acl)))
+    codes = await run(c.subscribe, [(f"cmd/{cid}", 1), (f"cmd/{unique('other')}", 1)])
+    denied = RC.NOT_AUTHORIZED if v5 else RC.UNSPECIFIED_ERROR
+    assert [getattr(rc, "value", rc) for rc in codes] == [1, denied]
+    info = await run(c.publish, f"elsewhere/{cid}", b"denied", 1, check=False)
+    assert await run(c.wait, lambda: info.mid in c.pubacks)
+    assert c.pubacks[info.mid].value == (RC.NOT_AUTHORIZED if v5 else 0)
+    await run(c.publish, f"tok/{cid}/up", b"allowed", 1)
+    assert await run(w.wait, lambda: payloads(w, f"tok/{cid}/up") == [b"allowed"])
+    await run(c.close)
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    bad = RC.BAD_USER_NAME_OR_PASSWORD if v5 else V3.BAD_USER_NAME_OR_PASSWORD
+    for what, token, want in [("another key", sign(other_key, 3600, acl=acl), bad),
+                              ("expired", sign(key, -1, acl=acl), bad),
+                              ("another client id", sign(key, 3600, client_id=cid + "-x", acl=acl),
+                               RC.NOT_AUTHORIZED if v5 else V3.NOT_AUTHORIZED)]:
+        for port in sec.mqtt_ports:
+            rc, _ = await run(try_connect, port, cid, v5, ("device", token))
+            assert rc == want, (what, port, rc)
+    # a token that expires in 5 s: connected, then closed at its exp
+    c = await accepted_on(sec.mqtt_ports[1], cid, v5, ("device", sign(key, 5, client_id=cid, acl=acl)))
+    assert await run(c.wait, lambda: c.disconnects, BOUND), "the client stayed after its token expired"
+    if v5:
+        assert c.disconnects[0].value == RC.NOT_AUTHORIZED
+    for x in (c, w):
         await run(x.close)

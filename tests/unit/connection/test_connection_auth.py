@@ -161,3 +161,49 @@ def test_a_resumed_sessions_subscriptions_are_checked_against_the_current_rules(
     assert [s.topic_filter for s in eff.subscriptions] == ["b/x"]
     c.call("subscriptions_written", None)
     assert set(c.m.subs) == {("", "b/x")}
+
+
+# ------------------------------------------------------------------------------------------ tokens (provider jwt)
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_token_client_is_held_to_its_acl_and_closed_when_the_token_expires(level):
+    """A JWT as the password: its acl decides PUBLISH / SUBSCRIBE, and at its exp the connection ends (v5
+    DISCONNECT 0x87 Not authorized with "token expired"; 3.x the socket closed), with the Will."""
+    import jwt
+
+    from tbmq_auth import JwtVerifier
+    from tbmq_connection import TOKEN_EXPIRY, ReportDisconnect, ScheduleWill
+
+    secret = b"k" * 32
+    auth = Authorizer(AuthTables(), providers=("jwt",), tokens=JwtVerifier(secret=secret))
+    c = Client(level, auth=auth)
+    exp_s = c.now // 1000 + 30
+    t = jwt.encode({"exp": exp_s, "acl": {"pub": ["up/%c"], "sub": ["down/%c"]}}, secret, algorithm="HS256")
+    connack = c.connect(client_id="dev-1", password=t.encode(), will=Will("up/dev-1", b"bye"))
+    assert connack.reason_code == 0
+    assert c.timers[TOKEN_EXPIRY] == exp_s * 1000
+    c.send(Subscribe(1, [Subscription("down/dev-1", 1), Subscription("down/dev-2", 1)]))
+    (eff,) = c.take_effects(ProduceSubscriptions)
+    assert [x.topic_filter for x in eff.subscriptions] == ["down/dev-1"]
+    c.call("subscriptions_written", None)
+    c.call("retained_ready")
+    denied = RC.NOT_AUTHORIZED if level == 5 else RC.UNSPECIFIED_ERROR
+    assert c.take() == [SubAck(1, [1, denied])]
+    c.send(Publish(topic="elsewhere", payload=b"x", qos=1, packet_id=7))  # not in the token's acl: dropped
+    assert not c.take_effects(ProducePublish)
+    c.send(Publish(topic="up/dev-1", payload=b"x", qos=1, packet_id=8))
+    assert [e.topic for e in c.take_effects(ProducePublish)] == ["up/dev-1"]
+    c.take()
+    c.run(c.m.timer_fired(TOKEN_EXPIRY, c.now))  # early (a clock step): armed again, nothing else
+    assert c.closed is None and c.timers[TOKEN_EXPIRY] == exp_s * 1000
+    c.advance(exp_s * 1000 - 1 - c.now)
+    assert c.closed is None
+    c.advance(1)
+    sent = c.take()
+    if level == 5:
+        assert plain(sent) == [mq.Disconnect(RC.NOT_AUTHORIZED)]
+        assert sent[0].properties.reason_string == "token expired"
+    else:
+        assert sent == []
+    assert c.closed is not None and "token expired" in c.closed.reason
+    assert [w.delay for w in c.of(ScheduleWill)] == [0] and len(c.of(ReportDisconnect)) == 1
+    assert c.m.stats["token_expired"] == 1

@@ -13,7 +13,7 @@ from connector.settings import ConnectorSettings
 from tbmq_auth import Credential
 from tbmq_platform.cli import CliError, credential_from_args, parser, read_password, rule_from_args
 from tbmq_mqtt import ReasonCode
-from tbmq_platform.settings import load
+from tbmq_platform.settings import SettingsError, load
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +32,36 @@ def test_allow_anonymous_default_follows_the_listeners(environ, expected):
 def test_auth_providers_setting():
     assert load(ConnectorSettings, {}).auth_providers == ("password", "x509", "anonymous")
     assert load(ConnectorSettings, {"MQTT_AUTH_PROVIDERS": "x509"}).auth_providers == ("x509",)
+
+
+def test_jwt_provider_settings_need_one_good_key(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = tmp_path / "jwt.pem"
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private = tmp_path / "private.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    on = {"MQTT_AUTH_PROVIDERS": "password,jwt"}
+    s = load(ConnectorSettings, {**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(public), "MQTT_AUTH_JWT_AUDIENCE": "a"})
+    v = s.token_verifier()
+    assert v.algorithms == ("ES256", "ES384", "ES512") and v.audience == "a"
+    assert load(ConnectorSettings, {**on, "MQTT_AUTH_JWT_SECRET": "x" * 32}).token_verifier().algorithms[0] == "HS256"
+    assert load(ConnectorSettings, {}).token_verifier() is None
+    for environ, text in [
+        (on, "set one of MQTT_AUTH_JWT_SECRET and MQTT_AUTH_JWT_PUBLIC_KEY_FILE"),
+        ({**on, "MQTT_AUTH_JWT_SECRET": "x" * 32, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(public)}, "(not both)"),
+        ({**on, "MQTT_AUTH_JWT_SECRET": "short"}, "MQTT_AUTH_JWT_SECRET: an HMAC secret needs at least 32 bytes"),
+        ({**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(tmp_path / "nope.pem")}, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE: "),
+        ({**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(private)}, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE: "),
+        ({"MQTT_AUTH_JWT_SECRET": "x" * 32}, "MQTT_AUTH_JWT_SECRET is set but MQTT_AUTH_PROVIDERS has no jwt"),
+    ]:
+        with pytest.raises(SettingsError) as e:
+            load(ConnectorSettings, environ)
+        assert text in str(e.value), (environ, str(e.value))
 
 
 def test_certificate_names_cn_then_sans():

@@ -3,6 +3,7 @@
 * ``tbmq_auth.rules``     -- ``Credential``, ``BlockedRule``, ``AuthTables`` (the compacted topics as tables),
   ``Authorizer`` (authenticate a CONNECT, ``may_publish`` / ``may_subscribe``), ``anonymous_default``
 * ``tbmq_auth.passwords`` -- argon2id ``hash_password`` / ``verify_password``
+* ``tbmq_auth.tokens``    -- ``JwtVerifier``: JSON Web Tokens as passwords (provider ``jwt``)
 
 The ``tbmq`` command line (``tbmq_platform.cli``) writes the records; the connector follows them.
 """
@@ -14,6 +15,7 @@ from .rules import (
     CLIENT_ID,
     DEFAULT_PROVIDERS,
     IP,
+    JWT,
     PASSWORD,
     PROVIDERS,
     REGEX,
@@ -32,10 +34,11 @@ from .rules import (
     parse_providers,
     substitute,
 )
+from .tokens import JwtVerifier, TokenGrant, TokenRefused, looks_like_jwt, public_key_algorithms
 
 __all__ = [
-    "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "IP", "PASSWORD", "PROVIDERS", "REGEX",
+    "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "IP", "JWT", "PASSWORD", "PROVIDERS", "REGEX",
     "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer", "BlockedRule",
-    "Credential", "Identity", "anonymous_default", "make_credential", "parse_providers", "substitute", "hash_password",
-    "verify_password",
+    "Credential", "Identity", "JwtVerifier", "TokenGrant", "TokenRefused", "anonymous_default", "hash_password",
+    "looks_like_jwt", "make_credential", "parse_providers", "public_key_algorithms", "substitute", "verify_password",
 ]

@@ -4,13 +4,13 @@
   (key = "<kind>:<value>") on `tbmq.security.blocked`, both JSON; `AuthTables` applies them as a compacted
   topic's records arrive (a null value deletes).
 * `Authorizer.authenticate(request, now_ms)`: blocked rules first (0x8A Banned), then the providers in the
-  configured order (`password`, `x509`, `anonymous`), then the credential's client-id pattern and the Will
-  (a publish): 0x87 Not authorized. Refused with no provider accepting: 0x86 when a username was sent,
-  else 0x87.
+  configured order (`password`, `x509`, `jwt`: tbmq_auth.tokens, `anonymous`), then the credential's
+  client-id pattern and the Will (a publish): 0x87 Not authorized. Refused with no provider accepting:
+  0x86 when a username was sent, else 0x87.
 * `Authorizer.may_publish` / `may_subscribe`: the credential's publish / subscribe patterns (MQTT topic
   filters; `%c` = client id, `%u` = username), looked up by name at every call, so a changed credential
-  applies to the next PUBLISH / SUBSCRIBE of a connected client. Anonymous clients may publish and
-  subscribe to everything.
+  applies to the next PUBLISH / SUBSCRIBE of a connected client; a token's patterns travel in its `Identity`.
+  Anonymous clients may publish and subscribe to everything.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from tbmq_mqtt import ReasonCode
 from tbmq_routing import TopicError, filter_covers, topic_matches, validate_topic_filter
 
 from .passwords import hash_password, verify_password
+from .tokens import JWT, JwtVerifier, TokenRefused, looks_like_jwt
 
 log = logging.getLogger("tbmq_auth")
 
 PASSWORD, X509, ANONYMOUS = "password", "x509", "anonymous"
-PROVIDERS = (PASSWORD, X509, ANONYMOUS)
-DEFAULT_PROVIDERS = PROVIDERS
+PROVIDERS = (PASSWORD, X509, JWT, ANONYMOUS)
+DEFAULT_PROVIDERS = (PASSWORD, X509, ANONYMOUS)
 
 CLIENT_ID, USERNAME, IP, REGEX = "client_id", "username", "ip", "regex"
 BLOCK_KINDS = (CLIENT_ID, USERNAME, IP, REGEX)
@@ -223,12 +224,21 @@ class AuthRequest:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a connection is: `provider` that accepted it, `credential` name (None: anonymous) and the
-    username `%u` stands for."""
+    """Who a connection is: `provider` that accepted it, `credential` name (None: anonymous, or a token) and
+    the username `%u` stands for. A token's (provider `jwt`) patterns are `pub` / `sub`, and it stops being
+    valid at `expires_at_ms`."""
 
     provider: str
     credential: str | None
     username: str
+    pub: tuple[str, ...] = ()
+    sub: tuple[str, ...] = ()
+    expires_at_ms: int | None = None
+
+    @property
+    def restricted(self) -> bool:
+        """Patterns decide what it may do (everyone but anonymous clients)."""
+        return self.credential is not None or self.provider == JWT
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +268,7 @@ def _loopback(host: str) -> bool:
 
 
 def parse_providers(raw: str) -> tuple[str, ...]:
-    """MQTT_AUTH_PROVIDERS: a comma list of password, x509, anonymous (order = the order they are tried)."""
+    """MQTT_AUTH_PROVIDERS: a comma list of password, x509, jwt, anonymous (order = the order they are tried)."""
     names = tuple(p.strip().lower() for p in raw.split(",") if p.strip())
     bad = [p for p in names if p not in PROVIDERS]
     if bad or not names or len(set(names)) != len(names):
@@ -283,9 +293,11 @@ class Authorizer:
     """The decisions of one connector, over its `AuthTables`."""
 
     def __init__(self, tables: AuthTables, *, providers: tuple[str, ...] = DEFAULT_PROVIDERS,
-                 allow_anonymous: bool = False, verify: Callable[[str, bytes], bool] = verify_password) -> None:
+                 allow_anonymous: bool = False, verify: Callable[[str, bytes], bool] = verify_password,
+                 tokens: JwtVerifier | None = None) -> None:
         self.tables = tables
         self.providers = providers
+        self.tokens = tokens  # the `jwt` provider's key (None: the provider never applies)
         self.allow_anonymous = allow_anonymous and ANONYMOUS in providers
         self.verify = verify
 
@@ -310,6 +322,14 @@ class Authorizer:
                 if name is None:
                     continue
                 identity = Identity(X509, name, name)
+            elif provider == JWT:
+                if self.tokens is None or not looks_like_jwt(req.password):
+                    continue
+                try:
+                    grant = self.tokens.verify(req.password, req.client_id, req.username, now_ms)
+                except TokenRefused as exc:
+                    return AuthResult(exc.reason_code, exc.reason)
+                identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms)
             elif provider == ANONYMOUS:
                 if not self.allow_anonymous:
                     continue
@@ -336,12 +356,16 @@ class Authorizer:
     # ------------------------------------------------------------------------------------------ ACL
     def _allowed(self, identity: Identity, client_id: str, kind: str, subject: str,
                  match: Callable[[str, str], bool]) -> bool:
-        if identity.credential is None:
+        if identity.provider == JWT:
+            patterns = identity.pub if kind == "pub" else identity.sub
+        elif identity.credential is None:
             return True  # anonymous: everything
-        cred = self.tables.credentials.get(identity.credential)
-        if cred is None:
-            return False  # deleted since: nothing
-        for p in (cred.pub if kind == "pub" else cred.sub):
+        else:
+            cred = self.tables.credentials.get(identity.credential)
+            if cred is None:
+                return False  # deleted since: nothing
+            patterns = cred.pub if kind == "pub" else cred.sub
+        for p in patterns:
             f = substitute(p, client_id, identity.username)
             if f is not None and match(f, subject):
                 return True

@@ -14,9 +14,10 @@ from .machine import (
     CONNECTING,
     KEEP_ALIVE,
     NEW,
+    TOKEN_EXPIRY,
     ConnectionMachine,
     MachineConfig,
 )
 
 __all__ = [*_effects_all, "CLOSED", "CONNECT_TIMEOUT", "CONNECTED", "CONNECTING", "ConnectionMachine",
-           "KEEP_ALIVE", "MachineConfig", "NEW"]
+           "KEEP_ALIVE", "MachineConfig", "NEW", "TOKEN_EXPIRY"]

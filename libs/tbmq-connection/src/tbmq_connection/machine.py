@@ -110,6 +110,7 @@ NEW, CONNECTING, CONNECTED, CLOSED = range(4)
 # timer names (StartTimer / timer_fired)
 CONNECT_TIMEOUT = "connect"
 KEEP_ALIVE = "keep_alive"
+TOKEN_EXPIRY = "token_expiry"  # the `jwt` provider's token expires: the connection ends
 
 RC = ReasonCode
 _MSGS_IN = ("msgs_in_qos0", "msgs_in_qos1", "msgs_in_qos2")  # stats keys (Prometheus tbmq_messages_received)
@@ -185,7 +186,7 @@ class ConnectionMachine:
         self.peer_ip = peer_ip
         self.cert_names = cert_names     # the verified client certificate's CN and SANs
         self.identity: Identity | None = None
-        self._acl = False                # a credential's patterns apply (not anonymous)
+        self._acl = False                # a credential's or a token's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
         # (topic, payload bytes) -> may a retained message be stored (MQTT_MAX_RETAINED_MESSAGES / _BYTES)
@@ -194,7 +195,7 @@ class ConnectionMachine:
         self.effects: deque = deque()
         self.state = NEW
         self.state_before_close = NEW
-        self._revoke_at_connack: str | None = None  # revoke() while CONNECTING: applied once CONNACK is sent
+        self._revoke_at_connack: tuple | None = None  # revoke() while CONNECTING: (why, rc), applied after CONNACK
         self.level = MQTT_3_1_1
         self.v5 = False
         self.last_rx = 0
@@ -319,6 +320,12 @@ class ConnectionMachine:
         if name == CONNECT_TIMEOUT:
             if self.state == NEW:
                 self._close(f"no CONNECT within {self.cfg.connect_timeout_ms / 1000:g}s", log_level=logging.WARNING)
+        elif name == TOKEN_EXPIRY and self.identity is not None and self.identity.expires_at_ms is not None:
+            if now >= self.identity.expires_at_ms:
+                self.stats["token_expired"] += 1
+                self.revoke("token expired", now, rc=RC.NOT_AUTHORIZED)
+            else:  # fired early (a clock step): again at the expiry
+                self.effects.append(StartTimer(TOKEN_EXPIRY, self.identity.expires_at_ms))
         elif name == KEEP_ALIVE and self.state != CLOSED and self.keep_alive:
             deadline = self.last_rx + self.keep_alive * 1500
             if now >= deadline:
@@ -710,10 +717,11 @@ class ConnectionMachine:
         self._close(f"session taken over ({rc.name})", rc=rc, reason_string=_TAKEOVER_TEXT[rc])
         return self.effects
 
-    def revoke(self, why: str, now: int) -> deque:
+    def revoke(self, why: str, now: int, rc: int = RC.ADMINISTRATIVE_ACTION) -> deque:
         """An operator took the client's right to be connected away (a blocked rule that matches it, its
-        credential deleted): v5 DISCONNECT 0x98 Administrative action with `why` as the Reason String; 3.x: the
-        network connection is closed. As after any close by the server, the Will is published.
+        credential deleted; or, with `rc` 0x87 Not authorized, its token expired): v5 DISCONNECT `rc` (0x98
+        Administrative action) with `why` as the Reason String; 3.x: the network connection is closed. As
+        after any close by the server, the Will is published.
 
         A CONNECT still waiting for its CONNACK (authentication or the session registry's answer in flight:
         the rule came after its check) is answered first and closed right after: closing it there would leave
@@ -721,11 +729,10 @@ class ConnectionMachine:
         if self.state == CLOSED:
             return self.effects
         if self.state == CONNECTING:
-            self._revoke_at_connack = why
+            self._revoke_at_connack = (why, rc)
             return self.effects
         self.stats["connections_revoked"] += 1
-        self._close(f"access revoked: {why}", rc=RC.ADMINISTRATIVE_ACTION, reason_string=why,
-                    log_level=logging.WARNING)
+        self._close(f"access revoked: {why}", rc=rc, reason_string=why, log_level=logging.WARNING)
         return self.effects
 
     def shutdown(self, now: int) -> deque:
@@ -824,7 +831,9 @@ class ConnectionMachine:
             self._refuse(result.reason_code, result.reason)
             return self.effects
         self.identity = result.identity
-        self._acl = result.identity is not None and result.identity.credential is not None
+        self._acl = result.identity is not None and result.identity.restricted
+        if result.identity is not None and result.identity.expires_at_ms is not None:
+            self.effects.append(StartTimer(TOKEN_EXPIRY, result.identity.expires_at_ms))
         self.request_sent = True
         self.effects.append(RequestSession(self._connect_request))
         return self.effects
@@ -852,7 +861,8 @@ class ConnectionMachine:
         self.state = CONNECTED
         self.effects.append(Online(self.client_id))
         if self._revoke_at_connack is not None:  # revoked while the CONNECT was in flight (revoke)
-            self.revoke(self._revoke_at_connack, 0)
+            why, rc = self._revoke_at_connack
+            self.revoke(why, 0, rc)
             return
         if self.persistent and self.client_type == pb.CLIENT_TYPE_DEVICE and cfg.device_persistence:
             self.device = True
@@ -1440,4 +1450,4 @@ def _rc_name(rc: int) -> str:
 
 
 __all__ = ["CLOSED", "CONNECTED", "CONNECTING", "CONNECT_TIMEOUT", "ConnectionMachine", "KEEP_ALIVE",
-           "MachineConfig", "NEW"]
+           "MachineConfig", "NEW", "TOKEN_EXPIRY"]

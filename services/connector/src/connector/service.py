@@ -146,7 +146,7 @@ class ConnectorService(Service):
         # next CONNECT, PUBLISH and SUBSCRIBE (docs/security.md)
         self.auth_tables = AuthTables()
         self.authorizer = Authorizer(self.auth_tables, providers=settings.auth_providers,
-                                     allow_anonymous=settings.allow_anonymous)
+                                     allow_anonymous=settings.allow_anonymous, tokens=settings.token_verifier())
         # Kafka clients need the running loop: made in start()
         self.producer = None
         self.marks: MarkWriter | None = None

@@ -7,7 +7,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from tbmq_auth import DEFAULT_PROVIDERS, anonymous_default, parse_providers
+from tbmq_auth import DEFAULT_PROVIDERS, JWT, JwtVerifier, anonymous_default, parse_providers
 from tbmq_platform.settings import (
     WINDOW_MS,
     CommonSettings,
@@ -84,7 +84,19 @@ class ConnectorSettings(CommonSettings):
     # authentication (docs/security.md)
     auth_providers: tuple[str, ...] = env(
         "MQTT_AUTH_PROVIDERS", DEFAULT_PROVIDERS, parse=parse_providers,
-        doc="authentication providers, tried in this order: password, x509, anonymous (comma list)")
+        doc="authentication providers, tried in this order: password, x509, jwt, anonymous (comma list)")
+    jwt_secret: str = env(
+        "MQTT_AUTH_JWT_SECRET", "",
+        doc="provider jwt: the HMAC secret (HS256/384/512, at least 32 bytes) tokens are signed with; or "
+            "MQTT_AUTH_JWT_PUBLIC_KEY_FILE, not both")
+    jwt_public_key_file: str = env(
+        "MQTT_AUTH_JWT_PUBLIC_KEY_FILE", "",
+        doc="provider jwt: the PEM public key (RSA, EC or Ed25519/Ed448) tokens are verified with; its kind "
+            "decides the algorithms accepted")
+    jwt_audience: str = env("MQTT_AUTH_JWT_AUDIENCE", "",
+                            doc="provider jwt: the aud claim a token must carry (empty = not checked)")
+    jwt_issuer: str = env("MQTT_AUTH_JWT_ISSUER", "",
+                          doc="provider jwt: the iss claim a token must carry (empty = not checked)")
     allow_anonymous_setting: bool | None = env(
         "MQTT_ALLOW_ANONYMOUS", None, parse=boolean,
         doc="accept clients no credential identifies (with full rights); unset: true only when every MQTT "
@@ -327,9 +339,34 @@ class ConnectorSettings(CommonSettings):
                                 f"loaded: {exc}")
         return problems
 
+    def token_verifier(self) -> JwtVerifier | None:
+        """The `jwt` provider's verifier (None when the provider is off). Raises OSError / ValueError."""
+        if JWT not in self.auth_providers:
+            return None
+        if self.jwt_public_key_file:
+            with open(self.jwt_public_key_file, "rb") as f:
+                pem = f.read()
+            return JwtVerifier(public_key_pem=pem, audience=self.jwt_audience, issuer=self.jwt_issuer)
+        return JwtVerifier(secret=self.jwt_secret.encode(), audience=self.jwt_audience, issuer=self.jwt_issuer)
+
+    def _jwt_problems(self) -> list[str]:
+        keys = [v for v, on in (("MQTT_AUTH_JWT_SECRET", self.jwt_secret),
+                                ("MQTT_AUTH_JWT_PUBLIC_KEY_FILE", self.jwt_public_key_file)) if on]
+        if JWT not in self.auth_providers:
+            return [f"{v} is set but MQTT_AUTH_PROVIDERS has no jwt" for v in keys]
+        if len(keys) != 1:
+            return ["MQTT_AUTH_PROVIDERS has jwt: set one of MQTT_AUTH_JWT_SECRET and MQTT_AUTH_JWT_PUBLIC_KEY_FILE"
+                    + (" (not both)" if keys else "")]
+        try:
+            self.token_verifier()
+        except (OSError, ValueError) as exc:
+            return [f"{keys[0]}: {exc}"]
+        return []
+
     def validate(self) -> list[str]:
         problems = super().validate()
         problems.extend(self._listener_problems())
+        problems.extend(self._jwt_problems())
         if self.write_buffer_limit < self.write_buffer_high:
             problems.append("MQTT_WRITE_BUFFER_LIMIT must be >= MQTT_WRITE_BUFFER_HIGH")
         return problems

@@ -1,0 +1,142 @@
+"""JSON Web Tokens as MQTT passwords: the `jwt` authentication provider. Pure: the time is passed in.
+
+A client sends a JWT (RFC 7519, compact form) as its CONNECT password. The connector checks it against ONE key,
+configured at start-up: an HMAC secret (HS256/384/512) or a PEM public key (RSA: RS*/PS*, EC: ES*, Ed25519 /
+Ed448: EdDSA). The algorithms a token may name follow from that key alone, so a token signed with the public
+key as an HMAC secret, or with alg "none", is refused (the classic algorithm-confusion attacks).
+
+Claims:
+* `exp` (required: a token that never expires is a password nobody can take back) and `nbf`, against the
+  time passed in; `aud` / `iss` when the connector is configured with an audience / issuer.
+* `client_id` (optional): a shell-style pattern (`*`, `?`, `[...]`; `%u` = the user name) the CONNECT's
+  client id must match; `username` (optional): the CONNECT's user name must be this one. What `%u` stands
+  for is that user name (the claim's, or the CONNECT's when the token has none).
+* `acl` (optional): `{"pub": [...], "sub": [...], "all": [...]}`, MQTT topic filters with `%c` / `%u`, as a
+  credential's patterns (tbmq_auth.rules); `all` counts for both. No `acl`: nothing is allowed.
+
+`JwtVerifier.verify` returns a `TokenGrant` or raises `TokenRefused` with the CONNACK reason code: a bad or
+expired token is 0x86 (bad user name or password), one that does not fit the client 0x87 (not authorized).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from tbmq_mqtt import ReasonCode
+from tbmq_routing import TopicError, validate_topic_filter
+
+JWT = "jwt"
+HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+MIN_SECRET_BYTES = 32  # RFC 7518 3.2: an HS256 key of at least the hash's size
+_COMPACT = re.compile(rb"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+
+
+def looks_like_jwt(password: bytes | None) -> bool:
+    """Three base64url parts joined by dots: the provider applies (anything else is left to the others)."""
+    return password is not None and _COMPACT.fullmatch(password) is not None
+
+
+class TokenRefused(Exception):
+    def __init__(self, reason_code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.reason_code, self.reason = reason_code, reason
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGrant:
+    """What a valid token grants: the user name `%u` stands for, the publish and subscribe patterns, and
+    when it expires (ms since the epoch)."""
+
+    username: str
+    pub: tuple[str, ...]
+    sub: tuple[str, ...]
+    expires_at_ms: int
+
+
+def public_key_algorithms(key) -> tuple[str, ...]:
+    """The JWS algorithms a public key can verify; ValueError for another kind of key."""
+    if isinstance(key, rsa.RSAPublicKey):
+        return ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return ("ES256", "ES384", "ES512")
+    if isinstance(key, ed25519.Ed25519PublicKey | ed448.Ed448PublicKey):
+        return ("EdDSA",)
+    raise ValueError(f"a {type(key).__name__} cannot verify JSON Web Tokens (RSA, EC or Ed25519/Ed448 only)")
+
+
+class JwtVerifier:
+    """Checks tokens against one key: `secret` (bytes, at least 32) or `public_key_pem` (bytes)."""
+
+    def __init__(self, *, secret: bytes | None = None, public_key_pem: bytes | None = None,
+                 audience: str | None = None, issuer: str | None = None) -> None:
+        if (secret is None) == (public_key_pem is None):
+            raise ValueError("one key: an HMAC secret or a public key")
+        if secret is not None:
+            if len(secret) < MIN_SECRET_BYTES:
+                raise ValueError(f"an HMAC secret needs at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2)")
+            self.key, self.algorithms = secret, HMAC_ALGORITHMS
+        else:
+            self.key = load_pem_public_key(public_key_pem)
+            self.algorithms = public_key_algorithms(self.key)
+        self.audience, self.issuer = audience or None, issuer or None
+
+    def verify(self, token: bytes, client_id: str, username: str | None, now_ms: int) -> TokenGrant:
+        bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        try:
+            claims = jwt.decode(token, self.key, algorithms=list(self.algorithms), audience=self.audience,
+                                issuer=self.issuer, options={"verify_exp": False, "verify_nbf": False,
+                                                             "verify_iat": False, "verify_aud": bool(self.audience),
+                                                             "verify_iss": bool(self.issuer)})
+        except jwt.InvalidTokenError as exc:
+            raise TokenRefused(bad, f"token refused: {exc}") from None
+        exp, nbf = claims.get("exp"), claims.get("nbf")
+        if not _number(exp):
+            raise TokenRefused(bad, "token refused: no exp claim")
+        if now_ms >= exp * 1000:
+            raise TokenRefused(bad, "token expired")
+        if nbf is not None and (not _number(nbf) or now_ms < nbf * 1000):
+            raise TokenRefused(bad, "token not valid yet (nbf)")
+        denied = ReasonCode.NOT_AUTHORIZED
+        bound_user = claims.get("username")
+        if bound_user is not None and bound_user != username:
+            raise TokenRefused(denied, "user name not the token's")
+        user = bound_user if isinstance(bound_user, str) else (username or "")
+        pattern = claims.get("client_id")
+        if pattern is not None and (not isinstance(pattern, str)
+                                    or not fnmatch.fnmatchcase(client_id, pattern.replace("%u", user))):
+            raise TokenRefused(denied, "client id not allowed by the token")
+        pub, sub = _acl(claims.get("acl"))
+        return TokenGrant(user, pub, sub, int(exp * 1000))
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _acl(acl) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if acl is None:
+        return (), ()
+    if not isinstance(acl, dict) or not set(acl) <= {"pub", "sub", "all"}:
+        raise TokenRefused(ReasonCode.NOT_AUTHORIZED, 'token acl: an object of "pub", "sub", "all" lists')
+    lists = {}
+    for kind in ("pub", "sub", "all"):
+        filters = acl.get(kind, [])
+        if not isinstance(filters, list) or not all(isinstance(f, str) for f in filters):
+            raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {kind!r} is not a list of topic filters")
+        for f in filters:
+            try:
+                validate_topic_filter(f.replace("%c", "c").replace("%u", "u"))
+            except TopicError as exc:
+                raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {f!r}: {exc}") from None
+        lists[kind] = tuple(filters)
+    return lists["pub"] + lists["all"], lists["sub"] + lists["all"]
+
+
+__all__ = ["HMAC_ALGORITHMS", "JWT", "JwtVerifier", "MIN_SECRET_BYTES", "TokenGrant", "TokenRefused",
+           "looks_like_jwt", "public_key_algorithms"]

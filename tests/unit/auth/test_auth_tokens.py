@@ -1,0 +1,149 @@
+"""The `jwt` provider (tbmq_auth.tokens, tbmq_auth.Authorizer): real tokens signed with PyJWT and keys made by
+`cryptography`; the time is passed in."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from tbmq_auth import (
+    JWT,
+    AuthRequest,
+    AuthTables,
+    Authorizer,
+    BlockedRule,
+    JwtVerifier,
+    TokenRefused,
+    looks_like_jwt,
+    parse_providers,
+)
+from tbmq_mqtt import ReasonCode as RC
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000_000  # ms
+SECRET = b"s" * 32
+
+
+def pem(public_key) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@pytest.fixture(scope="module")
+def ec_key():
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def token(key=SECRET, alg="HS256", **claims) -> bytes:
+    claims.setdefault("exp", NOW // 1000 + 60)
+    return jwt.encode(claims, key, algorithm=alg).encode()
+
+
+def authorizer(verifier, providers=("password", JWT), **kw) -> Authorizer:
+    return Authorizer(AuthTables(), providers=providers, tokens=verifier, **kw)
+
+
+def connect(auth: Authorizer, password: bytes | None, client_id="dev-1", username=None, will_topic=None):
+    return auth.authenticate(AuthRequest(client_id=client_id, username=username, password=password,
+                                         will_topic=will_topic), NOW)
+
+
+def test_a_valid_token_grants_its_acl_and_expiry(ec_key):
+    auth = authorizer(JwtVerifier(public_key_pem=pem(ec_key.public_key())))
+    t = token(ec_key, "ES256", client_id="dev-*", acl={"pub": ["up/%c/#"], "sub": ["down/%u/+"], "all": ["x/y"]},
+              username="alice")
+    r = connect(auth, t, username="alice", will_topic="up/dev-1/will")
+    assert r.ok and r.identity.provider == JWT and r.identity.credential is None and r.identity.restricted
+    assert r.identity.username == "alice" and r.identity.expires_at_ms == NOW + 60_000
+    i = r.identity
+    assert auth.may_publish(i, "dev-1", "up/dev-1/t") and auth.may_publish(i, "dev-1", "x/y")
+    assert not auth.may_publish(i, "dev-1", "up/dev-2/t") and not auth.may_publish(i, "dev-1", "down/alice/a")
+    assert auth.may_subscribe(i, "dev-1", "down/alice/+") and auth.may_subscribe(i, "dev-1", "x/y")
+    assert not auth.may_subscribe(i, "dev-1", "down/bob/a") and not auth.may_subscribe(i, "dev-1", "#")
+
+
+def test_without_an_acl_claim_nothing_is_allowed():
+    r = connect(authorizer(JwtVerifier(secret=SECRET)), token())
+    assert r.ok and not r.identity.pub and not r.identity.sub
+    assert not authorizer(None).may_publish(r.identity, "dev-1", "a")
+    # and a Will is a publish: refused at CONNECT
+    assert connect(authorizer(JwtVerifier(secret=SECRET)), token(), will_topic="a").reason_code == RC.NOT_AUTHORIZED
+
+
+@pytest.mark.parametrize("what, make, code", [
+    ("another secret", lambda: token(b"t" * 32), RC.BAD_USER_NAME_OR_PASSWORD),
+    ("expired", lambda: token(exp=NOW // 1000), RC.BAD_USER_NAME_OR_PASSWORD),
+    ("no exp", lambda: jwt.encode({"sub": "x"}, SECRET, algorithm="HS256").encode(), RC.BAD_USER_NAME_OR_PASSWORD),
+    ("not before", lambda: token(nbf=NOW // 1000 + 5), RC.BAD_USER_NAME_OR_PASSWORD),
+    ("alg none", lambda: jwt.encode({"exp": NOW // 1000 + 60}, None, algorithm="none").encode() + b"x",
+     RC.BAD_USER_NAME_OR_PASSWORD),
+    ("client id pattern", lambda: token(client_id="other-*"), RC.NOT_AUTHORIZED),
+    ("user name", lambda: token(username="bob"), RC.NOT_AUTHORIZED),
+    ("acl not a filter", lambda: token(acl={"pub": ["a/#/b"]}), RC.NOT_AUTHORIZED),
+    ("acl unknown key", lambda: token(acl={"publish": ["a"]}), RC.NOT_AUTHORIZED),
+])
+def test_refusals_name_the_reason(what, make, code):
+    r = connect(authorizer(JwtVerifier(secret=SECRET)), make(), username="alice")
+    assert r.reason_code == code, (what, r)
+    assert r.identity is None
+
+
+def test_a_token_signed_with_the_public_key_as_an_hmac_secret_is_refused():
+    """Algorithm confusion: the verifier's algorithms come from its key, never from the token."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = pem(key.public_key())
+    v = JwtVerifier(public_key_pem=public)
+    assert "HS256" not in v.algorithms
+    forged = token(key, "RS256")  # the genuine one passes
+    assert v.verify(forged, "dev-1", None, NOW).expires_at_ms == NOW + 60_000
+    def b64(b: bytes) -> bytes:
+        return base64.urlsafe_b64encode(b).rstrip(b"=")
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps({"exp": NOW // 1000 + 60}).encode())
+    sig = b64(hmac.new(public, head + b"." + body, hashlib.sha256).digest())
+    with pytest.raises(TokenRefused) as e:
+        v.verify(head + b"." + body + b"." + sig, "dev-1", None, NOW)
+    assert e.value.reason_code == RC.BAD_USER_NAME_OR_PASSWORD
+
+
+def test_audience_and_issuer_when_configured():
+    v = JwtVerifier(secret=SECRET, audience="tbmq", issuer="https://id.example")
+    assert v.verify(token(aud="tbmq", iss="https://id.example"), "c", None, NOW)
+    for claims in ({"aud": "other", "iss": "https://id.example"}, {"iss": "https://id.example"},
+                   {"aud": "tbmq", "iss": "https://evil.example"}):
+        with pytest.raises(TokenRefused):
+            v.verify(token(**claims), "c", None, NOW)
+
+
+def test_the_provider_applies_to_tokens_only_and_keeps_its_place_in_the_order():
+    auth = authorizer(JwtVerifier(secret=SECRET), providers=(JWT, "anonymous"), allow_anonymous=True)
+    assert connect(auth, b"a plain password").identity.provider == "anonymous"  # not a token: the next one
+    assert connect(auth, token()).identity.provider == JWT
+    assert connect(auth, token(b"t" * 32)).reason_code == RC.BAD_USER_NAME_OR_PASSWORD  # a bad token decides
+    # without a verifier the provider never applies; blocked rules still come first
+    assert connect(authorizer(None, providers=(JWT, "anonymous"), allow_anonymous=True),
+                   token()).identity.provider == "anonymous"
+    t = AuthTables()
+    t.apply_blocked(b"client_id:dev-1", BlockedRule("client_id", "dev-1").to_json())
+    assert Authorizer(t, providers=(JWT,), tokens=JwtVerifier(secret=SECRET)).authenticate(
+        AuthRequest(client_id="dev-1", password=token()), NOW).reason_code == RC.BANNED
+
+
+def test_keys_and_providers_setting():
+    assert parse_providers("jwt,password") == (JWT, "password")
+    with pytest.raises(ValueError, match="32 bytes"):
+        JwtVerifier(secret=b"short")
+    with pytest.raises(ValueError):
+        JwtVerifier(secret=SECRET, public_key_pem=b"x")
+    with pytest.raises(ValueError):
+        JwtVerifier(public_key_pem=b"-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n")
+    ed = ed25519.Ed25519PrivateKey.generate()
+    assert JwtVerifier(public_key_pem=pem(ed.public_key())).algorithms == ("EdDSA",)
+    assert JwtVerifier(public_key_pem=pem(ed.public_key())).verify(token(ed, "EdDSA"), "c", None, NOW)
+    assert looks_like_jwt(token()) and not looks_like_jwt(b"pw") and not looks_like_jwt(None)
