@@ -23,7 +23,7 @@ from mqtt_clients import BOUND, Client, payloads, poll, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.services import readyz
 from tbmq_launcher.tls import ensure_dev_certs, issue_client_cert, revocation_list
-from tbmq_mqtt import Connect, encode
+from tbmq_mqtt import Connect, ReasonCode, encode
 
 pytestmark = [pytest.mark.e2e]
 
@@ -290,7 +290,8 @@ async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restar
                                                                                    tmp_path):
     """MQTT_TLS_CRL_FILE: a client certificate its lists name is refused at the handshake. With
     MQTT_TLS_RELOAD_INTERVAL_S, a new list and a CA removed from MQTT_TLS_CA_FILE apply to the next handshake
-    on TLS and WSS, with no restart; the other clients' certificates are still accepted."""
+    on TLS and WSS, with no restart; the other clients' certificates are still accepted. A client connected
+    with a certificate the new list names is disconnected (v5 DISCONNECT 0x98); the others stay."""
     tls_dir = tmp_path_factory.mktemp("tls-crl")
     certs, other = ensure_dev_certs(tls_dir), ensure_dev_certs(tmp_path / "other-ca", "another CA")
     a, b = (issue_client_cert(certs, n, tmp_path / "clients") for n in ("a", "b"))
@@ -308,7 +309,7 @@ async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restar
 
     replace(cas, certs.ca.read_text() + other.ca.read_text())
     write_crls()
-    async with suite(kafka, tmp_path_factory.mktemp("suite-crl"), ["connector"],
+    async with suite(kafka, tmp_path_factory.mktemp("suite-crl"), ["session-registry", "connector"],
                      {"MQTT_TLS_RELOAD_INTERVAL_S": "0.2", "MQTT_PORT": "0", "MQTT_WS_PORT": "0",
                       "MQTT_TLS_CLIENT_AUTH": "required", "MQTT_TLS_CA_FILE": str(cas),
                       "MQTT_TLS_CRL_FILE": str(crls)}, tls_dir=tls_dir) as s:
@@ -321,10 +322,24 @@ async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restar
             return await _detail(health, "tls_reloads") >= n
 
         assert await handshakes() == [True] * 6
+        online = {}  # paho clients connected with a's and b's certificates, over TLS and WSS
+        for (name, cert), (kind, port) in zip((("a", a), ("b", b), ("a", a)), (("tls", ports[0]), ("tls", ports[0]),
+                                                                           ("wss", ports[1])), strict=True):
+            paho = client(s, f"crl-{name}-{kind}-{new_tag()}", kind, True, certfile=str(cert[0]), keyfile=str(cert[1]))
+            await run(paho.connect, port)
+            online[(name, kind)] = paho
         write_crls(a)  # device a's certificate revoked
         await wait_until(lambda: reloaded(1), BOUND, "the new revocation list loaded")
         assert await handshakes() == [False, True, True] * 2
+        for (name, kind), paho in online.items():
+            if name == "a":
+                assert await run(paho.wait, lambda p=paho: p.disconnects, BOUND), (name, kind)
+                assert paho.disconnects[0].value == ReasonCode.ADMINISTRATIVE_ACTION
+        assert online[("b", "tls")].disconnects == []
         replace(cas, certs.ca.read_text())  # the second CA no longer trusted
         await wait_until(lambda: reloaded(2), BOUND, "the CA file without the second CA loaded")
         assert await handshakes() == [False, True, False] * 2
         assert await _detail(health, "tls_reload_failures") == 0
+        assert await _detail(health, "connections_certificate_revoked") == 2
+        for paho in online.values():
+            await run(paho.close)

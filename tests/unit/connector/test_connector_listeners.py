@@ -228,3 +228,26 @@ async def test_garbage_instead_of_an_upgrade_is_answered_400():
     adapter.connection_made(transport)
     adapter.data_received(b"\x10\x0c\x00\x04MQTT\r\n\r\n")
     assert transport.closed and transport.data.startswith(b"HTTP/1.1 400")
+
+
+def test_a_revocation_list_names_certificates_by_issuer_and_serial(certs, tmp_path):
+    """connector.tls: what a CRL reload closes. Two CAs' lists in one file; a certificate is listed only by
+    its own issuer's list."""
+    import ssl
+
+    from connector.tls import certificate_key, revoked_certificates
+    from tbmq_launcher.tls import issue_client_cert
+
+    other = ensure_dev_certs(tmp_path / "other", "another CA")
+    a, b = (issue_client_cert(certs, n, tmp_path / "clients") for n in ("crl-a", "crl-b"))
+    c = issue_client_cert(other, "crl-c", tmp_path / "clients")
+
+    def key(cert):
+        return certificate_key(ssl.PEM_cert_to_DER_cert(cert[0].read_text()))
+
+    lists = (revocation_list(certs, [a[0]], tmp_path / "l1.pem").read_bytes()
+             + revocation_list(other, [], tmp_path / "l2.pem").read_bytes())
+    revoked = revoked_certificates(lists)
+    assert key(a) in revoked and key(b) not in revoked and key(c) not in revoked
+    assert revoked_certificates(revocation_list(other, [c[0]], tmp_path / "l3.pem").read_bytes()) == {key(c)}
+    assert certificate_key(None) is None and revoked_certificates(b"") == set()

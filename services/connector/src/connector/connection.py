@@ -62,6 +62,7 @@ from tbmq_platform.backoff import Backoff
 from tbmq_platform.tracing import fresh_trace_headers
 
 from .port import ConnectionPort
+from .tls import certificate_key
 
 log = logging.getLogger("connector.connection")
 tracer = trace.get_tracer("connector")
@@ -106,6 +107,7 @@ class Connection(asyncio.Protocol):
         self.m: ConnectionMachine | None = None
         self.transport: asyncio.Transport | None = None
         self.address = ""
+        self.cert_key = None  # (issuer, serial) of a verified client certificate (tls.certificate_key)
         self.decoder = MqttDecoder(max_packet_size=self.s.max_packet_size)
         self.inq: deque = deque()
         self._inq_bytes = 0  # bytes received since the inbound queue was last empty (MQTT_INBOUND_BUFFER_BYTES)
@@ -167,8 +169,11 @@ class Connection(asyncio.Protocol):
             transport.abort()
             return
         transport.set_write_buffer_limits(high=self.s.write_buffer_high)  # type: ignore[attr-defined]
+        peercert = transport.get_extra_info("peercert")  # {} / None: no verified client certificate
+        if peercert:  # what a revocation list names it by (a CRL reload closes it when listed)
+            self.cert_key = certificate_key(transport.get_extra_info("ssl_object").getpeercert(True))
         self.m = self.port.new_machine(self.address, peer[0] if isinstance(peer, tuple) and peer else "",
-                                       certificate_names(transport.get_extra_info("peercert")))
+                                       certificate_names(peercert))
         self.port.connection_opened(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
         self.m.start(_now_ms())

@@ -32,8 +32,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
-import os
-import ssl
 import time
 import uuid
 from collections import Counter
@@ -74,6 +72,7 @@ from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
 from .sessions import SessionEvents
 from .settings import ConnectorSettings, Listener
+from .tls import ListenerTls, file_stamps, revoked_certificates
 from .websocket import WebSocketAdapter
 from .wills import Wills
 
@@ -96,34 +95,6 @@ async def assign_at_end(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> li
     for tp in tps:
         await consumer.position(tp)
     return tps
-
-
-def file_stamps(paths) -> tuple:
-    """What tells a changed file (modification time, size, inode; None when missing), per path."""
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            out.append(None)
-    return tuple(out)
-
-
-class ListenerTls:
-    """The TLS / WSS listeners' current context. A server keeps the context it was made with, so a reloaded one
-    is put in place per handshake: the listening context's SNI callback (OpenSSL's servername callback, called
-    for every ClientHello, with or without a server name) moves the connection to `current` (SSL_set_SSL_CTX):
-    its certificate and key, and the CAs and CRLs that verify the client's certificate. The verify mode and
-    flags stay the listening context's, which the same settings made."""
-
-    def __init__(self, listening: ssl.SSLContext) -> None:
-        self.listening = self.current = listening
-        listening.sni_callback = self._select
-
-    def _select(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
-        if self.current is not self.listening:
-            conn.context = self.current
 
 
 class ConnectorService(Service):
@@ -260,7 +231,8 @@ class ConnectorService(Service):
         """Every MQTT_TLS_RELOAD_INTERVAL_S: when a TLS file changed (a renewed certificate, a CA added or
         removed, a new CRL), the whole set is loaded into a new context (a half-written or mismatched pair is
         refused there and tried again at the next check), which then serves every new TLS / WSS handshake in
-        place of the old one; open connections keep what they negotiated."""
+        place of the old one; open connections keep what they negotiated, except those whose client
+        certificate the new revocation lists name: they are closed (`_close_revoked`)."""
         s = self.settings
         while True:
             await asyncio.sleep(s.tls_reload_interval_s)
@@ -268,15 +240,28 @@ class ConnectorService(Service):
             if now == seen:
                 continue
             try:
-                tls.current = s.server_ssl_context()
+                fresh = s.server_ssl_context()
+                revoked = revoked_certificates(open(s.tls_crl_file, "rb").read()) if s.tls_crl_file else set()
             except (OSError, ValueError) as exc:
                 self.stats["tls_reload_failures"] += 1
                 log.warning("the TLS files changed but do not load (%s): the listeners keep the current "
                             "certificate, CAs and CRLs; checked again in %gs", exc, s.tls_reload_interval_s)
                 continue
+            tls.current = fresh
             seen = now
             self.stats["tls_reloads"] += 1
             log.info("TLS files reloaded (%s) for new connections", ", ".join(s.tls_files()))
+            self._close_revoked(revoked)
+
+    def _close_revoked(self, revoked: set) -> None:
+        """Close every open connection whose verified client certificate is in `revoked` (ConnectionMachine.revoke:
+        v5 DISCONNECT 0x98 with "certificate revoked"; 3.x the socket closed; the Will sent)."""
+        if not revoked:
+            return
+        for conn in list(self.connections):
+            if conn.cert_key is not None and conn.cert_key in revoked:
+                self.stats["connections_certificate_revoked"] += 1
+                conn.revoke("certificate revoked")
 
     def _register_metrics(self) -> None:
         """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time (nothing per message)."""

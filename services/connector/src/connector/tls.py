@@ -1,0 +1,68 @@
+"""The TLS / WSS listeners' files while the connector runs: a changed file set replaces the listeners' context
+for new handshakes (`ListenerTls`), and a new revocation list (MQTT_TLS_CRL_FILE) also ends the open
+connections whose client certificate it lists (`revoked_certificates`, `certificate_key`).
+
+A certificate is known by its issuer's name (DER) and serial number, as a CRL lists it (RFC 5280 5.3.3: a CRL
+names certificates of its issuer by serial number).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+
+from cryptography import x509
+
+CertificateKey = tuple[bytes, int]  # (issuer name, DER; serial number)
+_CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.S)
+
+
+def file_stamps(paths) -> tuple:
+    """What tells a changed file (modification time, size, inode; None when missing), per path."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def certificate_key(der: bytes | None) -> CertificateKey | None:
+    """The (issuer, serial) of a client certificate (DER, as ssl's getpeercert(True) gives it); None without."""
+    if not der:
+        return None
+    cert = x509.load_der_x509_certificate(der)
+    return cert.issuer.public_bytes(), cert.serial_number
+
+
+def revoked_certificates(pem: bytes) -> set[CertificateKey]:
+    """Every certificate the PEM revocation lists in `pem` name, as `certificate_key` gives it. Raises
+    ValueError on a list that does not parse."""
+    out: set[CertificateKey] = set()
+    for block in _CRL_BLOCK.findall(pem):
+        crl = x509.load_pem_x509_crl(block)
+        issuer = crl.issuer.public_bytes()
+        out.update((issuer, r.serial_number) for r in crl)
+    return out
+
+
+class ListenerTls:
+    """The TLS / WSS listeners' current context. A server keeps the context it was made with, so a reloaded one
+    is put in place per handshake: the listening context's SNI callback (OpenSSL's servername callback, called
+    for every ClientHello, with or without a server name) moves the connection to `current` (SSL_set_SSL_CTX):
+    its certificate and key, and the CAs and CRLs that verify the client's certificate. The verify mode and
+    flags stay the listening context's, which the same settings made."""
+
+    def __init__(self, listening: ssl.SSLContext) -> None:
+        self.listening = self.current = listening
+        listening.sni_callback = self._select
+
+    def _select(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        if self.current is not self.listening:
+            conn.context = self.current
+
+
+__all__ = ["CertificateKey", "ListenerTls", "certificate_key", "file_stamps", "revoked_certificates"]
