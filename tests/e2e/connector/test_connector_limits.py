@@ -1,22 +1,24 @@
 """Issue 14, deliverable 6: the connector's limits with real clients (paho-mqtt 3.1.1 and 5.0, mosquitto_sub):
 topic length and levels, subscriptions per client, user properties, the retained quota, connections per
-connector. Each reaction is the one MQTT gives it; the other clients carry on."""
+connector, the PUBLISH rate per client. Each reaction is the one MQTT gives it; the other clients carry on."""
 
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-from mqtt_clients import BOUND, Client, routed, run
+from mqtt_clients import BOUND, Client, payloads, routed, run
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_launcher.services import readyz
 from tbmq_mqtt import ReasonCode as RC
 
 pytestmark = pytest.mark.e2e
 
 ENV = {"MQTT_MAX_TOPIC_BYTES": "64", "MQTT_MAX_TOPIC_LEVELS": "4", "MQTT_MAX_SUBSCRIPTIONS_PER_CLIENT": "2",
-       "MQTT_MAX_USER_PROPERTIES": "2", "MQTT_MAX_RETAINED_MESSAGES": "1", "MQTT_MAX_CONNECTIONS": "8"}
+       "MQTT_MAX_USER_PROPERTIES": "2", "MQTT_MAX_RETAINED_MESSAGES": "1", "MQTT_MAX_CONNECTIONS": "8",
+       "MQTT_MAX_PUBLISH_RATE": "20"}
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +94,29 @@ async def test_retained_quota_and_connections_per_connector(lim, unique):
     await run(again.connect, lim.mqtt_ports[0])  # room again once one left
     for x in (*others[1:], again, c):
         await run(x.close)
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["311", "5"])
+async def test_a_client_over_its_publish_rate_is_slowed_down_and_loses_nothing(lim, unique, v5):
+    """MQTT_MAX_PUBLISH_RATE=20: 60 QoS 0 PUBLISHes sent at once all arrive, in order, but spread over about
+    two seconds (40 beyond the burst at 20 a second; at once they arrive within milliseconds): the connector
+    stopped reading from the client instead of dropping anything, and counted it."""
+    u = unique("rate")
+    sub, pub = Client(u + "-s", v5=v5), Client(u + "-p", v5=v5)
+    for c in (sub, pub):
+        await run(c.connect, lim.mqtt_ports[0])
+    topic = f"{u}/t"
+    await run(sub.subscribe, f"{u}/#", 0)
+    await routed(pub, sub, f"{u}/probe", 0)  # the subscription is live (probes, within the burst)
+    before = (await readyz(lim.instance("connector").health_port)).get("publish_throttled", 0)
+    sent = [str(i).encode() for i in range(60)]
+    for p in sent:
+        await run(pub.publish, topic, p, 0)
+    assert await run(sub.wait, lambda: len(payloads(sub, topic)) >= 60, BOUND)
+    got = sub.messages_on(topic)
+    assert [m.payload for m in got] == sent
+    assert got[-1].timestamp - got[0].timestamp >= 1.0
+    after = (await readyz(lim.instance("connector").health_port)).get("publish_throttled", 0)
+    assert after - before >= 1
+    for c in (sub, pub):
+        await run(c.close)

@@ -88,3 +88,20 @@ def test_a_will_over_the_limits_is_refused_at_connect(level):
             len(got) == 1 and got[0].reason_code == RC.TOPIC_NAME_INVALID)
     else:  # as an invalid Will topic: 3.1.1 has no return code for it, the connection is closed
         assert all(p.reason_code != 0 for p in got)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_client_over_its_publish_rate_is_throttled_not_refused(level):
+    """MQTT_MAX_PUBLISH_RATE: beyond the burst each PUBLISH still goes on (never refused or dropped), with a
+    Throttle telling the runner when it may read the client's next packet."""
+    from tbmq_connection import Throttle
+
+    c = connected(level, max_publish_rate=5)
+    for i in range(7):
+        c.send(Publish(topic="a/b", payload=b"p", qos=1, packet_id=i + 1))
+    assert [e.msg.topic for e in c.of(ProducePublish)] == ["a/b"] * 7
+    assert [t.until_ms - c.now for t in c.of(Throttle)] == [200, 400]
+    assert c.m.stats["publish_throttled"] == 2
+    c.advance(2000)  # back within the rate: no Throttle
+    c.send(Publish(topic="a/b", payload=b"p", qos=0))
+    assert len(c.of(Throttle)) == 2

@@ -30,3 +30,20 @@ def test_addresses_kept_are_bounded():
     assert len(a) == 3
     assert a.admit(0, "a", 0.0) is None  # "a" was forgotten (least recently seen): a full burst again
     assert a.admit(0, "d", 0.0) == CONNECT_RATE
+
+
+def test_publish_rate_in_messages_and_bytes():
+    """PublishRate: one second's worth of burst, then the wait that brings the balance back to zero; the
+    average holds whatever the bursts; 0 = unlimited."""
+    from tbmq_connection.limits import PublishRate
+
+    r = PublishRate(messages_per_s=10, bytes_per_s=0)
+    assert [r.take(0, 1000) for _ in range(12)] == [0] * 10 + [100, 200]  # bytes do not count
+    assert r.take(150, 1) == 150   # 1.5 tokens back, 0.5 - 1 - ... : the debt carried over
+    assert r.take(10_000, 1) == 0  # refilled, capped at one second's worth
+    assert [r.take(10_000, 1) for _ in range(9)] == [0] * 9 and r.take(10_000, 1) == 100
+    b = PublishRate(messages_per_s=0, bytes_per_s=100)
+    assert [b.take(0, 40) for _ in range(4)] == [0, 0, 200, 600]  # 20, then 60 bytes owed at 100 a second
+    both = PublishRate(messages_per_s=1000, bytes_per_s=100)
+    assert both.take(0, 300) == 2000  # the slower of the two decides
+    assert not PublishRate(0, 0) and PublishRate(1, 0)

@@ -14,6 +14,8 @@ Effects the runner answers with an input call (the machine waits for that answer
 * `FetchStored` -> `stored(store_id, messages, now)` (any number of times) then `fetch_finished(store_id, now)`,
   or `fetch_abandoned(store_id, now)`
 * `StartTimer` -> `timer_fired(name, now)` at `at_ms` (unless cancelled or restarted)
+
+`Throttle` asks for no answer: the runner reads and handles no further packet of the client before its time.
 """
 
 from __future__ import annotations
@@ -212,6 +214,14 @@ class ReportDisconnect:
 
 
 @dataclass(slots=True)
+class Throttle:
+    """The client is over its PUBLISH rate (MQTT_MAX_PUBLISH_RATE / _BYTES_RATE): read and handle none of its
+    packets before `until_ms` (epoch ms). TCP back-pressure then slows the client down; nothing is dropped."""
+
+    until_ms: int
+
+
+@dataclass(slots=True)
 class Finished:
     """The connection is over (emitted once, last): the runner drops every registration and timer."""
 
@@ -219,5 +229,6 @@ class Finished:
 __all__ = [
     "AckApp", "AckStored", "Authenticate", "CancelTimer", "CatchUpRetained", "Close", "CloseAppStream", "DetachStore", "FetchStored", "Finished",
     "LoadSubscriptions", "Online", "OpenAppStream", "ProducePublish", "ProduceSubscriptions", "PubrecStored",
-    "ReportDisconnect", "RequestSession", "ScheduleWill", "Send", "SessionStarted", "StartTimer", "WaitRetained",
+    "ReportDisconnect", "RequestSession", "ScheduleWill", "Send", "SessionStarted", "StartTimer", "Throttle",
+    "WaitRetained",
 ]

@@ -10,10 +10,18 @@ not: the connector holds at most `max_connections` connections, and one IP addre
 `rate_per_ip` per second after a burst of `burst_per_ip` (a token bucket per address). The buckets are kept
 for at most `max_addresses` addresses (least recently seen forgotten first), so a flood from many addresses
 costs bounded memory; a forgotten address starts again with a full burst.
+
+Rate limits of a connected client:
+
+`PublishRate(messages_per_s, bytes_per_s).take(now_ms, payload_bytes)` spends the client's PUBLISH budget
+(MQTT_MAX_PUBLISH_RATE, MQTT_MAX_PUBLISH_BYTES_RATE: token buckets holding one second's worth) and says how
+long the connector must stop reading from it. The balance may go below zero (a packet already read is never
+refused), so whatever the bursts, the client's average stays at the rates.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 TOO_MANY_CONNECTIONS = "max_connections"
@@ -36,7 +44,7 @@ class Admission:
         if self.rate <= 0:
             return None
         tokens, at = self._buckets.pop(ip, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        tokens = refilled(tokens, now - at, self.rate, self.burst)
         ok = tokens >= 1.0
         self._buckets[ip] = (tokens - 1.0 if ok else tokens, now)
         if len(self._buckets) > self.max_addresses:
@@ -45,6 +53,39 @@ class Admission:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+def refilled(tokens: float, elapsed_s: float, rate: float, burst: float) -> float:
+    """A token bucket's balance after `elapsed_s` at `rate` tokens a second, capped at `burst`."""
+    return min(burst, tokens + elapsed_s * rate)
+
+
+class PublishRate:
+    """One connection's PUBLISH budget: messages and payload bytes a second (0 = that one unlimited)."""
+
+    __slots__ = ("_buckets", "_at")
+
+    def __init__(self, messages_per_s: float, bytes_per_s: float) -> None:
+        # [rate, balance, counts bytes]; a bucket holds one second's worth
+        self._buckets = [[float(r), float(r), by_bytes] for r, by_bytes in ((messages_per_s, False),
+                                                                           (bytes_per_s, True)) if r > 0]
+        self._at: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._buckets)
+
+    def take(self, now_ms: int, payload_bytes: int) -> int:
+        """Spend one PUBLISH of `payload_bytes`: ms until every balance is back at zero (0: within the rates),
+        the time the connection's reading must wait."""
+        elapsed = 0.0 if self._at is None else max(0, now_ms - self._at) / 1000
+        self._at = now_ms
+        wait = 0.0
+        for b in self._buckets:
+            rate = b[0]
+            b[1] = refilled(b[1], elapsed, rate, rate) - (payload_bytes if b[2] else 1)
+            if b[1] < 0:
+                wait = max(wait, -b[1] / rate)
+        return math.ceil(wait * 1000)
 
 
 def topic_problem(topic: str, max_bytes: int, max_levels: int) -> str | None:
@@ -57,4 +98,4 @@ def topic_problem(topic: str, max_bytes: int, max_levels: int) -> str | None:
     return None
 
 
-__all__ = ["Admission", "CONNECT_RATE", "TOO_MANY_CONNECTIONS", "topic_problem"]
+__all__ = ["Admission", "CONNECT_RATE", "PublishRate", "TOO_MANY_CONNECTIONS", "refilled", "topic_problem"]

@@ -72,7 +72,7 @@ from tbmq_routing.origins import OriginMarks
 from tbmq_routing.wills import will_delay_seconds
 
 from .connect import ConnectRefused, plan_connect
-from .limits import topic_problem
+from .limits import PublishRate, topic_problem
 from .convert import outbound_publish, publish_msg, topic_subscription
 from .effects import (
     AckApp,
@@ -97,6 +97,7 @@ from .effects import (
     Send,
     SessionStarted,
     StartTimer,
+    Throttle,
     WaitRetained,
 )
 from .flow import APP, DEVICE, GROUP, LIVE, AliasError, GroupRef, GroupStores, InboundAliases, InboundQos, \
@@ -163,6 +164,8 @@ class MachineConfig:
     max_subscriptions: int = 1000        # per client
     max_user_properties: int = 64        # per PUBLISH (v5) and per Will
     max_queued_bytes: int = 8 * 1024 * 1024  # outbound queue per client (besides max_queued messages)
+    max_publish_rate: float = 0          # PUBLISH packets a second per client (0 = unlimited): Throttle beyond
+    max_publish_bytes_rate: float = 0    # PUBLISH payload bytes a second per client (0 = unlimited)
 
     def page_room(self, held_messages: int, held_bytes: int) -> bool:
         """Is there room for the next page of a store? Once what is held (queued or in flight, unacknowledged)
@@ -188,6 +191,8 @@ class ConnectionMachine:
         self.identity: Identity | None = None
         self._acl = False                # a credential's or a token's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
+        self.publish_rate = (PublishRate(config.max_publish_rate, config.max_publish_bytes_rate)
+                             if config.max_publish_rate or config.max_publish_bytes_rate else None)
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
         # (topic, payload bytes) -> may a retained message be stored (MQTT_MAX_RETAINED_MESSAGES / _BYTES)
         self.retained_room = retained_room or _always
@@ -885,6 +890,11 @@ class ConnectionMachine:
     def _on_publish(self, p: Publish, now: int) -> None:
         if self.state != CONNECTED:
             raise MqttProtocolError(RC.PROTOCOL_ERROR, "PUBLISH before CONNACK")
+        if self.publish_rate is not None:  # every PUBLISH read counts, refused ones too: each cost its processing
+            wait = self.publish_rate.take(now, len(p.payload))
+            if wait:
+                self.stats["publish_throttled"] += 1
+                self.effects.append(Throttle(now + wait))
         topic = p.topic
         if self.v5:
             props = p.properties

@@ -54,6 +54,7 @@ from tbmq_connection import (
     Send,
     SessionStarted,
     StartTimer,
+    Throttle,
     WaitRetained,
 )
 from tbmq_auth import AuthResult
@@ -114,6 +115,7 @@ class Connection(asyncio.Protocol):
         self._wake: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._reading_paused = False
+        self._throttle_until = 0  # epoch ms: no packet is read or handled before (Throttle: the PUBLISH rate)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._stall_timer: asyncio.TimerHandle | None = None
         self._app_stream = None
@@ -303,6 +305,9 @@ class Connection(asyncio.Protocol):
                     await self._wake
                     self._wake = None
                     continue
+                if self._throttle_until:
+                    await self._throttled()
+                    continue  # closed meanwhile, or its queue emptied: checked again
                 packet = inq.popleft()
                 if packet.__class__ is PubAck:
                     run = [packet]
@@ -344,6 +349,20 @@ class Connection(asyncio.Protocol):
             log.exception("client %r (%s): internal error", m.client_id, self.address)
             m.internal_error(_now_ms())
             self._drain()
+
+    async def _throttled(self) -> None:
+        """Over the PUBLISH rate (Throttle): stop reading from the client until the time the machine gave; the
+        packet loop resumes reading once its queue is short again, as after a full queue."""
+        delay = (self._throttle_until - _now_ms()) / 1000
+        self._throttle_until = 0
+        if delay > 0:
+            if not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
+            await asyncio.sleep(delay)  # the client's own pace, decided by the machine (not a synchronisation)
+
+    def _throttle(self, e: Throttle) -> None:
+        self._throttle_until = max(self._throttle_until, e.until_ms)
 
     async def _drain_awaiting(self) -> None:
         """Run the effects of a packet, awaiting those the machine waits on before the next packet."""
@@ -693,6 +712,7 @@ _HANDLERS = {
     ScheduleWill: Connection._schedule_will,
     ReportDisconnect: Connection._report_disconnect,
     Finished: Connection._finish,
+    Throttle: Connection._throttle,
 }
 
 __all__ = ["Connection"]

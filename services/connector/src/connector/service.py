@@ -157,7 +157,8 @@ class ConnectorService(Service):
             response_information=settings.response_information,
             max_topic_bytes=settings.max_topic_bytes, max_topic_levels=settings.max_topic_levels,
             max_subscriptions=settings.max_subscriptions, max_user_properties=settings.max_user_properties,
-            max_queued_bytes=settings.max_queued_bytes)
+            max_queued_bytes=settings.max_queued_bytes, max_publish_rate=settings.max_publish_rate,
+            max_publish_bytes_rate=settings.max_publish_bytes_rate)
         self.retained_bytes = 0  # payload + topic bytes of the retained messages held (MQTT_MAX_RETAINED_BYTES)
         self._topics = {
             "response": response_topic(self.service_id),

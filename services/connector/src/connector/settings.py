@@ -141,6 +141,13 @@ class ConnectorSettings(CommonSettings):
         "MQTT_MAX_USER_PROPERTIES", 64, parse=integer(0, 65535),
         doc="user properties of a v5 PUBLISH or Will; more: PUBACK/PUBREC 0x97 (the PUBLISH is dropped), "
             "CONNACK 0x97 (the Will)")
+    max_publish_rate: float = env(
+        "MQTT_MAX_PUBLISH_RATE", 0.0, parse=number(0),
+        doc="PUBLISH packets a second one client may send, with a burst of one second's worth (0 = unlimited); "
+            "beyond, the connector stops reading from it until it is back within the rate (nothing is dropped)")
+    max_publish_bytes_rate: float = env(
+        "MQTT_MAX_PUBLISH_BYTES_RATE", 0.0, parse=number(0),
+        doc="PUBLISH payload bytes a second one client may send (0 = unlimited); as MQTT_MAX_PUBLISH_RATE")
     max_retained_messages: int = env(
         "MQTT_MAX_RETAINED_MESSAGES", 500_000, parse=integer(1),
         doc="retained messages in the cluster (every connector holds them all); a new one beyond is refused "
