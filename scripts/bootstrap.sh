@@ -15,13 +15,15 @@ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosq
 command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 # headless browser of the admin web UI's tests (tests/e2e/admin; skipped without it)
 command -v chromium >/dev/null || need_apt+=(chromium)
+# a load balancer speaking the PROXY protocol, in front of the connector in tests/e2e/connector
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}"
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
   $sudo_ apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${need_apt[@]}" >/dev/null
   # Debian starts the packaged daemons; the suite runs its own on its own ports.
-  $sudo_ systemctl disable --now redis-server mosquitto >/dev/null 2>&1 || true
+  $sudo_ systemctl disable --now redis-server mosquitto haproxy >/dev/null 2>&1 || true
 fi
 
 py=${PYTHON311:-python3.11}

@@ -108,9 +108,10 @@ class Client:
             return self.cond.wait_for(pred, self.timeout if timeout is None else timeout)
 
     def connect(self, port: int, *, keepalive: int = 60, will=None, expect_ok: bool = True,
-                timeout: float | None = None, **props):
-        """CONNECT to 127.0.0.1:`port` and wait for the CONNACK (or a disconnect); `props`: further v5 CONNECT
-        properties (ReceiveMaximum=7). will: (topic, payload, qos, retain[, properties]). Returns `connack`."""
+                timeout: float | None = None, bind_address: str = "", **props):
+        """CONNECT to 127.0.0.1:`port` (from `bind_address`, e.g. another loopback address) and wait for the
+        CONNACK (or a disconnect); `props`: further v5 CONNECT properties (ReceiveMaximum=7). will: (topic,
+        payload, qos, retain[, properties]). Returns `connack`."""
         if will is not None:
             self.c.will_set(*will[:4], properties=will[4] if len(will) > 4 else None)
         kw = {}
@@ -123,7 +124,7 @@ class Client:
             kw = {"clean_start": self.clean, "properties": p}
         with self.cond:
             self.connack = self.disconnected = None
-        self.c.connect("127.0.0.1", port, keepalive=keepalive, **kw)
+        self.c.connect("127.0.0.1", port, keepalive=keepalive, bind_address=bind_address, **kw)
         self.c.loop_start()
         assert self.wait(lambda: self.connack is not None or self.disconnected is not None, timeout), "no CONNACK"
         if expect_ok:

@@ -251,3 +251,15 @@ def test_a_revocation_list_names_certificates_by_issuer_and_serial(certs, tmp_pa
     assert key(a) in revoked and key(b) not in revoked and key(c) not in revoked
     assert revoked_certificates(revocation_list(other, [c[0]], tmp_path / "l3.pem").read_bytes()) == {key(c)}
     assert certificate_key(None) is None and revoked_certificates(b"") == set()
+
+
+def test_proxy_protocol_setting_names_listeners_that_are_on(certs):
+    s = load(ConnectorSettings, tls_env(certs, MQTT_PROXY_PROTOCOL="mqtt, MQTTS"))
+    assert s.proxy_protocol == ("mqtt", "mqtts")
+    assert load(ConnectorSettings, {}).proxy_protocol == ()
+    with pytest.raises(SettingsError) as e:
+        load(ConnectorSettings, {"MQTT_PROXY_PROTOCOL": "mqtt,tcp"})
+    assert "MQTT_PROXY_PROTOCOL" in str(e.value) and "a comma list of mqtt, mqtts, ws, wss" in str(e.value)
+    with pytest.raises(SettingsError) as e:  # no certificate: the TLS listeners are off
+        load(ConnectorSettings, {"MQTT_PROXY_PROTOCOL": "mqtt,wss"})
+    assert "MQTT_PROXY_PROTOCOL names listeners that are off: wss" in str(e.value)

@@ -102,8 +102,9 @@ ACL_CHANGED = _AclChanged()
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, port: ConnectionPort) -> None:
+    def __init__(self, port: ConnectionPort, peer: tuple[str, int] | None = None) -> None:
         self.port = port
+        self._proxied_peer = peer  # the client's address from a PROXY protocol header (connector.proxy)
         self.s = port.settings
         self.m: ConnectionMachine | None = None
         self.transport: asyncio.Transport | None = None
@@ -163,7 +164,7 @@ class Connection(asyncio.Protocol):
     # ---------------------------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        peer = transport.get_extra_info("peername")
+        peer = self._proxied_peer or transport.get_extra_info("peername")
         self.address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
         refused = self.port.admit(peer[0] if isinstance(peer, tuple) and peer else str(peer))
         if refused is not None:  # over MQTT_MAX_CONNECTIONS or the address's connect rate: closed before CONNECT

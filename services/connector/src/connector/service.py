@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import socket
 import time
 import uuid
 from collections import Counter
@@ -72,6 +73,7 @@ from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
 from .sessions import SessionEvents
 from .settings import ConnectorSettings, Listener
+from .proxy import ProxyHeaderError, read_header
 from .tls import ListenerTls, file_stamps, revoked_certificates
 from .websocket import WebSocketAdapter
 from .wills import Wills
@@ -95,6 +97,14 @@ async def assign_at_end(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> li
     for tp in tps:
         await consumer.position(tp)
     return tps
+
+
+def _peer_of(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
 
 
 class ConnectorService(Service):
@@ -139,6 +149,7 @@ class ConnectorService(Service):
         self.adaptive_fetch: AdaptiveFetch | None = None
         self.linger: AdaptiveLinger | None = None
         self._servers: list[asyncio.base_events.Server] = []
+        self._proxy_listeners: list[socket.socket] = []  # MQTT_PROXY_PROTOCOL listeners (_listen_proxied)
         self.bound: dict[str, int] = {}  # listener name (mqtt, mqtts, ws, wss) -> bound port
         self._bg: set[asyncio.Task] = set()
         self.mqtt_port = settings.mqtt_port
@@ -278,7 +289,8 @@ class ConnectorService(Service):
                   ("reason",))
         m.counter("wills_sent", "Will messages published", lambda: st["wills_sent"])
         m.counters_by("connections_refused", "TCP connections closed before CONNECT, by limit", st, "reason",
-                      {"max_connections": "refused_max_connections", "connect_rate": "refused_connect_rate"})
+                      {"max_connections": "refused_max_connections", "connect_rate": "refused_connect_rate",
+                       "proxy_header": "refused_proxy_header"})
         m.gauge("retained_messages", "retained messages this connector holds", lambda: len(self.retained))
         m.gauge("pending_wills", "delayed Wills waiting", lambda: len(self.wills.pending))
         m.gauge("outbound_queued_messages", "messages queued for clients and not yet sent or acknowledged",
@@ -290,23 +302,66 @@ class ConnectorService(Service):
 
     async def _listen(self, li: Listener, ssl_ctx) -> None:
         """One listener: TCP or TLS; WebSocket ones put `websocket.WebSocketAdapter` in front of the same
-        Connection."""
+        Connection. With MQTT_PROXY_PROTOCOL on for it, `_listen_proxied` instead."""
         s = self.settings
-        if li.websocket:
-            def factory():
-                return WebSocketAdapter(lambda: Connection(self), s.mqtt_ws_path, s.connect_timeout_s)
-        else:
-            def factory():
-                return Connection(self)
+
+        def factory(peer=None):
+            if li.websocket:
+                return WebSocketAdapter(lambda: Connection(self, peer), s.mqtt_ws_path, s.connect_timeout_s)
+            return Connection(self, peer)
         tls = {"ssl": ssl_ctx, "ssl_handshake_timeout": s.connect_timeout_s} if li.tls else {}
+        if li.name in s.proxy_protocol:
+            await self._listen_proxied(li, factory, tls)
+            return
         server = await asyncio.get_running_loop().create_server(factory, li.host, li.port, backlog=4096,
                                                                 reuse_address=True, **tls)
         self._servers.append(server)
         self.bound[li.name] = server.sockets[0].getsockname()[1]
 
+    async def _listen_proxied(self, li: Listener, factory, tls: dict) -> None:
+        """A listener behind a load balancer that speaks the PROXY protocol (connector.proxy): each accepted
+        socket's header is read first (exactly, so the TLS handshake or MQTT starts on the next byte), then the
+        socket is handed to asyncio (`connect_accepted_socket`, TLS included) with the header's address as the
+        connection's peer. A connection without a valid header within MQTT_CONNECT_TIMEOUT_S is closed."""
+        lsock = socket.create_server((li.host, li.port), backlog=4096, reuse_port=False)
+        lsock.setblocking(False)
+        self._proxy_listeners.append(lsock)
+        self.bound[li.name] = lsock.getsockname()[1]
+        self.spawn(self._accept_proxied(lsock, li, factory, tls), f"{li.name} listener (PROXY protocol)")
+
+    async def _accept_proxied(self, lsock: socket.socket, li: Listener, factory, tls: dict) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(lsock)
+            except OSError as exc:  # out of file descriptors and the like: the listener goes on
+                if lsock.fileno() == -1:  # closed: the connector is stopping
+                    return
+                log.warning("%s listener: accept failed (%s)", li.name, exc)
+                await asyncio.sleep(0.1)  # back-off before accepting again (not a synchronisation)
+                continue
+            sock.setblocking(False)
+            self.spawn_bg(self._proxied(loop, sock, li, factory, tls))
+
+    async def _proxied(self, loop, sock: socket.socket, li: Listener, factory, tls: dict) -> None:
+        try:
+            peer = await read_header(loop, sock, self.settings.connect_timeout_s)
+        except (ProxyHeaderError, TimeoutError, OSError) as exc:
+            self.stats["refused_proxy_header"] += 1
+            log.info("%s listener: connection from %s closed: %s", li.name, _peer_of(sock), exc or "timeout")
+            sock.close()
+            return
+        try:
+            await loop.connect_accepted_socket(lambda: factory(peer), sock, **tls)
+        except Exception as exc:  # a failed TLS handshake (the client's): that connection only
+            log.info("%s listener: connection from %s failed: %r", li.name, peer or _peer_of(sock), exc)
+            sock.close()
+
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
+        for lsock in self._proxy_listeners:
+            lsock.close()
         for conn in list(self.connections):
             if self.fenced:   # the registry ended these sessions and owns their Wills
                 conn.take_over(pb.DisconnectCommand(client_id=conn.client_id, session_id=conn.session_id,

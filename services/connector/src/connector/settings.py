@@ -31,6 +31,18 @@ CRL_BLOCK, CERT_BLOCK = "-----BEGIN X509 CRL-----", "-----BEGIN CERTIFICATE-----
 WITH_CERTIFICATE = -1  # the TLS listeners' default: on at their standard port when a certificate is configured
 
 
+LISTENER_NAMES = ("mqtt", "mqtts", "ws", "wss")
+
+
+def parse_listener_names(raw: str) -> tuple[str, ...]:
+    """A comma list of listener names (mqtt, mqtts, ws, wss); empty = none."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    bad = [n for n in names if n not in LISTENER_NAMES]
+    if bad:
+        raise ValueError(f"{raw!r}: a comma list of {', '.join(LISTENER_NAMES)}")
+    return names
+
+
 def check_crl_file(path: str) -> None:
     """MQTT_TLS_CRL_FILE must hold revocation lists only: OpenSSL loads CRLs and certificates from the same
     kind of file, so a certificate put there by mistake would become a trusted CA. Raises ValueError."""
@@ -64,6 +76,11 @@ class ConnectorSettings(CommonSettings):
                                  "MQTT_TLS_CERT_FILE is set, else off; set, it needs the certificate too)")
     mqtt_wss_bind_host: str = env("MQTT_WSS_BIND_HOST", "", doc="bind address of the WSS listener (empty = MQTT_BIND_HOST)")
     mqtt_ws_path: str = env("MQTT_WS_PATH", "/mqtt", doc="HTTP path of the WebSocket upgrade (WS and WSS)")
+    proxy_protocol: tuple[str, ...] = env(
+        "MQTT_PROXY_PROTOCOL", (), parse=parse_listener_names,
+        doc="listeners (comma list of mqtt, mqtts, ws, wss) whose connections start with a PROXY protocol header "
+            "(v1 or v2, from a load balancer): its client address is the connection's; one without the header "
+            "is closed (empty = none)")
     tls_cert_file: str = env("MQTT_TLS_CERT_FILE", "", doc="server certificate chain (PEM) of the TLS and WSS listeners")
     tls_key_file: str = env("MQTT_TLS_KEY_FILE", "", doc="private key (PEM) of MQTT_TLS_CERT_FILE")
     tls_ca_file: str = env("MQTT_TLS_CA_FILE", "", doc="CA certificates (PEM) that client certificates are verified against")
@@ -310,6 +327,9 @@ class ConnectorSettings(CommonSettings):
             if (li.host, li.port) in seen:
                 problems.append(f"{li.variable} and {seen[(li.host, li.port)]} both bind {li.host}:{li.port}")
             seen[(li.host, li.port)] = li.variable
+        off = [n for n in self.proxy_protocol if n not in {li.name for li in on}]
+        if off:
+            problems.append(f"MQTT_PROXY_PROTOCOL names listeners that are off: {', '.join(off)}")
         if not self.mqtt_ws_path.startswith("/"):
             problems.append(f"MQTT_WS_PATH={self.mqtt_ws_path!r} must start with /")
         tls_on = [li for li in on if li.tls]
