@@ -105,3 +105,19 @@ def test_a_client_over_its_publish_rate_is_throttled_not_refused(level):
     c.advance(2000)  # back within the rate: no Throttle
     c.send(Publish(topic="a/b", payload=b"p", qos=0))
     assert len(c.of(Throttle)) == 2
+
+
+def test_a_throttle_longer_than_the_keep_alive_does_not_close_the_client():
+    """The connector stops reading while the client is throttled, so the client's packets (its PINGREQs too)
+    wait in the socket: the keep alive counts from the throttle's end, not from the last packet read."""
+    from tbmq_connection import Throttle
+
+    c = Client(4, **LIMITS, max_publish_bytes_rate=100)
+    assert c.connect(client_id="lim", keep_alive=10).reason_code == 0
+    c.send(Publish(topic="a/b", payload=b"x" * 3000, qos=0))  # 2,900 bytes over: 29 s at 100 a second
+    (t,) = c.of(Throttle)
+    assert t.until_ms - c.now == 29_000
+    c.advance(20_000)  # past 1.5 x the keep alive since the last packet, within the throttle
+    assert c.closed is None
+    c.advance(29_000 - 20_000 + 15_000)  # the throttle's end + 1.5 x the keep alive, nothing read
+    assert c.closed is not None and "keep alive" in c.closed.reason

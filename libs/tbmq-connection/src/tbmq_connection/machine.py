@@ -191,6 +191,7 @@ class ConnectionMachine:
         self.identity: Identity | None = None
         self._acl = False                # a credential's or a token's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
+        self.throttled_until = 0  # epoch ms: the runner reads nothing of the client before (Throttle)
         self.publish_rate = (PublishRate(config.max_publish_rate, config.max_publish_bytes_rate)
                              if config.max_publish_rate or config.max_publish_bytes_rate else None)
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
@@ -332,7 +333,8 @@ class ConnectionMachine:
             else:  # fired early (a clock step): again at the expiry
                 self.effects.append(StartTimer(TOKEN_EXPIRY, self.identity.expires_at_ms))
         elif name == KEEP_ALIVE and self.state != CLOSED and self.keep_alive:
-            deadline = self.last_rx + self.keep_alive * 1500
+            # while throttled we are the ones not reading: the keep alive counts from the throttle's end
+            deadline = max(self.last_rx, self.throttled_until) + self.keep_alive * 1500
             if now >= deadline:
                 # [MQTT-3.1.2-22]: nothing for 1.5 x the keep alive
                 self._close(f"keep alive {self.keep_alive}s expired", rc=RC.KEEP_ALIVE_TIMEOUT)
@@ -894,6 +896,7 @@ class ConnectionMachine:
             wait = self.publish_rate.take(now, len(p.payload))
             if wait:
                 self.stats["publish_throttled"] += 1
+                self.throttled_until = max(self.throttled_until, now + wait)
                 self.effects.append(Throttle(now + wait))
         topic = p.topic
         if self.v5:
