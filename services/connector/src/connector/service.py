@@ -323,7 +323,8 @@ class ConnectorService(Service):
         socket's header is read first (exactly, so the TLS handshake or MQTT starts on the next byte), then the
         socket is handed to asyncio (`connect_accepted_socket`, TLS included) with the header's address as the
         connection's peer. A connection without a valid header within MQTT_CONNECT_TIMEOUT_S is closed."""
-        lsock = socket.create_server((li.host, li.port), backlog=4096, reuse_port=False)
+        family = socket.AF_INET6 if ":" in li.host else socket.AF_INET
+        lsock = socket.create_server((li.host.strip("[]"), li.port), family=family, backlog=4096)
         lsock.setblocking(False)
         self._proxy_listeners.append(lsock)
         self.bound[li.name] = lsock.getsockname()[1]
