@@ -3,7 +3,8 @@ TCP listener and PROXY v2 to its TLS listener (TLS passed through to the connect
 5.0 clients connecting to HAProxy from different loopback addresses (127.0.0.5, 127.0.0.6). The connector
 must see those addresses, not HAProxy's: a blocked rule on 127.0.0.5 closes that client's connection and
 refuses its next CONNECT, while 127.0.0.6 carries on. A client that skips the balancer and talks MQTT at once
-to a PROXY listener is closed.
+to a PROXY listener is closed, and so is one from an address outside MQTT_PROXY_PROTOCOL_FROM (HAProxy
+connects from 127.0.0.1) even with a well-formed header claiming another address.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mqtt_clients import BOUND, Client, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.redis import find_free_port
 from tbmq_launcher.services import readyz
+from tbmq_mqtt import Connect, encode
 from tbmq_mqtt import ReasonCode as RC
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -35,7 +37,7 @@ async def px(kafka, tmp_path_factory):
                      redis_url="redis://127.0.0.1:1/0",
                      kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
                      service_env={"connector": {"MQTT_PROXY_PROTOCOL": "mqtt,mqtts", "MQTT_WS_PORT": "0",
-                                                "MQTT_WSS_PORT": "0"}}) as s:
+                                                "MQTT_WSS_PORT": "0", "MQTT_PROXY_PROTOCOL_FROM": "127.0.0.1"}}) as s:
         yield s
 
 
@@ -131,3 +133,27 @@ async def test_a_client_without_the_header_is_closed(px, haproxy, unique):
         return (await readyz(health)).get("refused_proxy_header", 0) > before
 
     await wait_until(counted, BOUND, "the connection without a header counted")
+
+
+def spoofed_connect(port: int, source: str) -> bytes:
+    """A client that reached the PROXY listener past the balancer, from `source`, with a header of its own
+    claiming another address, then a CONNECT: what it reads back (b"" = closed without an answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND, source_address=(source, 0)) as sock:
+        sock.sendall(b"PROXY TCP4 203.0.113.50 127.0.0.1 40000 1883\r\n"
+                     + encode(Connect(protocol_level=4, client_id=f"spoof-{new_tag()}", clean_start=True,
+                                      keep_alive=30), 4))
+        try:
+            return sock.recv(4)
+        except ConnectionResetError:
+            return b""
+
+
+async def test_only_the_balancer_may_send_a_header(px, haproxy):
+    health = px.instance("connector").health_port
+    before = (await readyz(health)).get("refused_proxy_source", 0)
+    assert await run(spoofed_connect, px.mqtt_ports[0], "127.0.0.9") == b""
+
+    async def counted() -> bool:
+        return (await readyz(health)).get("refused_proxy_source", 0) > before
+
+    await wait_until(counted, BOUND, "the connection from outside MQTT_PROXY_PROTOCOL_FROM counted")

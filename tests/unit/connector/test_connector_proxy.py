@@ -66,3 +66,15 @@ def test_anything_else_is_refused(data):
 
 def test_nothing_yet_needs_more():
     assert parse_header(b"") is None
+
+
+def test_the_balancers_allowed_to_send_headers():
+    from connector.proxy import parse_sources, trusted
+
+    sources = parse_sources("10.0.0.0/8, 192.0.2.7, 2001:db8::/32")
+    assert trusted("10.1.2.3", sources) and trusted("192.0.2.7", sources) and trusted("2001:db8::1", sources)
+    assert trusted("::ffff:10.1.2.3", sources)  # an IPv4 client on a dual-stack socket
+    assert not trusted("192.0.2.8", sources) and not trusted("127.0.0.1", sources) and not trusted("?", sources)
+    assert trusted("203.0.113.9", parse_sources(""))  # none named: any
+    with pytest.raises(ValueError, match="'10.0.0.300' is not an address or a network"):
+        parse_sources("10.0.0.300")

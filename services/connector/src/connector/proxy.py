@@ -9,6 +9,10 @@ client's `(host, port)`, or `None` for a header that carries no address (v1 `UNK
 balancer's own health checks; the socket's peer stands). `ProxyHeaderError` for anything else: the
 connection is closed without a byte answered (a listener that expects the header never guesses).
 
+`parse_sources(raw)` / `trusted(ip, sources)`: MQTT_PROXY_PROTOCOL_FROM, the balancers' addresses or networks;
+a connection from anywhere else is closed before its header is read (a client that reached the listener past
+the balancer could otherwise claim any address).
+
 `read_header(loop, sock, timeout)` reads exactly the header from an accepted socket (peeking, so the first
 bytes after it stay in the socket for the TLS handshake or the MQTT codec).
 
@@ -35,6 +39,34 @@ _AF_INET, _AF_INET6, _AF_UNIX = 0x1, 0x2, 0x3
 
 class ProxyHeaderError(ValueError):
     pass
+
+
+Sources = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def parse_sources(raw: str) -> Sources:
+    """A comma list of addresses or networks (10.0.0.0/8, 2001:db8::/32); empty = any."""
+    out = []
+    for part in (p.strip() for p in raw.split(",")):
+        if part:
+            try:
+                out.append(ipaddress.ip_network(part, strict=False))
+            except ValueError:
+                raise ValueError(f"{part!r} is not an address or a network") from None
+    return tuple(out)
+
+
+def trusted(ip: str, sources: Sources) -> bool:
+    """May a connection from `ip` send a PROXY header (no `sources`: any may)?"""
+    if not sources:
+        return True
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr in net for net in sources)
 
 
 def parse_header(data: bytes) -> tuple[int, tuple[str, int] | None] | None:
@@ -147,4 +179,4 @@ async def _more(loop: asyncio.AbstractEventLoop, sock: socket.socket, have: int)
             return
 
 
-__all__ = ["ProxyHeaderError", "parse_header", "read_header"]
+__all__ = ["ProxyHeaderError", "Sources", "parse_header", "parse_sources", "read_header", "trusted"]

@@ -73,7 +73,7 @@ from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
 from .sessions import SessionEvents
 from .settings import ConnectorSettings, Listener
-from .proxy import ProxyHeaderError, read_header
+from .proxy import ProxyHeaderError, read_header, trusted
 from .tls import ListenerTls, file_stamps, revoked_certificates
 from .websocket import WebSocketAdapter
 from .wills import Wills
@@ -290,7 +290,7 @@ class ConnectorService(Service):
         m.counter("wills_sent", "Will messages published", lambda: st["wills_sent"])
         m.counters_by("connections_refused", "TCP connections closed before CONNECT, by limit", st, "reason",
                       {"max_connections": "refused_max_connections", "connect_rate": "refused_connect_rate",
-                       "proxy_header": "refused_proxy_header"})
+                       "proxy_header": "refused_proxy_header", "proxy_source": "refused_proxy_source"})
         m.gauge("retained_messages", "retained messages this connector holds", lambda: len(self.retained))
         m.gauge("pending_wills", "delayed Wills waiting", lambda: len(self.wills.pending))
         m.gauge("outbound_queued_messages", "messages queued for clients and not yet sent or acknowledged",
@@ -345,6 +345,13 @@ class ConnectorService(Service):
             self.spawn_bg(self._proxied(loop, sock, li, factory, tls))
 
     async def _proxied(self, loop, sock: socket.socket, li: Listener, factory, tls: dict) -> None:
+        source = _peer_of(sock)
+        if not trusted(source.rsplit(":", 1)[0], self.settings.proxy_protocol_from):
+            self.stats["refused_proxy_source"] += 1
+            log.warning("%s listener: connection from %s closed: not a load balancer of MQTT_PROXY_PROTOCOL_FROM",
+                        li.name, source)
+            sock.close()
+            return
         try:
             peer = await read_header(loop, sock, self.settings.connect_timeout_s)
         except (ProxyHeaderError, TimeoutError, OSError) as exc:

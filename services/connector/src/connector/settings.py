@@ -24,6 +24,7 @@ from tbmq_platform.settings import (
 )
 
 from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELAY_S
+from .proxy import Sources, parse_sources
 
 MAX_VBI = 268_435_455
 TLS_PORT, WSS_PORT = 8883, 8084
@@ -81,6 +82,11 @@ class ConnectorSettings(CommonSettings):
         doc="listeners (comma list of mqtt, mqtts, ws, wss) whose connections start with a PROXY protocol header "
             "(v1 or v2, from a load balancer): its client address is the connection's; one without the header "
             "is closed (empty = none)")
+    proxy_protocol_from: Sources = env(
+        "MQTT_PROXY_PROTOCOL_FROM", (), parse=parse_sources,
+        doc="addresses or networks (comma list) of the load balancers allowed to connect to the listeners in "
+            "MQTT_PROXY_PROTOCOL; a connection from anywhere else is closed before its header is read "
+            "(empty = any: then only the balancer must be able to reach those listeners)")
     tls_cert_file: str = env("MQTT_TLS_CERT_FILE", "", doc="server certificate chain (PEM) of the TLS and WSS listeners")
     tls_key_file: str = env("MQTT_TLS_KEY_FILE", "", doc="private key (PEM) of MQTT_TLS_CERT_FILE")
     tls_ca_file: str = env("MQTT_TLS_CA_FILE", "", doc="CA certificates (PEM) that client certificates are verified against")
