@@ -37,7 +37,8 @@ async def px(kafka, tmp_path_factory):
                      redis_url="redis://127.0.0.1:1/0",
                      kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
                      service_env={"connector": {"MQTT_PROXY_PROTOCOL": "mqtt,mqtts", "MQTT_WS_PORT": "0",
-                                                "MQTT_WSS_PORT": "0", "MQTT_PROXY_PROTOCOL_FROM": "127.0.0.1"}}) as s:
+                                                "MQTT_WSS_PORT": "0", "MQTT_PROXY_PROTOCOL_FROM": "127.0.0.1",
+                                                "MQTT_MAX_CONNECTIONS": "8"}}) as s:
         yield s
 
 
@@ -157,3 +158,19 @@ async def test_only_the_balancer_may_send_a_header(px, haproxy):
         return (await readyz(health)).get("refused_proxy_source", 0) > before
 
     await wait_until(counted, BOUND, "the connection from outside MQTT_PROXY_PROTOCOL_FROM counted")
+
+
+async def test_sockets_waiting_for_their_header_count_against_the_connection_limit(px, haproxy):
+    """MQTT_MAX_CONNECTIONS=8: sockets that never send their header are held until MQTT_CONNECT_TIMEOUT_S, so
+    they count as connections; beyond the limit the listener closes new ones at once."""
+    health = px.instance("connector").health_port
+    before = (await readyz(health)).get("refused_max_connections", 0)
+    idle = [socket.create_connection(("127.0.0.1", px.mqtt_ports[0]), timeout=BOUND) for _ in range(12)]
+    try:
+        async def refused() -> bool:
+            return (await readyz(health)).get("refused_max_connections", 0) - before >= 4
+
+        await wait_until(refused, BOUND, "sockets beyond MQTT_MAX_CONNECTIONS closed")
+    finally:
+        for sock in idle:
+            sock.close()

@@ -150,6 +150,7 @@ class ConnectorService(Service):
         self.linger: AdaptiveLinger | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._proxy_listeners: list[socket.socket] = []  # MQTT_PROXY_PROTOCOL listeners (_listen_proxied)
+        self._proxy_pending = 0  # their accepted sockets not yet handed to a Connection (header, TLS handshake)
         self.bound: dict[str, int] = {}  # listener name (mqtt, mqtts, ws, wss) -> bound port
         self._bg: set[asyncio.Task] = set()
         self.mqtt_port = settings.mqtt_port
@@ -342,9 +343,21 @@ class ConnectorService(Service):
                 await asyncio.sleep(0.1)  # back-off before accepting again (not a synchronisation)
                 continue
             sock.setblocking(False)
+            if len(self.connections) + self._proxy_pending >= self.settings.max_connections:
+                # sockets still waiting for their header count against MQTT_MAX_CONNECTIONS too
+                self.stats["refused_max_connections"] += 1
+                sock.close()
+                continue
+            self._proxy_pending += 1
             self.spawn_bg(self._proxied(loop, sock, li, factory, tls))
 
     async def _proxied(self, loop, sock: socket.socket, li: Listener, factory, tls: dict) -> None:
+        try:
+            await self._proxied_one(loop, sock, li, factory, tls)
+        finally:
+            self._proxy_pending -= 1
+
+    async def _proxied_one(self, loop, sock: socket.socket, li: Listener, factory, tls: dict) -> None:
         source = _peer_of(sock)
         if not trusted(source.rsplit(":", 1)[0], self.settings.proxy_protocol_from):
             self.stats["refused_proxy_source"] += 1
