@@ -4,6 +4,7 @@
   ``Authorizer`` (authenticate a CONNECT, ``may_publish`` / ``may_subscribe``), ``anonymous_default``
 * ``tbmq_auth.passwords`` -- argon2id ``hash_password`` / ``verify_password``
 * ``tbmq_auth.tokens``    -- ``JwtVerifier``: JSON Web Tokens as passwords (provider ``jwt``)
+* ``tbmq_auth.patterns``  -- the client-id and topic-pattern rules credentials and tokens share
 
 The ``tbmq`` command line (``tbmq_platform.cli``) writes the records; the connector follows them.
 """

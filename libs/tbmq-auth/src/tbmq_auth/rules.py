@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
 import json
 import logging
@@ -24,9 +23,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tbmq_mqtt import ReasonCode
-from tbmq_routing import TopicError, filter_covers, topic_matches, validate_topic_filter
+from tbmq_routing import TopicError, filter_covers, topic_matches
 
 from .passwords import hash_password, verify_password
+from .patterns import check_pattern, client_id_allowed
 from .tokens import JWT, JwtVerifier, TokenRefused, looks_like_jwt
 
 log = logging.getLogger("tbmq_auth")
@@ -88,7 +88,7 @@ def make_credential(username: str, password: str | None, *, client_id: str | Non
         raise ValueError("a credential needs a username")
     for f in (*pub, *sub):
         try:
-            validate_topic_filter(f.replace("%c", "c").replace("%u", "u"))
+            check_pattern(f)
         except TopicError as exc:
             raise ValueError(f"{f!r}: not a topic filter ({exc})") from None
     if password is None and not cert_cn:
@@ -350,8 +350,7 @@ class Authorizer:
 
     @staticmethod
     def client_id_allowed(cred: Credential, client_id: str) -> bool:
-        pattern = cred.client_id.replace("%u", cred.username)
-        return fnmatch.fnmatchcase(client_id, pattern)
+        return client_id_allowed(cred.client_id, client_id, cred.username)
 
     # ------------------------------------------------------------------------------------------ ACL
     def _allowed(self, identity: Identity, client_id: str, kind: str, subject: str,

@@ -20,7 +20,6 @@ expired token is 0x86 (bad user name or password), one that does not fit the cli
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass
 
@@ -29,7 +28,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from tbmq_mqtt import ReasonCode
-from tbmq_routing import TopicError, validate_topic_filter
+from tbmq_routing import TopicError
+
+from .patterns import check_pattern, client_id_allowed
 
 JWT = "jwt"
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
@@ -108,8 +109,7 @@ class JwtVerifier:
             raise TokenRefused(denied, "user name not the token's")
         user = bound_user if isinstance(bound_user, str) else (username or "")
         pattern = claims.get("client_id")
-        if pattern is not None and (not isinstance(pattern, str)
-                                    or not fnmatch.fnmatchcase(client_id, pattern.replace("%u", user))):
+        if pattern is not None and (not isinstance(pattern, str) or not client_id_allowed(pattern, client_id, user)):
             raise TokenRefused(denied, "client id not allowed by the token")
         pub, sub = _acl(claims.get("acl"))
         return TokenGrant(user, pub, sub, int(exp * 1000))
@@ -131,7 +131,7 @@ def _acl(acl) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {kind!r} is not a list of topic filters")
         for f in filters:
             try:
-                validate_topic_filter(f.replace("%c", "c").replace("%u", "u"))
+                check_pattern(f)
             except TopicError as exc:
                 raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {f!r}: {exc}") from None
         lists[kind] = tuple(filters)
