@@ -192,8 +192,8 @@ class ConnectionMachine:
         self._acl = False                # a credential's or a token's patterns apply (not anonymous)
         self.stats = stats if stats is not None else Counter()
         self.throttled_until = 0  # epoch ms: the runner reads nothing of the client before (Throttle)
-        self.publish_rate = (PublishRate(config.max_publish_rate, config.max_publish_bytes_rate)
-                             if config.max_publish_rate or config.max_publish_bytes_rate else None)
+        # None when both rates are unlimited (PublishRate is falsy then): nothing to count per PUBLISH
+        self.publish_rate = PublishRate(config.max_publish_rate, config.max_publish_bytes_rate) or None
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
         # (topic, payload bytes) -> may a retained message be stored (MQTT_MAX_RETAINED_MESSAGES / _BYTES)
         self.retained_room = retained_room or _always
