@@ -26,6 +26,8 @@ import ipaddress
 import socket
 import struct
 
+from tbmq_platform.settings import csv
+
 V1_PREFIX = b"PROXY "
 V1_MAX = 107                      # the longest v1 header, CRLF included
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
@@ -47,12 +49,11 @@ Sources = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 def parse_sources(raw: str) -> Sources:
     """A comma list of addresses or networks (10.0.0.0/8, 2001:db8::/32); empty = any."""
     out = []
-    for part in (p.strip() for p in raw.split(",")):
-        if part:
-            try:
-                out.append(ipaddress.ip_network(part, strict=False))
-            except ValueError:
-                raise ValueError(f"{part!r} is not an address or a network") from None
+    for part in csv(raw):
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"{part!r} is not an address or a network") from None
     return tuple(out)
 
 

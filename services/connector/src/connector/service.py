@@ -37,6 +37,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
@@ -99,12 +100,13 @@ async def assign_at_end(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> li
     return tps
 
 
-def _peer_of(sock: socket.socket) -> str:
+def _peer_of(sock: socket.socket) -> tuple[str, str]:
+    """(host, "host:port") of an accepted socket's peer; ("", "?") once it is gone."""
     try:
         host, port = sock.getpeername()[:2]
-        return f"{host}:{port}"
+        return host, f"{host}:{port}"
     except OSError:
-        return "?"
+        return "", "?"
 
 
 class ConnectorService(Service):
@@ -254,7 +256,7 @@ class ConnectorService(Service):
                 continue
             try:
                 fresh = s.server_ssl_context()
-                revoked = revoked_certificates(open(s.tls_crl_file, "rb").read()) if s.tls_crl_file else set()
+                revoked = revoked_certificates(Path(s.tls_crl_file).read_bytes()) if s.tls_crl_file else set()
             except (OSError, ValueError) as exc:
                 self.stats["tls_reload_failures"] += 1
                 log.warning("the TLS files changed but do not load (%s): the listeners keep the current "
@@ -358,8 +360,8 @@ class ConnectorService(Service):
             self._proxy_pending -= 1
 
     async def _proxied_one(self, loop, sock: socket.socket, li: Listener, factory, tls: dict) -> None:
-        source = _peer_of(sock)
-        if not trusted(source.rsplit(":", 1)[0], self.settings.proxy_protocol_from):
+        host, source = _peer_of(sock)
+        if not trusted(host, self.settings.proxy_protocol_from):
             self.stats["refused_proxy_source"] += 1
             log.warning("%s listener: connection from %s closed: not a load balancer of MQTT_PROXY_PROTOCOL_FROM",
                         li.name, source)
@@ -369,13 +371,13 @@ class ConnectorService(Service):
             peer = await read_header(loop, sock, self.settings.connect_timeout_s)
         except (ProxyHeaderError, TimeoutError, OSError) as exc:
             self.stats["refused_proxy_header"] += 1
-            log.info("%s listener: connection from %s closed: %s", li.name, _peer_of(sock), exc or "timeout")
+            log.info("%s listener: connection from %s closed: %s", li.name, source, exc or "timeout")
             sock.close()
             return
         try:
             await loop.connect_accepted_socket(lambda: factory(peer), sock, **tls)
         except Exception as exc:  # a failed TLS handshake (the client's): that connection only
-            log.info("%s listener: connection from %s failed: %r", li.name, peer or _peer_of(sock), exc)
+            log.info("%s listener: connection from %s failed: %r", li.name, peer or source, exc)
             sock.close()
 
     async def stop(self) -> None:

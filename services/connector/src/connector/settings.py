@@ -13,6 +13,7 @@ from tbmq_platform.settings import (
     CommonSettings,
     boolean,
     choice,
+    csv,
     device_persistence_targets_env,
     env,
     fetch_window_env,
@@ -25,10 +26,10 @@ from tbmq_platform.settings import (
 
 from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELAY_S
 from .proxy import Sources, parse_sources
+from .tls import CERT_BEGIN, CRL_BEGIN
 
 MAX_VBI = 268_435_455
 TLS_PORT, WSS_PORT = 8883, 8084
-CRL_BLOCK, CERT_BLOCK = "-----BEGIN X509 CRL-----", "-----BEGIN CERTIFICATE-----"
 WITH_CERTIFICATE = -1  # the TLS listeners' default: on at their standard port when a certificate is configured
 
 
@@ -37,7 +38,7 @@ LISTENER_NAMES = ("mqtt", "mqtts", "ws", "wss")
 
 def parse_listener_names(raw: str) -> tuple[str, ...]:
     """A comma list of listener names (mqtt, mqtts, ws, wss); empty = none."""
-    names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    names = tuple(dict.fromkeys(n.lower() for n in csv(raw)))
     bad = [n for n in names if n not in LISTENER_NAMES]
     if bad:
         raise ValueError(f"{raw!r}: a comma list of {', '.join(LISTENER_NAMES)}")
@@ -49,8 +50,8 @@ def check_crl_file(path: str) -> None:
     kind of file, so a certificate put there by mistake would become a trusted CA. Raises ValueError."""
     with open(path, encoding="ascii", errors="replace") as f:
         text = f.read()
-    if CERT_BLOCK in text or CRL_BLOCK not in text:
-        raise ValueError(f"{path}: expected PEM certificate revocation lists ({CRL_BLOCK}) and no certificate")
+    if CERT_BEGIN in text or CRL_BEGIN not in text:
+        raise ValueError(f"{path}: expected PEM certificate revocation lists ({CRL_BEGIN}) and no certificate")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import ssl
 from cryptography import x509
 
 CertificateKey = tuple[bytes, int]  # (issuer name, DER; serial number)
-_CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.S)
+CRL_BEGIN, CERT_BEGIN = "-----BEGIN X509 CRL-----", "-----BEGIN CERTIFICATE-----"  # PEM block markers
+_CRL_BLOCK = re.compile(CRL_BEGIN.encode() + rb".+?-----END X509 CRL-----", re.S)
 
 
 def file_stamps(paths) -> tuple:
@@ -65,4 +66,5 @@ class ListenerTls:
             conn.context = self.current
 
 
-__all__ = ["CertificateKey", "ListenerTls", "certificate_key", "file_stamps", "revoked_certificates"]
+__all__ = ["CERT_BEGIN", "CRL_BEGIN", "CertificateKey", "ListenerTls", "certificate_key", "file_stamps",
+           "revoked_certificates"]
