@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from connector_helpers import two_connector_suite
+from connector_helpers import tbmq, two_connector_suite
 from mqtt_clients import BOUND, Client, payloads, poll, run, wait_until
 from tbmq_launcher.tls import issue_client_cert
 from tbmq_mqtt import ConnackReturnCode, ReasonCode
@@ -30,7 +28,6 @@ pytestmark = [pytest.mark.e2e]
 
 RC = ReasonCode
 V3 = ConnackReturnCode
-TBMQ = str(Path(sys.executable).with_name("tbmq"))
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +48,6 @@ async def sec(kafka, tmp_path_factory, jwt_key):
                                    ["session-registry", "router", "connector"],
                                    service_env={"connector": env}) as s:
         yield s
-
-
-def tbmq(s, *args: str, stdin: str | None = None) -> str:
-    """The `tbmq` command line against the suite's Kafka; its stdout (asserted to succeed)."""
-    done = subprocess.run([TBMQ, *args, "--bootstrap-servers", s.bootstrap_servers], input=stdin,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 async def add_credential(s, username: str, password: str | None, *extra: str) -> None:

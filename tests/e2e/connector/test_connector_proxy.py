@@ -12,10 +12,10 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from connector_helpers import tbmq
 from mqtt_clients import BOUND, Client, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.redis import find_free_port
@@ -26,7 +26,6 @@ from tbmq_mqtt import ReasonCode as RC
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not (shutil.which("haproxy") or Path("/usr/sbin/haproxy").exists()), reason="haproxy not installed")]
 
-TBMQ = str(Path(sys.executable).with_name("tbmq"))
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
 
@@ -81,12 +80,6 @@ backend connector_tls
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-def tbmq(s, *args: str) -> None:
-    done = subprocess.run([TBMQ, *args, "--bootstrap-servers", s.bootstrap_servers], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, done.stderr
 
 
 def client(s, cid: str, v5: bool, kind: str) -> Client:
