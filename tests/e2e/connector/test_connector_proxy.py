@@ -64,7 +64,7 @@ frontend mqtts_v2
 backend connector_tls
     server c1 127.0.0.1:{px.tls_ports[0]} send-proxy-v2
 """)
-    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def listening() -> bool:
         for port in (v1, v2):
