@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from connector_helpers import tbmq
+from connector_helpers import recv_until_closed, tbmq
 from mqtt_clients import BOUND, Client, routed, run, wait_until
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.redis import find_free_port
@@ -131,15 +131,12 @@ async def test_a_client_without_the_header_is_closed(px, haproxy, unique):
 
 def spoofed_connect(port: int, source: str) -> bytes:
     """A client that reached the PROXY listener past the balancer, from `source`, with a header of its own
-    claiming another address, then a CONNECT: what it reads back (b"" = closed without an answer)."""
+    claiming another address, then a CONNECT: what it reads back before the connector closes it."""
     with socket.create_connection(("127.0.0.1", port), timeout=BOUND, source_address=(source, 0)) as sock:
         sock.sendall(b"PROXY TCP4 203.0.113.50 127.0.0.1 40000 1883\r\n"
                      + encode(Connect(protocol_level=4, client_id=f"spoof-{new_tag()}", clean_start=True,
                                       keep_alive=30), 4))
-        try:
-            return sock.recv(4)
-        except ConnectionResetError:
-            return b""
+        return recv_until_closed(sock)
 
 
 async def test_only_the_balancer_may_send_a_header(px, haproxy):
