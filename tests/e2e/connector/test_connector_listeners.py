@@ -291,7 +291,8 @@ async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restar
     """MQTT_TLS_CRL_FILE: a client certificate its lists name is refused at the handshake. With
     MQTT_TLS_RELOAD_INTERVAL_S, a new list and a CA removed from MQTT_TLS_CA_FILE apply to the next handshake
     on TLS and WSS, with no restart; the other clients' certificates are still accepted. A client connected
-    with a certificate the new list names is disconnected (v5 DISCONNECT 0x98); the others stay."""
+    with a certificate the new list names, or one the removed CA issued, is disconnected (v5 DISCONNECT 0x98);
+    the others stay."""
     tls_dir = tmp_path_factory.mktemp("tls-crl")
     certs, other = ensure_dev_certs(tls_dir), ensure_dev_certs(tmp_path / "other-ca", "another CA")
     a, b = (issue_client_cert(certs, n, tmp_path / "clients") for n in ("a", "b"))
@@ -322,9 +323,10 @@ async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restar
             return await _detail(health, "tls_reloads") >= n
 
         assert await handshakes() == [True] * 6
-        online = {}  # paho clients connected with a's and b's certificates, over TLS and WSS
-        for (name, cert), (kind, port) in zip((("a", a), ("b", b), ("a", a)), (("tls", ports[0]), ("tls", ports[0]),
-                                                                           ("wss", ports[1])), strict=True):
+        online = {}  # paho clients connected with a's, b's and c's certificates, over TLS and WSS
+        for (name, cert), (kind, port) in zip((("a", a), ("b", b), ("a", a), ("c", c)),
+                                              (("tls", ports[0]), ("tls", ports[0]), ("wss", ports[1]),
+                                               ("wss", ports[1])), strict=True):
             paho = client(s, f"crl-{name}-{kind}-{new_tag()}", kind, True, certfile=str(cert[0]), keyfile=str(cert[1]))
             await run(paho.connect, port)
             online[(name, kind)] = paho
@@ -335,11 +337,16 @@ async def test_revoked_certificates_and_removed_cas_are_refused_without_a_restar
             if name == "a":
                 assert await run(paho.wait, lambda p=paho: p.disconnects, BOUND), (name, kind)
                 assert paho.disconnects[0].value == ReasonCode.ADMINISTRATIVE_ACTION
-        assert online[("b", "tls")].disconnects == []
+        assert online[("b", "tls")].disconnects == online[("c", "wss")].disconnects == []
         replace(cas, certs.ca.read_text())  # the second CA no longer trusted
         await wait_until(lambda: reloaded(2), BOUND, "the CA file without the second CA loaded")
         assert await handshakes() == [False, True, False] * 2
+        gone = online[("c", "wss")]
+        assert await run(gone.wait, lambda: gone.disconnects, BOUND)
+        assert gone.disconnects[0].value == ReasonCode.ADMINISTRATIVE_ACTION
+        assert online[("b", "tls")].disconnects == []
         assert await _detail(health, "tls_reload_failures") == 0
         assert await _detail(health, "connections_certificate_revoked") == 2
+        assert await _detail(health, "connections_ca_removed") == 1
         for paho in online.values():
             await run(paho.close)

@@ -253,6 +253,24 @@ def test_a_revocation_list_names_certificates_by_issuer_and_serial(certs, tmp_pa
     assert certificate_key(None) is None and revoked_certificates(b"") == set()
 
 
+def test_a_ca_bundle_names_the_issuers_of_the_certificates_its_cas_signed(certs, tmp_path):
+    """connector.tls.ca_names: what a CA removed from MQTT_TLS_CA_FILE closes (a client certificate's issuer,
+    as certificate_key gives it)."""
+    import ssl
+
+    from connector.tls import ca_names, certificate_key
+    from tbmq_launcher.tls import issue_client_cert
+
+    other = ensure_dev_certs(tmp_path / "other", "another CA")
+    a, c = issue_client_cert(certs, "ca-a", tmp_path / "clients"), issue_client_cert(other, "ca-c", tmp_path / "c")
+    issuer = {name: certificate_key(ssl.PEM_cert_to_DER_cert(cert[0].read_text()))[0]
+              for name, cert in (("a", a), ("c", c))}
+    both = ca_names(certs.ca.read_bytes() + b"\n" + other.ca.read_bytes())
+    assert both == {issuer["a"], issuer["c"]} and issuer["a"] != issuer["c"]
+    assert both - ca_names(certs.ca.read_bytes()) == {issuer["c"]}  # what removing `other` closes
+    assert ca_names(b"") == set()
+
+
 def test_proxy_protocol_setting_names_listeners_that_are_on(certs):
     s = load(ConnectorSettings, tls_env(certs, MQTT_PROXY_PROTOCOL="mqtt, MQTTS"))
     assert s.proxy_protocol == ("mqtt", "mqtts")

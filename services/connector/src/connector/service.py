@@ -75,7 +75,7 @@ from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClien
 from .sessions import SessionEvents
 from .settings import ConnectorSettings, Listener
 from .proxy import ProxyHeaderError, read_header, trusted
-from .tls import ListenerTls, file_stamps, revoked_certificates
+from .tls import ListenerTls, ca_names, file_stamps, revoked_certificates
 from .websocket import WebSocketAdapter
 from .wills import Wills
 
@@ -221,10 +221,10 @@ class ConnectorService(Service):
         self.device = DevicePersistenceClient(s.device_persistence_grpc_targets, s.grpc_timeout_s,
                                               ack_delay_s=s.ack_delay_ms / 1000,
                                               pubrec_delay_s=s.pubrec_delay_ms / 1000, ack_batch_max=s.ack_batch_max,
-                                              ack_max_calls=s.ack_max_calls)
+                                              ack_max_calls=s.ack_max_calls, tls=s.grpc_tls)
         self.device.start_forwarding(self.service_id, on_batch=self._on_forwards,
                                      on_open=self._on_forward_link, on_close=self._on_forward_link)
-        self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets)
+        self.apps = AppDeliveryChannels(s.app_delivery_grpc_targets, s.grpc_tls)
         self.spawn(self._control_loop(), "control consumer")
         self.spawn(self._data_loop(), "downlink consumer")
         ssl_ctx = s.server_ssl_context() if any(li.tls for li in s.listeners()) else None
@@ -247,8 +247,10 @@ class ConnectorService(Service):
         removed, a new CRL), the whole set is loaded into a new context (a half-written or mismatched pair is
         refused there and tried again at the next check), which then serves every new TLS / WSS handshake in
         place of the old one; open connections keep what they negotiated, except those whose client
-        certificate the new revocation lists name: they are closed (`_close_revoked`)."""
+        certificate the new revocation lists name or a CA gone from the CA file issued: they are closed
+        (`_close_revoked`)."""
         s = self.settings
+        trusted = self._trusted_issuers()
         while True:
             await asyncio.sleep(s.tls_reload_interval_s)
             now = file_stamps(s.tls_files())
@@ -257,6 +259,7 @@ class ConnectorService(Service):
             try:
                 fresh = s.server_ssl_context()
                 revoked = revoked_certificates(Path(s.tls_crl_file).read_bytes()) if s.tls_crl_file else set()
+                issuers = self._trusted_issuers()
             except (OSError, ValueError) as exc:
                 self.stats["tls_reload_failures"] += 1
                 log.warning("the TLS files changed but do not load (%s): the listeners keep the current "
@@ -266,17 +269,30 @@ class ConnectorService(Service):
             seen = now
             self.stats["tls_reloads"] += 1
             log.info("TLS files reloaded (%s) for new connections", ", ".join(s.tls_files()))
-            self._close_revoked(revoked)
+            self._close_revoked(revoked, trusted - issuers)
+            trusted = issuers
 
-    def _close_revoked(self, revoked: set) -> None:
-        """Close every open connection whose verified client certificate is in `revoked` (ConnectionMachine.revoke:
-        v5 DISCONNECT 0x98 with "certificate revoked"; 3.x the socket closed; the Will sent)."""
-        if not revoked:
+    def _trusted_issuers(self) -> set[bytes]:
+        """The subject names of MQTT_TLS_CA_FILE's CAs (empty without the file)."""
+        ca_file = self.settings.tls_ca_file
+        return ca_names(Path(ca_file).read_bytes()) if ca_file else set()
+
+    def _close_revoked(self, revoked: set, removed_issuers: set[bytes]) -> None:
+        """Close every open connection whose verified client certificate is in `revoked` or was issued by a CA
+        of `removed_issuers` (ConnectionMachine.revoke: v5 DISCONNECT 0x98 with the reason; 3.x the socket
+        closed; the Will sent)."""
+        if not (revoked or removed_issuers):
             return
         for conn in list(self.connections):
-            if conn.cert_key is not None and conn.cert_key in revoked:
+            key = conn.cert_key
+            if key is None:
+                continue
+            if key in revoked:
                 self.stats["connections_certificate_revoked"] += 1
                 conn.revoke("certificate revoked")
+            elif key[0] in removed_issuers:
+                self.stats["connections_ca_removed"] += 1
+                conn.revoke("certificate authority no longer trusted")
 
     def _register_metrics(self) -> None:
         """GET /metrics (tbmq_platform.metrics): read from the counters at scrape time (nothing per message)."""

@@ -1,6 +1,7 @@
 """The TLS / WSS listeners' files while the connector runs: a changed file set replaces the listeners' context
 for new handshakes (`ListenerTls`), and a new revocation list (MQTT_TLS_CRL_FILE) also ends the open
-connections whose client certificate it lists (`revoked_certificates`, `certificate_key`).
+connections whose client certificate it lists (`revoked_certificates`, `certificate_key`), as does a CA removed
+from MQTT_TLS_CA_FILE for the connections whose certificate it issued (`ca_names`).
 
 A certificate is known by its issuer's name (DER) and serial number, as a CRL lists it (RFC 5280 5.3.3: a CRL
 names certificates of its issuer by serial number).
@@ -17,6 +18,7 @@ from cryptography import x509
 CertificateKey = tuple[bytes, int]  # (issuer name, DER; serial number)
 CRL_BEGIN, CERT_BEGIN = "-----BEGIN X509 CRL-----", "-----BEGIN CERTIFICATE-----"  # PEM block markers
 _CRL_BLOCK = re.compile(CRL_BEGIN.encode() + rb".+?-----END X509 CRL-----", re.S)
+_CERT_BLOCK = re.compile(CERT_BEGIN.encode() + rb".+?-----END CERTIFICATE-----", re.S)
 
 
 def file_stamps(paths) -> tuple:
@@ -50,6 +52,13 @@ def revoked_certificates(pem: bytes) -> set[CertificateKey]:
     return out
 
 
+def ca_names(pem: bytes) -> set[bytes]:
+    """The subject names (DER) of the certificates in a PEM CA bundle: the issuers, as `certificate_key` names
+    them, of the client certificates the bundle's CAs signed themselves (a certificate of an intermediate CA
+    the client sends has that intermediate as issuer). Raises ValueError on a certificate that does not parse."""
+    return {x509.load_pem_x509_certificate(block).subject.public_bytes() for block in _CERT_BLOCK.findall(pem)}
+
+
 class ListenerTls:
     """The TLS / WSS listeners' current context. A server keeps the context it was made with, so a reloaded one
     is put in place per handshake: the listening context's SNI callback (OpenSSL's servername callback, called
@@ -66,5 +75,5 @@ class ListenerTls:
             conn.context = self.current
 
 
-__all__ = ["CERT_BEGIN", "CRL_BEGIN", "CertificateKey", "ListenerTls", "certificate_key", "file_stamps",
+__all__ = ["CERT_BEGIN", "CRL_BEGIN", "CertificateKey", "ListenerTls", "ca_names", "certificate_key", "file_stamps",
            "revoked_certificates"]
