@@ -27,6 +27,8 @@ from pathlib import Path
 from tbmq_platform.topics import PROFILES
 
 from .launcher import Suite
+
+COMPOSE_GRPC_HOSTS = ("device-persistence", "app-delivery")  # the gRPC servers of compose.yaml
 from .services import ORDER
 
 
@@ -66,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="do not copy service output to the console")
     r.add_argument("--log-format", default="console", choices=("console", "json"))
     r.add_argument("--start-timeout", type=float, default=90.0, help="per-service readiness timeout (s)")
+    r.add_argument("--grpc-tls", action="store_true", dest="grpc_tls",
+                   help="mutual TLS between the services' gRPC peers (development CA in <run-dir>/grpc-tls)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env for every service")
     r.add_argument("--topic-profile", default="single-node", choices=PROFILES,
                    help="partition counts of the topics (TBMQ_TOPIC_PROFILE; docs/topics.md): single-node "
@@ -79,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="wait this long for the Spark job's query to start (s)")
     c = sub.add_parser("certs", help="make a development CA and server certificate (kept when present)")
     c.add_argument("--dir", default=".run/tls", help="where: ca.pem, ca-key.pem, server.pem, server-key.pem")
+    c.add_argument("--grpc", action="store_true",
+                   help="also <dir>/grpc: a second CA and the certificate peer-tbmq.pem (its key peer-tbmq-key.pem) "
+                        "for mutual TLS between compose's services (GRPC_TLS_*), naming their compose hosts")
     a = sub.add_parser("admin-user", help="the admin service's user `admin`: a generated password in "
                        "<dir>/admin-password, its argon2id hash in <dir>/admin-users (both 0600; kept when present)")
     a.add_argument("--dir", default=".run")
@@ -125,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
         certs = ensure_dev_certs(Path(args.dir))
         print(f"certs: CA {certs.ca}, server certificate {certs.server_cert} (key {certs.server_key})")
+        if args.grpc:
+            from .tls import issue_peer_cert
+
+            internal = ensure_dev_certs(Path(args.dir) / "grpc", ca_name="tbmq-py internal development CA")
+            cert, key = issue_peer_cert(internal, "tbmq", hosts=COMPOSE_GRPC_HOSTS)
+            print(f"certs: gRPC CA {internal.ca}, certificate {cert} (key {key})")
         return 0
     if args.command == "admin-user":
         from .admin_user import ensure_admin_user
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_port=args.kafka_port, controller_port=args.controller_port, redis_port=args.redis_port,
             run_dir=Path(args.run_dir), redis_cluster=args.redis_cluster,
             redis_appendfsync=args.redis_appendfsync, redis_password=args.redis_password, env=env,
-            mqtt_host=args.mqtt_host,
+            mqtt_host=args.mqtt_host, grpc_tls=args.grpc_tls,
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),

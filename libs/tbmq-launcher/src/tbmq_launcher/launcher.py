@@ -32,7 +32,7 @@ from typing import Literal, TextIO
 from .admin_user import ensure_admin_user
 from .kafka import KafkaBroker
 from .process import tail
-from .tls import DevCerts, ensure_dev_certs
+from .tls import DevCerts, ensure_dev_certs, issue_peer_cert
 from .services import ORDER, SERVICES, ServiceDef, ServiceProcess, ServiceStartError, _COLORS, sort_services
 from .supervisor import RestartPolicy, Supervisor, Unit
 
@@ -76,6 +76,10 @@ class Suite:
                       MQTT_TLS_CERT_FILE; default <run_dir>/tls. The connectors get MQTT_TLS_CERT_FILE,
                       MQTT_TLS_KEY_FILE and MQTT_TLS_CA_FILE (the CA that client certificates are checked
                       against when MQTT_TLS_CLIENT_AUTH asks for them).
+      grpc_tls        mutual TLS on the gRPC surfaces between the services (tbmq_platform.grpc_tls): a
+                      development CA ("tbmq-py internal development CA") in <run_dir>/grpc-tls and a certificate
+                      per instance (CN = its TBMQ_SERVICE_ID), given as GRPC_TLS_CERT_FILE, GRPC_TLS_KEY_FILE and
+                      GRPC_TLS_CA_FILE (unless `env`/`service_env` set GRPC_TLS_CERT_FILE).
       mqtt_host       MQTT_BIND_HOST of the connectors (default 127.0.0.1, as Mosquitto 2 without a
                       configuration: reachable from this host only, so anonymous clients are allowed by
                       default; any other address turns MQTT_ALLOW_ANONYMOUS off unless set: docs/security.md).
@@ -133,6 +137,7 @@ class Suite:
         redis_password: str | None = None,
         tls_dir: str | os.PathLike | None = None,
         internal_host: str = "127.0.0.1",
+        grpc_tls: bool = False,
         mqtt_host: str = "127.0.0.1",
         env: Mapping[str, str] | None = None,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
@@ -178,6 +183,7 @@ class Suite:
         configured = "MQTT_TLS_CERT_FILE" in {**self.env, **self.service_env.get("connector", {})}
         self.tls: DevCerts | None = None if configured else DevCerts(
             Path(tls_dir).resolve() if tls_dir else self.run_dir / "tls")
+        self.grpc_tls: DevCerts | None = DevCerts(self.run_dir / "grpc-tls") if grpc_tls else None
         self.echo = echo
         self.log_format = log_format
         self.id_tag = id_tag
@@ -391,12 +397,25 @@ class Suite:
         if (p.tls_port or p.wss_port) and self.tls is not None:
             env.update(MQTT_TLS_CERT_FILE=str(self.tls.server_cert), MQTT_TLS_KEY_FILE=str(self.tls.server_key),
                        MQTT_TLS_CA_FILE=str(self.tls.ca))
+        if self.grpc_tls is not None:
+            cert, key = self.grpc_peer_cert(p.service_id)
+            env.update(GRPC_TLS_CERT_FILE=str(cert), GRPC_TLS_KEY_FILE=str(key), GRPC_TLS_CA_FILE=str(self.grpc_tls.ca))
         env.update(p.sdef.env)
         overrides = {**self.env, **self.service_env.get(name, {})}
         env.update(overrides)
         if "DEVICE_PERSISTENCE_GRPC_TARGET" in overrides and "DEVICE_PERSISTENCE_GRPC_TARGETS" not in overrides:
             del env["DEVICE_PERSISTENCE_GRPC_TARGETS"]  # the caller's single target wins (connector fallback)
         return env
+
+    def grpc_peer_cert(self, service_id: str) -> tuple[Path, Path]:
+        """(certificate, key) an instance presents on the gRPC surfaces when `grpc_tls` is on (made at start)."""
+        d = self.grpc_tls.directory
+        return d / f"peer-{service_id}.pem", d / f"peer-{service_id}-key.pem"
+
+    def _ensure_grpc_certs(self) -> None:
+        ensure_dev_certs(self.grpc_tls.directory, ca_name="tbmq-py internal development CA")
+        for p in self.procs.values():
+            issue_peer_cert(self.grpc_tls, p.service_id)
 
     @property
     def admin_password_file(self) -> Path:
@@ -415,6 +434,8 @@ class Suite:
         rows = [("kafka", self.bootstrap_servers, f"log {self.kafka.log_path}" if self.kafka else "external")]
         if self.tls is not None and self.instances_of("connector"):
             rows.append(("tls", f"CA {self.tls.ca}", f"server certificate {self.tls.server_cert}"))
+        if self.grpc_tls is not None:
+            rows.append(("grpc tls", f"CA {self.grpc_tls.ca}", f"instance certificates in {self.grpc_tls.directory}"))
         if self.redis_cluster_nodes:
             rows.append(("redis cluster", ",".join(self.redis_cluster_nodes), ""))
         else:
@@ -457,6 +478,8 @@ class Suite:
                 await asyncio.to_thread(ensure_admin_user, self.run_dir)
             if self.tls is not None and self.instances_of("connector"):
                 await asyncio.to_thread(ensure_dev_certs, self.tls.directory)
+            if self.grpc_tls is not None:
+                await asyncio.to_thread(self._ensure_grpc_certs)
             infra = []
             if self._own_kafka:
                 infra.append(self.kafka.start())

@@ -2,6 +2,7 @@
 
     certs = ensure_dev_certs(Path(".run/tls"))   # ca.pem, ca-key.pem, server.pem, server-key.pem
     cert, key = issue_client_cert(certs, "device-1")   # a client certificate signed by that CA
+    cert, key = issue_peer_cert(certs, "tbmq-grpc")     # a service's certificate for gRPC mutual TLS
     crl = revocation_list(certs, [cert])               # a CRL of that CA listing it (MQTT_TLS_CRL_FILE)
 
 Made with the `openssl` command line (P-256 keys; the server certificate names localhost, 127.0.0.1 and ::1).
@@ -107,6 +108,24 @@ def issue_client_cert(certs: DevCerts, name: str, directory: Path | None = None)
     return cert, key
 
 
+def issue_peer_cert(certs: DevCerts, name: str, directory: Path | None = None,
+                    hosts: Iterable[str] = ()) -> tuple[Path, Path]:
+    """(certificate, key) of a service instance on the gRPC surfaces between services (GRPC_TLS_CERT_FILE,
+    GRPC_TLS_KEY_FILE; tbmq_platform.grpc_tls): CN `name`, the server names of the development certificate and
+    the DNS names `hosts`, both serverAuth and clientAuth (each instance presents it as server and as client).
+    Kept when present."""
+    d = Path(directory or certs.directory)
+    d.mkdir(parents=True, exist_ok=True)
+    cert, key = d / f"peer-{name}.pem", d / f"peer-{name}-key.pem"
+    if not (cert.exists() and key.exists()):
+        _key(key, d)
+        names = ",".join((*SERVER_NAMES, *(f"DNS:{h}" for h in hosts)))
+        _signed(certs, cert, key, f"/CN={name}",
+                f"subjectAltName={names}\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n")
+    return cert, key
+
+
 CA_CONFIG = """[ ca ]
 default_ca = dev
 [ dev ]
@@ -135,4 +154,4 @@ def revocation_list(certs: DevCerts, revoked: Iterable[Path] = (), out: Path | N
     return out
 
 
-__all__ = ["CertError", "DevCerts", "ensure_dev_certs", "issue_client_cert", "revocation_list"]
+__all__ = ["CertError", "DevCerts", "ensure_dev_certs", "issue_client_cert", "issue_peer_cert", "revocation_list"]

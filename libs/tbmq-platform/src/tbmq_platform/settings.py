@@ -229,6 +229,16 @@ class CommonSettings:
     kafka_sasl_password: str = env("KAFKA_SASL_PASSWORD", "", doc="SASL password (SASL_* protocols)")
     kafka_ssl_cafile: str = env("KAFKA_SSL_CAFILE", "",
                                 doc="CA (PEM) of the brokers' certificates (SSL, SASL_SSL); empty = the system's")
+    grpc_tls_cert_file: str = env("GRPC_TLS_CERT_FILE", "",
+                                  doc="this instance's certificate (PEM, serverAuth and clientAuth) on the gRPC "
+                                      "surfaces between services; with GRPC_TLS_KEY_FILE and GRPC_TLS_CA_FILE: "
+                                      "mutual TLS (tbmq_platform.grpc_tls); empty = plaintext")
+    grpc_tls_key_file: str = env("GRPC_TLS_KEY_FILE", "", doc="its private key (PEM)")
+    grpc_tls_ca_file: str = env("GRPC_TLS_CA_FILE", "",
+                                doc="the CA(s) (PEM) every gRPC peer's certificate must chain to")
+    grpc_tls_server_name: str = env("GRPC_TLS_SERVER_NAME", "",
+                                    doc="the name checked in gRPC servers' certificates instead of the target's "
+                                        "host (empty = the host)")
     health_port: int = env("HEALTH_PORT", 0, parse=port, doc="health/readiness HTTP port (0 = any)")
     health_host: str = env("HEALTH_HOST", "127.0.0.1",
                            doc="health endpoint bind address (loopback: the launcher and compose probe it locally)")
@@ -275,6 +285,13 @@ class CommonSettings:
         return TopicLayout(self.topic_profile, self.topic_replication_factor, self.topic_min_insync_replicas)
 
     @property
+    def grpc_tls(self):
+        from .grpc_tls import GrpcTls
+
+        return GrpcTls(self.grpc_tls_cert_file, self.grpc_tls_key_file, self.grpc_tls_ca_file,
+                       self.grpc_tls_server_name)
+
+    @property
     def kafka_security(self):
         from .kafka import KafkaSecurity
 
@@ -283,7 +300,7 @@ class CommonSettings:
 
     def validate(self) -> list[str]:
         """Cross-field checks of the common settings; a subclass's `validate` extends this list."""
-        problems = self.topic_layout.problems()
+        problems = self.topic_layout.problems() + self.grpc_tls.problems()
         sec = self.kafka_security_protocol
         if sec.startswith("SASL_") and not (self.kafka_sasl_username and self.kafka_sasl_password):
             problems.append(f"KAFKA_SECURITY_PROTOCOL={sec} needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")

@@ -54,11 +54,12 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
         self.spawn(self._removed_loop(), "app.removed")
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         sgrpc.add_AppDeliveryServicer_to_server(self, self.server)
-        self.grpc_port = self.server.add_insecure_port(f"{s.grpc_host}:{s.grpc_port}")
+        self.grpc_port = s.grpc_tls.add_port(self.server, f"{s.grpc_host}:{s.grpc_port}")
         if not self.grpc_port:
             raise RuntimeError(f"cannot listen on {s.grpc_host}:{s.grpc_port}")
         await self.server.start()
-        log.info("AppDelivery gRPC on %s:%d", s.grpc_host, self.grpc_port)
+        log.info("AppDelivery gRPC on %s:%d (%s)", s.grpc_host, self.grpc_port,
+                 "mutual TLS" if s.grpc_tls.enabled else "plaintext")
         m = self.metrics  # GET /metrics (tbmq_platform.metrics), read at scrape time
         m.gauge("app_streams", "APPLICATION clients streamed by this instance", lambda: len(self.streams))
         m.counter("app_topics_removed", "APPLICATION topics deleted after their session ended",

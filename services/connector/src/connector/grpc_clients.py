@@ -21,6 +21,7 @@ import grpc
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, PEER_RETRY_INITIAL_S, PEER_RETRY_MAX_S, Backoff
+from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.metrics import grpc_client_interceptors
 from tbmq_platform.peers import pick_target
 from tbmq_platform.tracing import grpc_metadata
@@ -374,12 +375,12 @@ class DevicePersistenceClient:
 
     def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = ACK_DELAY_S,
                  pubrec_delay_s: float = PUBREC_DELAY_S, ack_batch_max: int = ACK_BATCH_MAX,
-                 ack_max_calls: int = ACK_MAX_CALLS) -> None:
+                 ack_max_calls: int = ACK_MAX_CALLS, tls: GrpcTls = PLAINTEXT) -> None:
         self.targets = (targets,) if isinstance(targets, str) else tuple(targets)
         self.timeout = timeout
         self.observe = None  # (method, seconds) per call (a fetch: to its end): tbmq_grpc_call_seconds
-        self._channels = [grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS,
-                                                    interceptors=grpc_client_interceptors(lambda: self.observe))
+        self._channels = [tls.channel(t, options=CHANNEL_OPTIONS,
+                                      interceptors=grpc_client_interceptors(lambda: self.observe))
                           for t in self.targets]
         self._stubs = [sgrpc.DevicePersistenceStub(c) for c in self._channels]
         self._turn = itertools.count()
@@ -491,8 +492,9 @@ class DevicePersistenceClient:
 class AppDeliveryChannels:
     """One gRPC channel per app-delivery target, shared by all the streams pinned to it."""
 
-    def __init__(self, targets: tuple[str, ...]) -> None:
+    def __init__(self, targets: tuple[str, ...], tls: GrpcTls = PLAINTEXT) -> None:
         self.targets = targets
+        self.tls = tls
         self._stubs: dict[str, sgrpc.AppDeliveryStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
@@ -500,7 +502,7 @@ class AppDeliveryChannels:
         target = pick_target(self.targets, client_id)
         stub = self._stubs.get(target)
         if stub is None:
-            channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            channel = self.tls.channel(target, options=CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[target] = sgrpc.AppDeliveryStub(channel)
         return target, stub

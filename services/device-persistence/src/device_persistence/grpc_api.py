@@ -33,6 +33,7 @@ from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
+from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.tracing import context_from_grpc
 
 from .forward import EndReason, ForwardRegistry, ForwardStream
@@ -261,8 +262,10 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
                                 acknowledged=acknowledged, marked=marked)
 
 
-async def start_server(servicer: DevicePersistenceServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A started grpc.aio server; returns it and the bound port (port 0 = any free port)."""
+async def start_server(servicer: DevicePersistenceServicer, host: str, port: int,
+                       tls: GrpcTls = PLAINTEXT) -> tuple[grpc.aio.Server, int]:
+    """A started grpc.aio server, mutual TLS when `tls` is on; returns it and the bound port (port 0 = any free
+    port)."""
     server = grpc.aio.server(options=[
         ("grpc.max_send_message_length", -1),  # a fetch of 65535 stored messages can be large
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
@@ -273,7 +276,7 @@ async def start_server(servicer: DevicePersistenceServicer, host: str, port: int
         ("grpc.server.max_pending_requests_hard_limit", 200_000),
     ])
     sgrpc.add_DevicePersistenceServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = tls.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind gRPC on {host}:{port}")
     await server.start()

@@ -137,8 +137,9 @@ class DevicePersistenceService(Service):
                                       group_instance_id=s.group_instance_id)
         self.consumer.subscribe([MSG_PERSISTED], listener=_Revoke(self))
         await self.consumer.start()
-        self.grpc_server, self.grpc_port = await start_server(self.servicer, s.grpc_host, s.grpc_port)
-        log.info("DevicePersistence gRPC on %s:%d; Redis %s; limit %d, TTL %ds", s.grpc_host, self.grpc_port,
+        self.grpc_server, self.grpc_port = await start_server(self.servicer, s.grpc_host, s.grpc_port, s.grpc_tls)
+        log.info("DevicePersistence gRPC on %s:%d (%s); Redis %s; limit %d, TTL %ds", s.grpc_host, self.grpc_port,
+                 "mutual TLS" if s.grpc_tls.enabled else "plaintext",
                  ",".join(s.redis_cluster_nodes) or s.redis_url, s.messages_limit, s.messages_ttl_s)
         self._loop_task = self.spawn(self._consume(), "persisted consumer")
         # routed messages not yet saved for their clients, against tbmq.msg.persisted's retention

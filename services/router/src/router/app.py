@@ -675,7 +675,7 @@ class RouterRuntime(Service):
         partition = TopicPartitioner(producer.client.cluster)
         aio_send = producer.send
         if self.settings.persist_via == "grpc":  # the stored copies over Persist streams (router.persist)
-            self.persist = PersistLink(self.settings.device_persistence_grpc_targets)
+            self.persist = PersistLink(self.settings.device_persistence_grpc_targets, self.settings.grpc_tls)
             persist, persisted = self.persist.send, topics.MSG_PERSISTED
 
             def send(topic: str, key: bytes, value: bytes, headers):

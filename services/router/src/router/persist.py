@@ -27,6 +27,7 @@ import grpc
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
 from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff
+from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.peers import pick_target
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,9 @@ class _Done:
 class PersistStream:
     """The Persist stream to ONE device-persistence target (see the module docstring)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, tls: GrpcTls = PLAINTEXT) -> None:
         self.target = target
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = tls.channel(target, options=CHANNEL_OPTIONS)
         self._stub = sgrpc.DevicePersistenceStub(self._channel)
         self._records: list[bytes] | None = None  # this loop iteration's batch
         self._future: asyncio.Future | None = None
@@ -146,10 +147,10 @@ class PersistLink:
     """Every device-persistence target; `send(key, value)` (key = the client id's UTF-8, value = a serialized
     PersistedMsg) -> an awaitable of the copy's future, done once it is saved."""
 
-    def __init__(self, targets: tuple[str, ...]) -> None:
+    def __init__(self, targets: tuple[str, ...], tls: GrpcTls = PLAINTEXT) -> None:
         if not targets:
             raise ValueError("no device-persistence target")
-        self.streams = [PersistStream(t) for t in targets]
+        self.streams = [PersistStream(t, tls) for t in targets]
 
     def send(self, key: bytes, value: bytes) -> _Done:
         return _Done(pick_target(self.streams, key).add(value))

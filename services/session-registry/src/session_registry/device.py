@@ -15,6 +15,7 @@ import time
 import grpc
 from tbmq.v1 import services_pb2, services_pb2_grpc
 from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff
+from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.tracing import grpc_metadata
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,9 @@ class ClearFailed(RuntimeError):
 
 
 class DeviceClearer:
-    def __init__(self, target: str, *, call_timeout_s: float = 2.0) -> None:
+    def __init__(self, target: str, *, call_timeout_s: float = 2.0, tls: GrpcTls = PLAINTEXT) -> None:
         self.target = target
+        self.tls = tls
         self.call_timeout_s = call_timeout_s
         self._channel: grpc.aio.Channel | None = None
         self._stub: services_pb2_grpc.DevicePersistenceStub | None = None
@@ -36,7 +38,7 @@ class DeviceClearer:
 
     def _ensure(self) -> services_pb2_grpc.DevicePersistenceStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=PEER_CHANNEL_OPTIONS)
+            self._channel = self.tls.channel(self.target, options=PEER_CHANNEL_OPTIONS)
             self._stub = services_pb2_grpc.DevicePersistenceStub(self._channel)
         return self._stub
 

@@ -107,7 +107,7 @@ class SessionRegistry(Service):
         self.s = settings
         self.rules = logic.Rules.from_settings(settings)
         self.store = SessionStore()
-        self.device = DeviceClearer(settings.device_persistence_target)
+        self.device = DeviceClearer(settings.device_persistence_target, tls=settings.grpc_tls)
         self.view: CompactedTopicView | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self.meta: AIOKafkaConsumer | None = None          # end offsets of APPLICATION topics
