@@ -147,3 +147,100 @@ def test_keys_and_providers_setting():
     assert JwtVerifier(public_key_pem=pem(ed.public_key())).algorithms == ("EdDSA",)
     assert JwtVerifier(public_key_pem=pem(ed.public_key())).verify(token(ed, "EdDSA"), "c", None, NOW)
     assert looks_like_jwt(token()) and not looks_like_jwt(b"pw") and not looks_like_jwt(None)
+
+
+# ------------------------------------------------------------------------------------------------ JWK Sets
+def jwk(private_key, kid: str | None, **extra) -> dict:
+    """The public JWK of `private_key` (PyJWT's own encoder), with `kid` and `extra` members."""
+    if isinstance(private_key, bytes):
+        out = json.loads(jwt.algorithms.HMACAlgorithm.to_jwk(private_key))
+    elif isinstance(private_key, rsa.RSAPrivateKey):
+        out = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private_key.public_key()))
+    elif isinstance(private_key, ec.EllipticCurvePrivateKey):
+        out = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(private_key.public_key()))
+    else:
+        out = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(private_key.public_key()))
+    return {**out, **({"kid": kid} if kid is not None else {}), **extra}
+
+
+def jwks(*keys: dict) -> bytes:
+    return json.dumps({"keys": list(keys)}).encode()
+
+
+def signed(key, alg: str, kid: str | None = None, **claims) -> bytes:
+    claims.setdefault("exp", NOW // 1000 + 60)
+    return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid} if kid is not None else None).encode()
+
+
+def test_a_key_set_picks_the_key_by_kid_so_issuers_rotate_keys(ec_key):
+    """Rotation: the set holds the current key and the next one; a token names its key with `kid`."""
+    nxt = ec.generate_private_key(ec.SECP256R1())
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    v = JwtVerifier(jwks=jwks(jwk(ec_key, "2026-11"), jwk(nxt, "2026-12"), jwk(rsa_key, "r", alg="RS256"),
+                              jwk(ec.generate_private_key(ec.SECP256R1()), "e", use="enc")))
+    assert set(v.keys) == {"2026-11", "2026-12", "r"}  # the encryption key is not one to verify with
+    assert v.verify(signed(ec_key, "ES256", "2026-11"), "c", None, NOW)
+    assert v.verify(signed(nxt, "ES256", "2026-12"), "c", None, NOW)
+    assert v.verify(signed(rsa_key, "RS256", "r"), "c", None, NOW)
+    refused = {
+        "another key's kid": signed(ec_key, "ES256", "2026-12"),
+        "an unknown kid": signed(ec_key, "ES256", "2027-01"),
+        "no kid": signed(ec_key, "ES256"),
+        "an alg the JWK does not allow": signed(rsa_key, "PS256", "r"),
+        "not a token": b"a.b.c",
+    }
+    for what, t in refused.items():
+        with pytest.raises(TokenRefused) as e:
+            v.verify(t, "c", None, NOW)
+        assert e.value.reason_code == RC.BAD_USER_NAME_OR_PASSWORD, what
+    one = JwtVerifier(jwks=jwks(jwk(ec_key, None)))  # a set of one key: no kid needed
+    assert one.verify(signed(ec_key, "ES256"), "c", None, NOW)
+
+
+def test_a_key_set_refuses_hmac_forgeries_with_its_public_keys():
+    """Algorithm confusion through a set: the RSA key's JWK member `n` or its PEM as an HMAC secret."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    v = JwtVerifier(jwks=jwks(jwk(key, "r")))
+    assert not set(v.algorithms) & {"HS256", "HS384", "HS512", "none"}
+    def b64(b: bytes) -> bytes:
+        return base64.urlsafe_b64encode(b).rstrip(b"=")
+
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "r"}).encode())
+    body = b64(json.dumps({"exp": NOW // 1000 + 60}).encode())
+    for secret in (pem(key.public_key()), jwk(key, "r")["n"].encode()):
+        forged = head + b"." + body + b"." + b64(hmac.new(secret, head + b"." + body, hashlib.sha256).digest())
+        with pytest.raises(TokenRefused):
+            v.verify(forged, "c", None, NOW)
+    hmac_set = JwtVerifier(jwks=jwks(jwk(SECRET, "h")))  # a shared secret in a (file) set
+    assert hmac_set.algorithms == ("HS256", "HS384", "HS512")
+    assert hmac_set.verify(signed(SECRET, "HS256", "h"), "c", None, NOW)
+
+
+def test_bad_key_sets_are_named(ec_key):
+    from tbmq_auth import jwks_keys
+
+    private = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec_key))
+    cases = {
+        b"not json": "not JSON",
+        b'{"keys": {}}': "not a JWK Set",
+        jwks(jwk(ec_key, "e", use="enc")): "no key to verify signatures with",
+        jwks({**private, "kid": "p"}): "key 'p': it holds a private key",
+        jwks(jwk(ec_key, "a"), jwk(ec_key, "a")): "two keys with kid 'a'",
+        jwks(jwk(ec_key, "a"), jwk(ec_key, None)): "key 1 has no kid",
+        jwks(jwk(b"short", "h")): "key 'h': an HMAC secret needs at least 32 bytes",
+        jwks(jwk(ec_key, "x", alg="RS256")): "key 'x': ",
+        jwks({"kty": "RSA", "kid": "n"}): "key 'n': not a usable key",
+    }
+    for document, message in cases.items():
+        with pytest.raises(ValueError) as e:
+            jwks_keys(document)
+        assert message in str(e.value), (document[:60], str(e.value))
+    with pytest.raises(ValueError, match="one key source"):
+        JwtVerifier(secret=SECRET, jwks=jwks(jwk(ec_key, "a")))
+
+
+def test_until_a_key_set_is_loaded_tokens_get_server_unavailable():
+    from tbmq_auth import PendingKeys
+
+    res = connect(authorizer(PendingKeys(), providers=(JWT,)), token())
+    assert res.reason_code == RC.SERVER_UNAVAILABLE and res.identity is None

@@ -51,9 +51,26 @@ def test_jwt_provider_settings_need_one_good_key(tmp_path):
     assert v.algorithms == ("ES256", "ES384", "ES512") and v.audience == "a"
     assert load(ConnectorSettings, {**on, "MQTT_AUTH_JWT_SECRET": "x" * 32}).token_verifier().algorithms[0] == "HS256"
     assert load(ConnectorSettings, {}).token_verifier() is None
+    import json
+
+    from jwt.algorithms import ECAlgorithm
+    from tbmq_auth import PendingKeys
+
+    key_set = tmp_path / "jwks.json"
+    key_set.write_text(json.dumps({"keys": [{**json.loads(ECAlgorithm.to_jwk(key.public_key())), "kid": "k1"}]}))
+    from_set = load(ConnectorSettings, {**on, "MQTT_AUTH_JWT_JWKS": str(key_set)}).token_verifier()
+    assert set(from_set.keys) == {"k1"} and not s.jwks_url
+    url = load(ConnectorSettings, {**on, "MQTT_AUTH_JWT_JWKS": "https://id.example/.well-known/jwks.json"})
+    assert url.jwks_url and isinstance(url.token_verifier(), PendingKeys)  # fetched once the connector runs
+    leaked = tmp_path / "leaked.json"
+    leaked.write_text(json.dumps({"keys": [json.loads(ECAlgorithm.to_jwk(key))]}))
     for environ, text in [
-        (on, "set one of MQTT_AUTH_JWT_SECRET and MQTT_AUTH_JWT_PUBLIC_KEY_FILE"),
-        ({**on, "MQTT_AUTH_JWT_SECRET": "x" * 32, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(public)}, "(not both)"),
+        (on, "set one of MQTT_AUTH_JWT_SECRET, MQTT_AUTH_JWT_PUBLIC_KEY_FILE and MQTT_AUTH_JWT_JWKS"),
+        ({**on, "MQTT_AUTH_JWT_SECRET": "x" * 32, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(public)}, "(not 2)"),
+        ({**on, "MQTT_AUTH_JWT_SECRET": "x" * 32, "MQTT_AUTH_JWT_JWKS": str(key_set)}, "(not 2)"),
+        ({**on, "MQTT_AUTH_JWT_JWKS": str(leaked)}, "MQTT_AUTH_JWT_JWKS: key 0: it holds a private key"),
+        ({**on, "MQTT_AUTH_JWT_JWKS": str(tmp_path / "none.json")}, "MQTT_AUTH_JWT_JWKS: "),
+        ({**on, "MQTT_AUTH_JWT_JWKS": str(key_set), "MQTT_AUTH_JWT_JWKS_REFRESH_S": "0"}, "MQTT_AUTH_JWT_JWKS_REFRESH_S"),
         ({**on, "MQTT_AUTH_JWT_SECRET": "short"}, "MQTT_AUTH_JWT_SECRET: an HMAC secret needs at least 32 bytes"),
         ({**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(tmp_path / "nope.pem")}, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE: "),
         ({**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(private)}, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE: "),

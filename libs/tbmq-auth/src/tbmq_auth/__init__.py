@@ -35,11 +35,19 @@ from .rules import (
     parse_providers,
     substitute,
 )
-from .tokens import JwtVerifier, TokenGrant, TokenRefused, looks_like_jwt, public_key_algorithms
+from .tokens import (
+    JwtVerifier,
+    PendingKeys,
+    TokenGrant,
+    TokenRefused,
+    jwks_keys,
+    looks_like_jwt,
+    public_key_algorithms,
+)
 
 __all__ = [
     "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "IP", "JWT", "PASSWORD", "PROVIDERS", "REGEX",
     "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer", "BlockedRule",
-    "Credential", "Identity", "JwtVerifier", "TokenGrant", "TokenRefused", "anonymous_default", "hash_password",
-    "looks_like_jwt", "make_credential", "parse_providers", "public_key_algorithms", "substitute", "verify_password",
+    "Credential", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant", "TokenRefused", "anonymous_default",
+    "hash_password", "jwks_keys", "looks_like_jwt", "make_credential", "parse_providers", "public_key_algorithms", "substitute", "verify_password",
 ]

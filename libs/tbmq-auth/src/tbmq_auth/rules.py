@@ -27,7 +27,7 @@ from tbmq_routing import TopicError, filter_covers, topic_matches
 
 from .passwords import hash_password, verify_password
 from .patterns import check_pattern, client_id_allowed
-from .tokens import JWT, JwtVerifier, TokenRefused, looks_like_jwt
+from .tokens import JWT, JwtVerifier, PendingKeys, TokenRefused, looks_like_jwt
 
 log = logging.getLogger("tbmq_auth")
 
@@ -294,7 +294,7 @@ class Authorizer:
 
     def __init__(self, tables: AuthTables, *, providers: tuple[str, ...] = DEFAULT_PROVIDERS,
                  allow_anonymous: bool = False, verify: Callable[[str, bytes], bool] = verify_password,
-                 tokens: JwtVerifier | None = None) -> None:
+                 tokens: JwtVerifier | PendingKeys | None = None) -> None:
         self.tables = tables
         self.providers = providers
         self.tokens = tokens  # the `jwt` provider's key (None: the provider never applies)

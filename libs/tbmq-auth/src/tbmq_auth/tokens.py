@@ -1,9 +1,12 @@
 """JSON Web Tokens as MQTT passwords: the `jwt` authentication provider. Pure: the time is passed in.
 
-A client sends a JWT (RFC 7519, compact form) as its CONNECT password. The connector checks it against ONE key,
+A client sends a JWT (RFC 7519, compact form) as its CONNECT password. The connector checks it against one key,
 configured at start-up: an HMAC secret (HS256/384/512) or a PEM public key (RSA: RS*/PS*, EC: ES*, Ed25519 /
-Ed448: EdDSA). The algorithms a token may name follow from that key alone, so a token signed with the public
-key as an HMAC secret, or with alg "none", is refused (the classic algorithm-confusion attacks).
+Ed448: EdDSA); or against a JWK Set (RFC 7517 5, `jwks_keys`), where the token's `kid` header picks the key (a
+set of one key needs none), so an issuer rotates its keys by publishing the next one beside the current one.
+The algorithms a token may name follow from the chosen key alone (a JWK's own `alg` narrows them to that one),
+so a token signed with the public key as an HMAC secret, or with alg "none", is refused (the classic
+algorithm-confusion attacks).
 
 Claims:
 * `exp` (required: a token that never expires is a password nobody can take back) and `nbf`, against the
@@ -16,10 +19,12 @@ Claims:
 
 `JwtVerifier.verify` returns a `TokenGrant` or raises `TokenRefused` with the CONNACK reason code: a bad or
 expired token is 0x86 (bad user name or password), one that does not fit the client 0x87 (not authorized).
+`PendingKeys` stands in while a key set is not loaded yet: 0x88 (server unavailable), so clients retry.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -60,6 +65,14 @@ class TokenGrant:
     expires_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class TokenKey:
+    """A key tokens are verified with and the JWS algorithms it may be used with."""
+
+    key: object
+    algorithms: tuple[str, ...]
+
+
 def public_key_algorithms(key) -> tuple[str, ...]:
     """The JWS algorithms a public key can verify; ValueError for another kind of key."""
     if isinstance(key, rsa.RSAPublicKey):
@@ -71,26 +84,101 @@ def public_key_algorithms(key) -> tuple[str, ...]:
     raise ValueError(f"a {type(key).__name__} cannot verify JSON Web Tokens (RSA, EC or Ed25519/Ed448 only)")
 
 
+def _secret(secret: bytes) -> TokenKey:
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"an HMAC secret needs at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2)")
+    return TokenKey(secret, HMAC_ALGORITHMS)
+
+
+def _jwk(entry: dict) -> TokenKey:
+    if "d" in entry:
+        raise ValueError("it holds a private key (a key set to verify with publishes public keys only)")
+    try:
+        parsed = jwt.PyJWK(entry, entry.get("alg"))
+    except (jwt.PyJWKError, jwt.InvalidKeyError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a usable key ({exc})") from None
+    found = _secret(parsed.key) if entry.get("kty") == "oct" else TokenKey(parsed.key,
+                                                                          public_key_algorithms(parsed.key))
+    alg = entry.get("alg")
+    if alg is None:
+        return found
+    if alg not in found.algorithms:
+        raise ValueError(f"alg {alg!r} does not fit its {entry.get('kty')} key")
+    return TokenKey(found.key, (alg,))
+
+
+def jwks_keys(document: bytes | str) -> dict[str | None, TokenKey]:
+    """The verification keys of a JWK Set (RFC 7517 5: `{"keys": [...]}`) by key id (`kid`), skipping keys for
+    encryption (`use` "enc"). ValueError for a set that is not one, holds no key to verify with, a private key,
+    two keys of one kid, or several keys of which one has no kid (a token could not name it)."""
+    try:
+        doc = json.loads(document)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        raise ValueError('not a JWK Set (an object with a "keys" list)')
+    usable = [e for e in doc["keys"] if isinstance(e, dict) and e.get("use", "sig") == "sig"]
+    if not usable:
+        raise ValueError("no key to verify signatures with")
+    keys: dict[str | None, TokenKey] = {}
+    for i, entry in enumerate(usable):
+        kid = entry.get("kid")
+        if kid is None and len(usable) > 1:
+            raise ValueError(f"key {i} has no kid, and the set has {len(usable)} keys")
+        if kid in keys:
+            raise ValueError(f"two keys with kid {kid!r}")
+        try:
+            keys[kid] = _jwk(entry)
+        except ValueError as exc:
+            raise ValueError(f"key {kid if kid is not None else i!r}: {exc}") from None
+    return keys
+
+
 class JwtVerifier:
-    """Checks tokens against one key: `secret` (bytes, at least 32) or `public_key_pem` (bytes)."""
+    """Checks tokens against one key, `secret` (bytes, at least 32) or `public_key_pem` (bytes), or against the
+    keys of a JWK Set, `jwks` (its JSON)."""
 
     def __init__(self, *, secret: bytes | None = None, public_key_pem: bytes | None = None,
-                 audience: str | None = None, issuer: str | None = None) -> None:
-        if (secret is None) == (public_key_pem is None):
-            raise ValueError("one key: an HMAC secret or a public key")
+                 jwks: bytes | str | None = None, audience: str | None = None, issuer: str | None = None) -> None:
+        if sum(k is not None for k in (secret, public_key_pem, jwks)) != 1:
+            raise ValueError("one key source: an HMAC secret, a public key or a JWK Set")
+        self.keys: dict[str | None, TokenKey] | None = None  # a JWK Set's, by kid
         if secret is not None:
-            if len(secret) < MIN_SECRET_BYTES:
-                raise ValueError(f"an HMAC secret needs at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2)")
-            self.key, self.algorithms = secret, HMAC_ALGORITHMS
+            only = _secret(secret)
+        elif public_key_pem is not None:
+            public = load_pem_public_key(public_key_pem)
+            only = TokenKey(public, public_key_algorithms(public))
         else:
-            self.key = load_pem_public_key(public_key_pem)
-            self.algorithms = public_key_algorithms(self.key)
+            self.keys = jwks_keys(jwks)
+            only = next(iter(self.keys.values())) if len(self.keys) == 1 else None
+        self._only = only
         self.audience, self.issuer = audience or None, issuer or None
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """What a token may be signed with, over every key."""
+        keys = self.keys.values() if self.keys is not None else (self._only,)
+        return tuple(dict.fromkeys(a for k in keys for a in k.algorithms))
+
+    def _key(self, token: bytes) -> TokenKey:
+        if self.keys is None:
+            return self._only
+        bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.InvalidTokenError as exc:
+            raise TokenRefused(bad, f"token refused: {exc}") from None
+        found = self.keys.get(kid) if kid is not None else self._only
+        if found is None:
+            raise TokenRefused(bad, "token refused: " + (f"no key with kid {kid!r}" if kid is not None
+                                                         else "no kid, and the key set has several keys"))
+        return found
 
     def verify(self, token: bytes, client_id: str, username: str | None, now_ms: int) -> TokenGrant:
         bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        chosen = self._key(token)
         try:
-            claims = jwt.decode(token, self.key, algorithms=list(self.algorithms), audience=self.audience,
+            claims = jwt.decode(token, chosen.key, algorithms=list(chosen.algorithms), audience=self.audience,
                                 issuer=self.issuer, options={"verify_exp": False, "verify_nbf": False,
                                                              "verify_iat": False, "verify_aud": bool(self.audience),
                                                              "verify_iss": bool(self.issuer)})
@@ -113,6 +201,15 @@ class JwtVerifier:
             raise TokenRefused(denied, "client id not allowed by the token")
         pub, sub = _acl(claims.get("acl"))
         return TokenGrant(user, pub, sub, int(exp * 1000))
+
+
+class PendingKeys:
+    """The `jwt` provider while its key set is not loaded yet (a JWKS URL not reached since start-up): every token
+    is refused with 0x88 Server unavailable (3.1.1: return code 3), so a client retries instead of taking its
+    token for bad."""
+
+    def verify(self, token: bytes, client_id: str, username: str | None, now_ms: int) -> TokenGrant:
+        raise TokenRefused(ReasonCode.SERVER_UNAVAILABLE, "token keys not loaded yet")
 
 
 def _number(v) -> bool:
@@ -138,5 +235,5 @@ def _acl(acl) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return lists["pub"] + lists["all"], lists["sub"] + lists["all"]
 
 
-__all__ = ["HMAC_ALGORITHMS", "JWT", "JwtVerifier", "MIN_SECRET_BYTES", "TokenGrant", "TokenRefused",
-           "looks_like_jwt", "public_key_algorithms"]
+__all__ = ["HMAC_ALGORITHMS", "JWT", "JwtVerifier", "MIN_SECRET_BYTES", "PendingKeys", "TokenGrant", "TokenKey",
+           "TokenRefused", "jwks_keys", "looks_like_jwt", "public_key_algorithms"]

@@ -42,6 +42,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
+from tbmq_platform.backoff import Backoff
 from tbmq_platform.coalesce import AdaptiveFetch, AdaptiveLinger, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
@@ -72,6 +73,7 @@ from tbmq_routing.wills import publish_records
 
 from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
+from .jwks import KeySetSource
 from .sessions import SessionEvents
 from .settings import ConnectorSettings, Listener
 from .proxy import ProxyHeaderError, read_header, trusted
@@ -232,6 +234,8 @@ class ConnectorService(Service):
             await self._listen(li, ssl_ctx)
         if ssl_ctx is not None and s.tls_reload_interval_s > 0:
             self.spawn(self._tls_reload_loop(ListenerTls(ssl_ctx), file_stamps(s.tls_files())), "TLS reload")
+        if self.authorizer.tokens is not None and s.jwt_jwks:
+            self.spawn(self._jwks_loop(KeySetSource(s.jwt_jwks)), "JWKS refresh")
         self.mqtt_port = self.bound.get("mqtt", 0)
         self._register_metrics()
         if s.sys_interval_s > 0:
@@ -271,6 +275,32 @@ class ConnectorService(Service):
             log.info("TLS files reloaded (%s) for new connections", ", ".join(s.tls_files()))
             self._close_revoked(revoked, trusted - issuers)
             trusted = issuers
+
+    async def _jwks_loop(self, source: KeySetSource) -> None:
+        """MQTT_AUTH_JWT_JWKS while the connector runs (connector.jwks): a new set replaces the `jwt` provider's
+        keys for the next CONNECT (connections already open keep their token until its exp); one that does not
+        load keeps the current keys. Until a URL's first set is loaded, it is tried again with back-off."""
+        s = self.settings
+        retry = Backoff(min(1.0, s.jwt_jwks_refresh_s), s.jwt_jwks_refresh_s)
+        loaded = not source.url  # a file was loaded at start-up
+        while True:
+            await asyncio.sleep(s.jwt_jwks_refresh_s if loaded else retry.current)
+            try:
+                document = await asyncio.to_thread(source.fetch)
+                if document is None:
+                    continue
+                verifier = s.jwks_verifier(document)
+            except (OSError, ValueError) as exc:
+                self.stats["jwks_failures"] += 1
+                delay = s.jwt_jwks_refresh_s if loaded else retry.next()
+                log.warning("the JWK Set at %s does not load (%s): %s; tried again in %gs", source.source, exc,
+                            "the provider keeps its keys" if loaded else "tokens get 0x88 until it does", delay)
+                continue
+            self.authorizer.tokens = verifier
+            self.stats["jwks_loads"] += 1
+            log.info("JWK Set loaded from %s: key ids %s", source.source, sorted(map(str, verifier.keys)))
+            loaded = True
+            retry.reset()
 
     def _trusted_issuers(self) -> set[bytes]:
         """The subject names of MQTT_TLS_CA_FILE's CAs (empty without the file)."""

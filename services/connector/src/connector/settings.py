@@ -7,7 +7,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from tbmq_auth import DEFAULT_PROVIDERS, JWT, JwtVerifier, anonymous_default, parse_providers
+from tbmq_auth import DEFAULT_PROVIDERS, JWT, JwtVerifier, PendingKeys, anonymous_default, parse_providers
 from tbmq_platform.settings import (
     WINDOW_MS,
     CommonSettings,
@@ -112,11 +112,20 @@ class ConnectorSettings(CommonSettings):
     jwt_secret: str = env(
         "MQTT_AUTH_JWT_SECRET", "",
         doc="provider jwt: the HMAC secret (HS256/384/512, at least 32 bytes) tokens are signed with; or "
-            "MQTT_AUTH_JWT_PUBLIC_KEY_FILE, not both")
+            "MQTT_AUTH_JWT_PUBLIC_KEY_FILE or MQTT_AUTH_JWT_JWKS: one of the three")
     jwt_public_key_file: str = env(
         "MQTT_AUTH_JWT_PUBLIC_KEY_FILE", "",
         doc="provider jwt: the PEM public key (RSA, EC or Ed25519/Ed448) tokens are verified with; its kind "
             "decides the algorithms accepted")
+    jwt_jwks: str = env(
+        "MQTT_AUTH_JWT_JWKS", "",
+        doc="provider jwt: a JWK Set (RFC 7517) of the keys tokens are verified with, a token's kid picking one: "
+            "a file, or an http(s) URL (the issuer's JWKS endpoint); read again every "
+            "MQTT_AUTH_JWT_JWKS_REFRESH_S, so keys rotate without a restart")
+    jwt_jwks_refresh_s: float = env(
+        "MQTT_AUTH_JWT_JWKS_REFRESH_S", 60.0, parse=number(0.1),
+        doc="provider jwt: how often MQTT_AUTH_JWT_JWKS is read again (a file: when it changed; a URL: fetched); "
+            "a set that does not load keeps the current one")
     jwt_audience: str = env("MQTT_AUTH_JWT_AUDIENCE", "",
                             doc="provider jwt: the aud claim a token must carry (empty = not checked)")
     jwt_issuer: str = env("MQTT_AUTH_JWT_ISSUER", "",
@@ -373,10 +382,23 @@ class ConnectorSettings(CommonSettings):
                                 f"loaded: {exc}")
         return problems
 
-    def token_verifier(self) -> JwtVerifier | None:
-        """The `jwt` provider's verifier (None when the provider is off). Raises OSError / ValueError."""
+    @property
+    def jwks_url(self) -> bool:
+        return self.jwt_jwks.startswith(("http://", "https://"))
+
+    def jwks_verifier(self, document: bytes) -> JwtVerifier:
+        return JwtVerifier(jwks=document, audience=self.jwt_audience, issuer=self.jwt_issuer)
+
+    def token_verifier(self) -> JwtVerifier | PendingKeys | None:
+        """The `jwt` provider's verifier at start-up (None when the provider is off; PendingKeys for a JWKS URL,
+        fetched once the connector runs). Raises OSError / ValueError."""
         if JWT not in self.auth_providers:
             return None
+        if self.jwt_jwks:
+            if self.jwks_url:
+                return PendingKeys()
+            with open(self.jwt_jwks, "rb") as f:
+                return self.jwks_verifier(f.read())
         if self.jwt_public_key_file:
             with open(self.jwt_public_key_file, "rb") as f:
                 pem = f.read()
@@ -385,12 +407,13 @@ class ConnectorSettings(CommonSettings):
 
     def _jwt_problems(self) -> list[str]:
         keys = [v for v, on in (("MQTT_AUTH_JWT_SECRET", self.jwt_secret),
-                                ("MQTT_AUTH_JWT_PUBLIC_KEY_FILE", self.jwt_public_key_file)) if on]
+                                ("MQTT_AUTH_JWT_PUBLIC_KEY_FILE", self.jwt_public_key_file),
+                                ("MQTT_AUTH_JWT_JWKS", self.jwt_jwks)) if on]
         if JWT not in self.auth_providers:
             return [f"{v} is set but MQTT_AUTH_PROVIDERS has no jwt" for v in keys]
         if len(keys) != 1:
-            return ["MQTT_AUTH_PROVIDERS has jwt: set one of MQTT_AUTH_JWT_SECRET and MQTT_AUTH_JWT_PUBLIC_KEY_FILE"
-                    + (" (not both)" if keys else "")]
+            return ["MQTT_AUTH_PROVIDERS has jwt: set one of MQTT_AUTH_JWT_SECRET, MQTT_AUTH_JWT_PUBLIC_KEY_FILE and "
+                    "MQTT_AUTH_JWT_JWKS" + (f" (not {len(keys)})" if keys else "")]
         try:
             self.token_verifier()
         except (OSError, ValueError) as exc:

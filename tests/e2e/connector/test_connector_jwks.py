@@ -1,0 +1,142 @@
+"""Provider jwt with a JWK Set (MQTT_AUTH_JWT_JWKS), end to end with paho-mqtt 5.0: the token issuer rotates its
+keys and the connector follows without a restart. Two sources: an http URL (the issuer's JWKS endpoint, an
+http.server of this test answering what the issuer publishes) and a file replaced by rename. Until a URL's
+first set loads, tokens get CONNACK 0x88 Server unavailable; a set that stops loading keeps the keys it had;
+a key taken out of the set stops its tokens at the next CONNECT."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import time
+
+import jwt
+import pytest
+from connector_helpers import connector_health
+from cryptography.hazmat.primitives.asymmetric import ec
+from jwt.algorithms import ECAlgorithm
+from mqtt_clients import BOUND, Client, run, wait_until
+from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_mqtt import ReasonCode as RC
+
+pytestmark = [pytest.mark.e2e]
+
+REFRESH_S = "0.3"
+
+
+class Issuer:
+    """The token issuer: its keys by kid, the JWK Set it publishes (`document`), tokens signed by one key."""
+
+    def __init__(self) -> None:
+        self.keys = {kid: ec.generate_private_key(ec.SECP256R1()) for kid in ("2026-11", "2026-12")}
+
+    def document(self, *kids: str) -> bytes:
+        return json.dumps({"keys": [{**json.loads(ECAlgorithm.to_jwk(self.keys[k].public_key())), "kid": k}
+                                    for k in kids]}).encode()
+
+    def token(self, kid: str, client_id: str) -> str:
+        return jwt.encode({"exp": int(time.time() + 3600), "client_id": client_id, "acl": {"pub": ["t/%c"]}},
+                          self.keys[kid], algorithm="ES256", headers={"kid": kid})
+
+
+class Endpoint:
+    """A JWKS endpoint on a free loopback port: serves `body` with `status`."""
+
+    def __init__(self) -> None:
+        self.status, self.body, self.requests = 503, b"", 0
+        endpoint = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                endpoint.requests += 1
+                self.send_response(endpoint.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(endpoint.body)))
+                self.end_headers()
+                self.wfile.write(endpoint.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/.well-known/jwks.json"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def connack(port: int, client_id: str, token: str) -> int:
+    """The CONNACK reason code of a v5 CONNECT with `token` as password (0: accepted, then disconnected)."""
+    c = Client(client_id, auth=("device", token))
+    got = c.connect(port, expect_ok=False)
+    c.close()
+    return got[1].value if got is not None else -1
+
+
+async def until_connack(port: int, client_id: str, token: str, want: int, what: str) -> None:
+    async def seen() -> bool:
+        return await run(connack, port, client_id, token) == want
+    await wait_until(seen, BOUND, what)
+
+
+async def jwks_suite(kafka, run_dir, source: str):
+    env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "jwt", "MQTT_AUTH_JWT_JWKS": source,
+           "MQTT_AUTH_JWT_JWKS_REFRESH_S": REFRESH_S}
+    return Suite(services=["session-registry", "router", "connector"], ports="free", log_format="json",
+                 id_tag=new_tag(), run_dir=run_dir, kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
+                 service_env={"connector": env})
+
+
+async def test_keys_rotate_through_a_jwks_endpoint_without_a_restart(kafka, tmp_path_factory):
+    issuer, endpoint = Issuer(), Endpoint()
+    try:
+        async with await jwks_suite(kafka, tmp_path_factory.mktemp("suite-jwks-url"), endpoint.url) as s:
+            port, cid = s.mqtt_ports[0], f"dev-{new_tag()}"
+            old, new = issuer.token("2026-11", cid), issuer.token("2026-12", cid)
+            # the endpoint answers 503: no key yet, the client is told to come back
+            assert await run(connack, port, cid, old) == RC.SERVER_UNAVAILABLE
+            endpoint.status, endpoint.body = 200, issuer.document("2026-11")
+            await until_connack(port, cid, old, 0, "the first key set loaded")
+            assert await run(connack, port, cid, new) == RC.BAD_USER_NAME_OR_PASSWORD  # the next key: not yet
+            endpoint.body = issuer.document("2026-11", "2026-12")  # rotation: the next key beside the current
+            await until_connack(port, cid, new, 0, "the next key published")
+            assert await run(connack, port, cid, old) == 0
+            endpoint.body = b"<html>maintenance</html>"  # the issuer's endpoint broken: the keys stay
+            failures = (await connector_health(s)).get("jwks_failures", 0)  # the 503s before
+            await wait_until(lambda: _more(s, "jwks_failures", failures), BOUND, "a failed refresh")
+            assert await run(connack, port, cid, old) == 0 and await run(connack, port, cid, new) == 0
+            endpoint.body = issuer.document("2026-12")  # the old key retired
+            await until_connack(port, cid, old, RC.BAD_USER_NAME_OR_PASSWORD, "the old key retired")
+            assert await run(connack, port, cid, new) == 0
+    finally:
+        endpoint.close()
+
+
+async def test_keys_rotate_through_a_jwks_file_without_a_restart(kafka, tmp_path_factory, tmp_path):
+    issuer = Issuer()
+    key_set = tmp_path / "jwks.json"
+
+    def publish(document: bytes) -> None:  # as a deployment tool would: a new file renamed over the old one
+        (tmp_path / "next.json").write_bytes(document)
+        os.replace(tmp_path / "next.json", key_set)
+
+    publish(issuer.document("2026-11"))
+    async with await jwks_suite(kafka, tmp_path_factory.mktemp("suite-jwks-file"), str(key_set)) as s:
+        port, cid = s.mqtt_ports[0], f"dev-{new_tag()}"
+        old, new = issuer.token("2026-11", cid), issuer.token("2026-12", cid)
+        assert await run(connack, port, cid, old) == 0  # loaded at start-up
+        assert await run(connack, port, cid, new) == RC.BAD_USER_NAME_OR_PASSWORD
+        publish(issuer.document("2026-11", "2026-12"))
+        await until_connack(port, cid, new, 0, "the next key in the file")
+        publish(issuer.document("2026-12"))
+        await until_connack(port, cid, old, RC.BAD_USER_NAME_OR_PASSWORD, "the old key retired")
+        assert await run(connack, port, cid, new) == 0
+        assert (await connector_health(s)).get("jwks_loads") == 2  # the two changes; start-up's load not counted
+
+
+async def _more(s, key: str, than: int) -> bool:
+    return (await connector_health(s)).get(key, 0) > than
