@@ -144,3 +144,22 @@ async def test_adapter_awaits_authentication_before_the_session_and_queues_acl_c
     conn.acl_changed()
     await until(lambda: set(conn.subs) == {("", "b/x")})
     assert [t.topic_filter for t in port.subscription_sets[-1]] == ["b/x"] and transport.data == b""
+
+
+def test_http_provider_settings(tmp_path):
+    on = {"MQTT_AUTH_PROVIDERS": "http,anonymous"}
+    s = load(ConnectorSettings, {**on, "MQTT_AUTH_HTTP_URL": "https://auth.example/mqtt",
+                                 "MQTT_AUTH_HTTP_AUTHORIZATION": "Bearer x", "MQTT_AUTH_HTTP_TIMEOUT_S": "2"})
+    assert s.http_auth_url == "https://auth.example/mqtt" and s.http_auth_timeout_s == 2.0
+    bad_ca = tmp_path / "ca.pem"
+    bad_ca.write_text("not a certificate\n")
+    for environ, text in [
+        (on, "MQTT_AUTH_PROVIDERS has http: MQTT_AUTH_HTTP_URL must be an http(s) URL"),
+        ({**on, "MQTT_AUTH_HTTP_URL": "ftp://auth.example"}, "(not 'ftp://auth.example')"),
+        ({**on, "MQTT_AUTH_HTTP_URL": "http://a", "MQTT_AUTH_HTTP_CA_FILE": str(bad_ca)}, "MQTT_AUTH_HTTP_CA_FILE="),
+        ({**on, "MQTT_AUTH_HTTP_URL": "http://a", "MQTT_AUTH_HTTP_TIMEOUT_S": "0"}, "MQTT_AUTH_HTTP_TIMEOUT_S"),
+        ({"MQTT_AUTH_HTTP_URL": "http://a"}, "MQTT_AUTH_HTTP_URL is set but MQTT_AUTH_PROVIDERS has no http"),
+    ]:
+        with pytest.raises(SettingsError) as e:
+            load(ConnectorSettings, environ)
+        assert text in str(e.value), (environ, str(e.value))

@@ -4,7 +4,8 @@
   ``Authorizer`` (authenticate a CONNECT, ``may_publish`` / ``may_subscribe``), ``anonymous_default``
 * ``tbmq_auth.passwords`` -- argon2id ``hash_password`` / ``verify_password``
 * ``tbmq_auth.tokens``    -- ``JwtVerifier``: JSON Web Tokens as passwords (provider ``jwt``)
-* ``tbmq_auth.patterns``  -- the client-id and topic-pattern rules credentials and tokens share
+* ``tbmq_auth.http``      -- provider ``http``: what is asked of the operator's service, how its answer reads
+* ``tbmq_auth.patterns``  -- the client-id, topic-pattern and acl rules credentials, tokens and answers share
 
 The ``tbmq`` command line (``tbmq_platform.cli``) writes the records; the connector follows them.
 """
@@ -35,6 +36,7 @@ from .rules import (
     parse_providers,
     substitute,
 )
+from .http import HTTP, HttpAnswer, HttpCheck, parse_answer, request_body
 from .tokens import (
     JwtVerifier,
     PendingKeys,
@@ -46,8 +48,9 @@ from .tokens import (
 )
 
 __all__ = [
-    "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "IP", "JWT", "PASSWORD", "PROVIDERS", "REGEX",
-    "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer", "BlockedRule",
-    "Credential", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant", "TokenRefused", "anonymous_default",
-    "hash_password", "jwks_keys", "looks_like_jwt", "make_credential", "parse_providers", "public_key_algorithms", "substitute", "verify_password",
+    "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "HTTP", "IP", "JWT", "PASSWORD", "PROVIDERS",
+    "REGEX", "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer",
+    "BlockedRule", "Credential", "HttpAnswer", "HttpCheck", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant",
+    "TokenRefused", "anonymous_default", "hash_password", "jwks_keys", "looks_like_jwt", "make_credential",
+    "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "substitute", "verify_password",
 ]

@@ -4,12 +4,14 @@
   (key = "<kind>:<value>") on `tbmq.security.blocked`, both JSON; `AuthTables` applies them as a compacted
   topic's records arrive (a null value deletes).
 * `Authorizer.authenticate(request, now_ms)`: blocked rules first (0x8A Banned), then the providers in the
-  configured order (`password`, `x509`, `jwt`: tbmq_auth.tokens, `anonymous`), then the credential's
-  client-id pattern and the Will (a publish): 0x87 Not authorized. Refused with no provider accepting:
-  0x86 when a username was sent, else 0x87.
+  configured order (`password`, `x509`, `jwt`: tbmq_auth.tokens, `http`: tbmq_auth.http, `anonymous`), then
+  the credential's client-id pattern and the Will (a publish): 0x87 Not authorized. Refused with no provider
+  accepting: 0x86 when a username was sent, else 0x87. Reaching `http`, it returns an `HttpCheck` instead of
+  a result: the caller asks the service and calls it again with the `HttpAnswer` (decided, then applied).
 * `Authorizer.may_publish` / `may_subscribe`: the credential's publish / subscribe patterns (MQTT topic
   filters; `%c` = client id, `%u` = username), looked up by name at every call, so a changed credential
-  applies to the next PUBLISH / SUBSCRIBE of a connected client; a token's patterns travel in its `Identity`.
+  applies to the next PUBLISH / SUBSCRIBE of a connected client; a token's (and an HTTP answer's) patterns
+  travel in its `Identity`.
   Anonymous clients may publish and subscribe to everything.
 """
 
@@ -27,12 +29,13 @@ from tbmq_routing import TopicError, filter_covers, topic_matches
 
 from .passwords import hash_password, verify_password
 from .patterns import check_pattern, client_id_allowed
+from .http import ALLOW, DENY, HTTP, IGNORE, HttpAnswer, HttpCheck, request_body
 from .tokens import JWT, JwtVerifier, PendingKeys, TokenRefused, looks_like_jwt
 
 log = logging.getLogger("tbmq_auth")
 
 PASSWORD, X509, ANONYMOUS = "password", "x509", "anonymous"
-PROVIDERS = (PASSWORD, X509, JWT, ANONYMOUS)
+PROVIDERS = (PASSWORD, X509, JWT, HTTP, ANONYMOUS)
 DEFAULT_PROVIDERS = (PASSWORD, X509, ANONYMOUS)
 
 CLIENT_ID, USERNAME, IP, REGEX = "client_id", "username", "ip", "regex"
@@ -224,9 +227,9 @@ class AuthRequest:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a connection is: `provider` that accepted it, `credential` name (None: anonymous, or a token) and
-    the username `%u` stands for. A token's (provider `jwt`) patterns are `pub` / `sub`, and it stops being
-    valid at `expires_at_ms`."""
+    """Who a connection is: `provider` that accepted it, `credential` name (None: anonymous, a token or an HTTP
+    answer) and the username `%u` stands for. With `carries_patterns` (a token of provider `jwt`, an `http`
+    answer with an acl) its own `pub` / `sub` patterns decide; it stops being valid at `expires_at_ms`."""
 
     provider: str
     credential: str | None
@@ -234,11 +237,13 @@ class Identity:
     pub: tuple[str, ...] = ()
     sub: tuple[str, ...] = ()
     expires_at_ms: int | None = None
+    carries_patterns: bool = False
 
     @property
     def restricted(self) -> bool:
-        """Patterns decide what it may do (everyone but anonymous clients)."""
-        return self.credential is not None or self.provider == JWT
+        """Patterns decide what it may do (a credential's or its own; not anonymous clients, nor an `http`
+        answer without an acl)."""
+        return self.credential is not None or self.carries_patterns
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +273,8 @@ def _loopback(host: str) -> bool:
 
 
 def parse_providers(raw: str) -> tuple[str, ...]:
-    """MQTT_AUTH_PROVIDERS: a comma list of password, x509, jwt, anonymous (order = the order they are tried)."""
+    """MQTT_AUTH_PROVIDERS: a comma list of password, x509, jwt, http, anonymous (order = the order they are
+    tried)."""
     names = tuple(p.strip().lower() for p in raw.split(",") if p.strip())
     bad = [p for p in names if p not in PROVIDERS]
     if bad or not names or len(set(names)) != len(names):
@@ -302,7 +308,8 @@ class Authorizer:
         self.verify = verify
 
     # ------------------------------------------------------------------------------------------ CONNECT
-    def authenticate(self, req: AuthRequest, now_ms: int) -> AuthResult:
+    def authenticate(self, req: AuthRequest, now_ms: int,
+                     http: HttpAnswer | None = None) -> AuthResult | HttpCheck:
         rule = self.tables.blocked_by(req.client_id, req.username, req.ip, now_ms)
         if rule is not None:
             log.info("client %r (%s): blocked by rule %r", req.client_id, req.ip, rule.key)
@@ -329,7 +336,20 @@ class Authorizer:
                     grant = self.tokens.verify(req.password, req.client_id, req.username, now_ms)
                 except TokenRefused as exc:
                     return AuthResult(exc.reason_code, exc.reason)
-                identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms)
+                identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms, True)
+            elif provider == HTTP:
+                if http is None:
+                    return HttpCheck(request_body(req.client_id, req.username, req.password, req.ip, req.cert_names))
+                if http.result == IGNORE:
+                    continue
+                if http.result == DENY:
+                    return AuthResult(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                                      "denied by the authentication service" + (f": {http.reason}" if http.reason
+                                                                                 else ""))
+                if http.result != ALLOW:  # ERROR: no usable answer, the client is to come back
+                    return AuthResult(ReasonCode.SERVER_UNAVAILABLE, http.reason)
+                identity = Identity(HTTP, None, http.username or req.username or "", http.pub or (), http.sub or (),
+                                    http.expires_at_ms, http.pub is not None)
             elif provider == ANONYMOUS:
                 if not self.allow_anonymous:
                     continue
@@ -355,7 +375,7 @@ class Authorizer:
     # ------------------------------------------------------------------------------------------ ACL
     def _allowed(self, identity: Identity, client_id: str, kind: str, subject: str,
                  match: Callable[[str, str], bool]) -> bool:
-        if identity.provider == JWT:
+        if identity.carries_patterns:
             patterns = identity.pub if kind == "pub" else identity.sub
         elif identity.credential is None:
             return True  # anonymous: everything

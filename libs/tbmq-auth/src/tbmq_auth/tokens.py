@@ -33,9 +33,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from tbmq_mqtt import ReasonCode
-from tbmq_routing import TopicError
 
-from .patterns import check_pattern, client_id_allowed
+from .patterns import client_id_allowed, parse_acl
 
 JWT = "jwt"
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
@@ -219,20 +218,10 @@ def _number(v) -> bool:
 def _acl(acl) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if acl is None:
         return (), ()
-    if not isinstance(acl, dict) or not set(acl) <= {"pub", "sub", "all"}:
-        raise TokenRefused(ReasonCode.NOT_AUTHORIZED, 'token acl: an object of "pub", "sub", "all" lists')
-    lists = {}
-    for kind in ("pub", "sub", "all"):
-        filters = acl.get(kind, [])
-        if not isinstance(filters, list) or not all(isinstance(f, str) for f in filters):
-            raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {kind!r} is not a list of topic filters")
-        for f in filters:
-            try:
-                check_pattern(f)
-            except TopicError as exc:
-                raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {f!r}: {exc}") from None
-        lists[kind] = tuple(filters)
-    return lists["pub"] + lists["all"], lists["sub"] + lists["all"]
+    try:
+        return parse_acl(acl)
+    except ValueError as exc:
+        raise TokenRefused(ReasonCode.NOT_AUTHORIZED, f"token acl: {exc}") from None
 
 
 __all__ = ["HMAC_ALGORITHMS", "JWT", "JwtVerifier", "MIN_SECRET_BYTES", "PendingKeys", "TokenGrant", "TokenKey",

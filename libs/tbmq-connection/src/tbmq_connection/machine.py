@@ -111,7 +111,7 @@ NEW, CONNECTING, CONNECTED, CLOSED = range(4)
 # timer names (StartTimer / timer_fired)
 CONNECT_TIMEOUT = "connect"
 KEEP_ALIVE = "keep_alive"
-TOKEN_EXPIRY = "token_expiry"  # the `jwt` provider's token expires: the connection ends
+TOKEN_EXPIRY = "token_expiry"  # a `jwt` token or an `http` answer expires: the connection ends
 
 RC = ReasonCode
 _MSGS_IN = ("msgs_in_qos0", "msgs_in_qos1", "msgs_in_qos2")  # stats keys (Prometheus tbmq_messages_received)

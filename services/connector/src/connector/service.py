@@ -48,7 +48,8 @@ from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.marks import MarkWriter
-from tbmq_auth import AuthRequest, AuthResult, AuthTables, Authorizer
+from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
+from tbmq_auth.http import ERROR
 from tbmq_platform.topics import (
     CLIENT_SESSION,
     CLIENT_SUBSCRIPTIONS,
@@ -73,6 +74,7 @@ from tbmq_routing.wills import publish_records
 
 from .connection import Connection
 from .grpc_clients import AppDeliveryChannels, AppStream, DevicePersistenceClient
+from .http_auth import HttpAuthClient
 from .jwks import KeySetSource
 from .sessions import SessionEvents
 from .settings import ConnectorSettings, Listener
@@ -132,6 +134,9 @@ class ConnectorService(Service):
         self.auth_tables = AuthTables()
         self.authorizer = Authorizer(self.auth_tables, providers=settings.auth_providers,
                                      allow_anonymous=settings.allow_anonymous, tokens=settings.token_verifier())
+        self.http_auth = HttpAuthClient(settings.http_auth_url, settings.http_auth_timeout_s,
+                                        settings.http_auth_authorization, settings.http_auth_ca_file) \
+            if HTTP in settings.auth_providers else None
         # Kafka clients need the running loop: made in start()
         self.producer = None
         self.marks: MarkWriter | None = None
@@ -463,6 +468,8 @@ class ConnectorService(Service):
             await self.device.close()
         if self.apps is not None:
             await self.apps.close()
+        if self.http_auth is not None:
+            await self.http_auth.close()
         if self.producer is not None:
             await self.producer.stop()
         for server in self._servers:
@@ -512,12 +519,24 @@ class ConnectorService(Service):
     async def authenticate(self, request: AuthRequest) -> AuthResult:
         """The CONNECT's identity; an argon2 verification (~50 ms of CPU) runs in a worker thread, not on
         the event loop (the tables are only read there: dict lookups and a blocked table that is replaced,
-        never mutated)."""
+        never mutated). Reaching the `http` provider, the decision waits for the operator's service's answer
+        (connector.http_auth), then is taken again with it."""
         now = int(time.time() * 1000)
+        result = await self._decide(request, now, None)
+        if isinstance(result, HttpCheck):
+            self.stats["http_auth_requests"] += 1
+            answer = await self.http_auth.ask(result.body)
+            if answer.result == ERROR:
+                self.stats["http_auth_errors"] += 1
+                log.warning("client %r: %s (CONNACK 0x88)", request.client_id, answer.reason)
+            result = await self._decide(request, now, answer)
+        return result
+
+    async def _decide(self, request: AuthRequest, now: int, answer: HttpAnswer | None) -> AuthResult | HttpCheck:
         if request.password is not None and request.username in self.auth_tables.credentials:
             return await asyncio.get_running_loop().run_in_executor(
-                None, self.authorizer.authenticate, request, now)
-        return self.authorizer.authenticate(request, now)
+                None, self.authorizer.authenticate, request, now, answer)
+        return self.authorizer.authenticate(request, now, answer)
 
     def admit(self, ip: str) -> str | None:
         return self.admission.admit(len(self.connections), ip, time.monotonic())

@@ -7,7 +7,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from tbmq_auth import DEFAULT_PROVIDERS, JWT, JwtVerifier, PendingKeys, anonymous_default, parse_providers
+from tbmq_auth import DEFAULT_PROVIDERS, HTTP, JWT, JwtVerifier, PendingKeys, anonymous_default, parse_providers
 from tbmq_platform.settings import (
     WINDOW_MS,
     CommonSettings,
@@ -108,7 +108,7 @@ class ConnectorSettings(CommonSettings):
     # authentication (docs/security.md)
     auth_providers: tuple[str, ...] = env(
         "MQTT_AUTH_PROVIDERS", DEFAULT_PROVIDERS, parse=parse_providers,
-        doc="authentication providers, tried in this order: password, x509, jwt, anonymous (comma list)")
+        doc="authentication providers, tried in this order: password, x509, jwt, http, anonymous (comma list)")
     jwt_secret: str = env(
         "MQTT_AUTH_JWT_SECRET", "",
         doc="provider jwt: the HMAC secret (HS256/384/512, at least 32 bytes) tokens are signed with; or "
@@ -126,6 +126,19 @@ class ConnectorSettings(CommonSettings):
         "MQTT_AUTH_JWT_JWKS_REFRESH_S", 60.0, parse=number(0.1),
         doc="provider jwt: how often MQTT_AUTH_JWT_JWKS is read again (a file: when it changed; a URL: fetched); "
             "a set that does not load keeps the current one")
+    http_auth_url: str = env(
+        "MQTT_AUTH_HTTP_URL", "",
+        doc="provider http: the operator's authentication service, an http(s) URL each CONNECT's client id, user "
+            "name, password, address and certificate names are POSTed to as JSON (tbmq_auth.http)")
+    http_auth_timeout_s: float = env("MQTT_AUTH_HTTP_TIMEOUT_S", 5.0, parse=number(0.1),
+                                     doc="provider http: how long a question may take; then CONNACK 0x88")
+    http_auth_authorization: str = env(
+        "MQTT_AUTH_HTTP_AUTHORIZATION", "",
+        doc="provider http: the Authorization header the connector sends (e.g. 'Bearer <secret>', so the service "
+            "knows the caller); empty = none")
+    http_auth_ca_file: str = env("MQTT_AUTH_HTTP_CA_FILE", "",
+                                 doc="provider http: the CA (PEM) of an https service's certificate; empty = the "
+                                     "system's")
     jwt_audience: str = env("MQTT_AUTH_JWT_AUDIENCE", "",
                             doc="provider jwt: the aud claim a token must carry (empty = not checked)")
     jwt_issuer: str = env("MQTT_AUTH_JWT_ISSUER", "",
@@ -405,6 +418,23 @@ class ConnectorSettings(CommonSettings):
             return JwtVerifier(public_key_pem=pem, audience=self.jwt_audience, issuer=self.jwt_issuer)
         return JwtVerifier(secret=self.jwt_secret.encode(), audience=self.jwt_audience, issuer=self.jwt_issuer)
 
+    def _http_auth_problems(self) -> list[str]:
+        if HTTP not in self.auth_providers:
+            return [f"{v} is set but MQTT_AUTH_PROVIDERS has no http" for v, on in (
+                ("MQTT_AUTH_HTTP_URL", self.http_auth_url),
+                ("MQTT_AUTH_HTTP_AUTHORIZATION", self.http_auth_authorization),
+                ("MQTT_AUTH_HTTP_CA_FILE", self.http_auth_ca_file)) if on]
+        problems = []
+        if not self.http_auth_url.startswith(("http://", "https://")):
+            problems.append("MQTT_AUTH_PROVIDERS has http: MQTT_AUTH_HTTP_URL must be an http(s) URL"
+                            + (f" (not {self.http_auth_url!r})" if self.http_auth_url else ""))
+        if self.http_auth_ca_file:
+            try:
+                ssl.create_default_context(cafile=self.http_auth_ca_file)
+            except (OSError, ValueError) as exc:
+                problems.append(f"MQTT_AUTH_HTTP_CA_FILE={self.http_auth_ca_file!r}: {exc}")
+        return problems
+
     def _jwt_problems(self) -> list[str]:
         keys = [v for v, on in (("MQTT_AUTH_JWT_SECRET", self.jwt_secret),
                                 ("MQTT_AUTH_JWT_PUBLIC_KEY_FILE", self.jwt_public_key_file),
@@ -424,6 +454,7 @@ class ConnectorSettings(CommonSettings):
         problems = super().validate()
         problems.extend(self._listener_problems())
         problems.extend(self._jwt_problems())
+        problems.extend(self._http_auth_problems())
         if self.write_buffer_limit < self.write_buffer_high:
             problems.append("MQTT_WRITE_BUFFER_LIMIT must be >= MQTT_WRITE_BUFFER_HIGH")
         return problems
