@@ -93,18 +93,36 @@ def test_stats_windows_totals_dimensions_newest_last():
 
 
 def test_token_expires_on_the_injected_clock():
-    now = [1000.0]
-    tokens = Tokens(ttl_s=60, clock=lambda: now[0])
+    now = [1_800_000_000.0]
+    tokens = Tokens(ttl_s=60, secret=b"k" * 32, clock=lambda: now[0])
     token, ttl = tokens.issue("admin")
     assert ttl == 60 and len(token) >= 40
     now[0] += 59.9
     assert tokens.user(token) == "admin"
     now[0] += 0.1
-    assert tokens.user(token) is None and len(tokens) == 0
+    assert tokens.user(token) is None
     other, _ = tokens.issue("admin")
     assert other != token and tokens.user("forged") is None
-    tokens.revoke(other)
-    assert tokens.user(other) is None
+
+
+def test_a_token_works_on_every_instance_with_the_secret_until_revoked_anywhere():
+    """ADMIN_TOKEN_SECRET shared: instance b takes a's token; a logout's revocation (what b reads from
+    tbmq.admin.tokens.revoked) refuses it before its expiry; another secret or a changed token never passes."""
+    now = [1_800_000_000.0]
+    a, b = (Tokens(ttl_s=600, secret=b"shared-secret-of-32-bytes-or-more", clock=lambda: now[0]) for _ in "ab")
+    stranger = Tokens(ttl_s=600, secret=b"another-secret-of-32-bytes-or-more", clock=lambda: now[0])
+    token, _ = a.issue("ops")
+    assert b.user(token) == "ops" and stranger.user(token) is None
+    head, body, sig = token.split(".")
+    assert b.user(f"{head}.{body}.{sig[:-2]}xx") is None
+    claims = a.claims(token)
+    assert claims["sub"] == "ops" and claims["exp"] == 1_800_000_600
+    b.revoke(claims["jti"], claims["exp"])
+    assert b.user(token) is None and a.user(token) == "ops" and len(b) == 1
+    now[0] += 600
+    assert len(b) == 0  # forgotten once the token has expired anyway
+    with pytest.raises(ValueError, match="32 bytes"):
+        Tokens(ttl_s=60, secret=b"short")
 
 
 def test_failed_logins_throttle_an_address_for_the_window():
@@ -168,3 +186,6 @@ def test_settings_need_a_private_users_file_and_parse_service_endpoints(tmp_path
     assert (s.http_host, s.http_port, s.health_port, s.service_name) == ("127.0.0.1", 8080, 8088, "admin")
     with pytest.raises(SettingsError, match="ADMIN_USERS_FILE is required"):
         load_settings({})
+    with pytest.raises(SettingsError, match="ADMIN_TOKEN_SECRET: at least 32 bytes"):
+        load_settings({"ADMIN_USERS_FILE": str(users), "ADMIN_TOKEN_SECRET": "short"})
+    assert load_settings({"ADMIN_USERS_FILE": str(users), "ADMIN_TOKEN_SECRET": "s" * 32}).token_secret == "s" * 32

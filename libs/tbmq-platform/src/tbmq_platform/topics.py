@@ -68,6 +68,7 @@ DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
 CONNECTOR_HEARTBEAT = "tbmq.connector.heartbeat"
 SECURITY_CREDENTIALS = "tbmq.security.credentials"
 SECURITY_BLOCKED = "tbmq.security.blocked"
+ADMIN_TOKENS_REVOKED = "tbmq.admin.tokens.revoked"
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
 
@@ -147,6 +148,8 @@ CATALOGUE: tuple[TopicSpec, ...] = (
                "(null value = deleted)", "`tbmq credentials`", "connector (every instance, from the beginning)"),
     _compacted(SECURITY_BLOCKED, "<kind>:<value>", "JSON tbmq_auth.BlockedRule (null value = deleted)",
                "`tbmq blocked`", "connector (every instance, from the beginning)"),
+    TopicSpec(ADMIN_TOKENS_REVOKED, "token id (jti)", "the token's expiry, Unix seconds (decimal text)", 1,
+              "admin (POST /api/v1/auth/logout)", "admin (every instance, from the beginning)"),
     TopicSpec(SESSION_EVENT_REQUEST, "client id", "SessionEventRequest", 24,
               "connector, session-registry (its scans), admin (clear)", "session-registry", single_node_partitions=1),
     TopicSpec(SESSION_EVENT_RESPONSE_PREFIX + "<svc>", "client id", "SessionEventResponse", 1,

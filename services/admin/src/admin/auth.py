@@ -1,8 +1,9 @@
-"""Administrators: users from ADMIN_USERS_FILE (argon2id hashes), bearer tokens kept in memory.
+"""Administrators: users from ADMIN_USERS_FILE (argon2id hashes), bearer tokens signed with ADMIN_TOKEN_SECRET.
 
-A token is 32 random bytes (URL-safe base64) valid for `ttl_s` from the login; the clock is injected
-(`clock`, monotonic seconds by default) so its expiry is tested without waiting. Tokens do not survive a
-restart of the service: log in again. `Throttle` refuses logins from an address after too many failures.
+A token is a JSON Web Token valid for `ttl_s` from the login; the clock is injected (`clock`, wall-clock
+seconds by default) so its expiry is tested without waiting. With a secret of its own (ADMIN_TOKEN_SECRET
+unset: random per start) an instance's tokens work on it alone and not after its restart; with a shared one,
+on every instance and across restarts. `Throttle` refuses logins from an address after too many failures.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import jwt
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+MIN_SECRET_BYTES = 32  # RFC 7518 3.2: an HS256 key of at least the hash's size
 _HASHER = PasswordHasher()  # argon2id with argon2-cffi's recommended parameters
 # verified when the user is unknown, so an unknown name costs what a wrong password does
 _DUMMY = _HASHER.hash(secrets.token_urlsafe(16))
@@ -47,39 +50,60 @@ def verify(users: dict[str, str], username: str, password: str) -> bool:
 
 
 class Tokens:
-    """Bearer tokens of logged-in administrators: `issue(user)`, `user(token)` (None once expired)."""
+    """Bearer tokens of logged-in administrators: signed JSON Web Tokens (HS256 with `secret`; claims `sub` the
+    user, `exp`, `jti` a random id), so every admin instance with the same secret (ADMIN_TOKEN_SECRET) takes a
+    token any of them issued: behind one address a client need not stick to one instance. `revoke(jti, exp)`
+    refuses a token before its expiry (a logout; the service spreads it to every instance through
+    tbmq.admin.tokens.revoked); a revoked id is kept until the token would have expired. Times are the wall
+    clock (`clock`, seconds), shared by the instances."""
 
-    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    ALGORITHM = "HS256"
+
+    def __init__(self, ttl_s: float, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the token secret needs at least {MIN_SECRET_BYTES} bytes")
         self.ttl_s = ttl_s
+        self.secret = secret
         self.clock = clock
-        self._tokens: dict[str, tuple[str, float]] = {}  # token -> (user, expires at)
+        self._revoked: dict[str, float] = {}  # jti -> when the token expires (s)
 
     def issue(self, user: str) -> tuple[str, float]:
         """A new token of `user` and its lifetime in seconds."""
-        self._purge()
-        token = secrets.token_urlsafe(32)
-        self._tokens[token] = (user, self.clock() + self.ttl_s)
-        return token, self.ttl_s
+        claims = {"sub": user, "exp": int(self.clock() + self.ttl_s), "jti": secrets.token_urlsafe(16)}
+        return jwt.encode(claims, self.secret, algorithm=self.ALGORITHM), self.ttl_s
+
+    def claims(self, token: str) -> dict | None:
+        """The claims of a valid token (signed with this secret, not expired, not revoked), else None."""
+        try:
+            claims = jwt.decode(token, self.secret, algorithms=[self.ALGORITHM], options={"verify_exp": False,
+                                                                                         "require": ["exp"]})
+        except jwt.InvalidTokenError:
+            return None
+        sub, exp, jti = claims.get("sub"), claims.get("exp"), claims.get("jti")
+        if not (isinstance(sub, str) and isinstance(exp, int) and isinstance(jti, str)):
+            return None
+        if self.clock() >= exp or jti in self._revoked:
+            return None
+        return claims
 
     def user(self, token: str) -> str | None:
-        entry = self._tokens.get(token)
-        if entry is None:
-            return None
-        if self.clock() >= entry[1]:
-            del self._tokens[token]
-            return None
-        return entry[0]
+        claims = self.claims(token)
+        return claims["sub"] if claims is not None else None
 
-    def revoke(self, token: str) -> None:
-        self._tokens.pop(token, None)
+    def revoke(self, jti: str, expires_s: float) -> None:
+        self._purge()
+        if expires_s > self.clock():
+            self._revoked[jti] = expires_s
 
     def _purge(self) -> None:
         now = self.clock()
-        for t in [t for t, (_, exp) in self._tokens.items() if now >= exp]:
-            del self._tokens[t]
+        for t in [t for t, exp in self._revoked.items() if now >= exp]:
+            del self._revoked[t]
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        """Revoked tokens not expired yet."""
+        self._purge()
+        return len(self._revoked)
 
 
 class Throttle:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 READ = (topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.MSG_RETAINED, topics.SYS_HISTORICAL_DATA,
-        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED)
+        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED, topics.ADMIN_TOKENS_REVOKED)
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -84,7 +85,7 @@ class AdminService(Service):
         super().__init__(settings)
         self.s = settings
         self.users = load_users(settings.users_file)
-        self.tokens = Tokens(settings.token_ttl_s)
+        self.tokens = Tokens(settings.token_ttl_s, settings.token_secret.encode() or secrets.token_bytes(32))
         self.throttle = Throttle(settings.login_failures, settings.login_window_s)
         self.sessions: dict[str, pb.SessionInfo] = {}
         self.subs: dict[str, pb.ClientSubscriptions] = {}
@@ -113,7 +114,8 @@ class AdminService(Service):
                                        _table(self.retained, pb.PublishMsg.FromString),
                                        _table(self.windows, pb.UsageStats.FromString, key=int),
                                        _keyed_table(self.credentials, Credential.from_json),
-                                       _keyed_table(self.blocked, lambda _key, value: BlockedRule.from_json(value)))):
+                                       _keyed_table(self.blocked, lambda _key, value: BlockedRule.from_json(value)),
+                                       self._revoked)):
             self.views.view(topic, apply)
         await self.views.start()
         self.producer = make_producer(s.bootstrap, client_id=f"{s.instance_id}-commands")
@@ -152,7 +154,7 @@ class AdminService(Service):
 
     def health_details(self) -> dict:
         return {"http_port": self.http_port, "sessions": len(self.sessions), "subscribed_clients": len(self.subs),
-                "retained": len(self.retained), "stat_windows": len(self.windows), "tokens": len(self.tokens),
+                "retained": len(self.retained), "stat_windows": len(self.windows), "revoked_tokens": len(self.tokens),
                 **self.counts}
 
     # -- HTTP plumbing --------------------------------------------------------------------------------
@@ -199,8 +201,21 @@ class AdminService(Service):
         return _json({"token": token, "token_type": "Bearer", "expires_in": ttl})
 
     async def logout(self, request: web.Request) -> web.Response:
-        self.tokens.revoke(request.headers["Authorization"][7:])
+        """The request's token refused from now on, here at once and on every instance sharing the secret once
+        it has read the record (acknowledged by Kafka before the answer)."""
+        claims = self.tokens.claims(request.headers["Authorization"][7:])
+        if claims is not None:
+            self.tokens.revoke(claims["jti"], claims["exp"])
+            await self._send(topics.ADMIN_TOKENS_REVOKED, claims["jti"], str(claims["exp"]).encode(), command=False)
         return _json({"ok": True})
+
+    def _revoked(self, key: bytes | None, value: bytes | None) -> None:
+        """tbmq.admin.tokens.revoked: a logout on any instance."""
+        if key is not None and value:
+            try:
+                self.tokens.revoke(key.decode(), float(value))
+            except ValueError:
+                log.warning("tbmq.admin.tokens.revoked: a record that is not an expiry (%r)", value[:40])
 
     async def openapi_doc(self, request: web.Request) -> web.Response:
         return _json(openapi())
@@ -371,8 +386,8 @@ class AdminService(Service):
         log.info("admin %r deleted the blocked rule %r", request["user"], key)
         return _json({"key": key}, 202)
 
-    async def _send(self, topic: str, key: str, value: bytes | None) -> None:
-        self.counts["commands"] += 1
+    async def _send(self, topic: str, key: str, value: bytes | None, command: bool = True) -> None:
+        self.counts["commands"] += command
         async with asyncio.timeout(self.s.kafka_timeout_s):
             fut = await self.producer.send(topic, value, key=key.encode(), headers=fresh_trace_headers())
             await fut  # acknowledged (acks=all) before the API answers

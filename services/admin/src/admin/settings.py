@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from tbmq_platform.settings import CommonSettings, env, integer, load, load_or_exit, port
 
+from .auth import MIN_SECRET_BYTES
+
 
 def endpoints(raw: str) -> tuple[tuple[str, str], ...]:
     """ADMIN_SERVICES: comma list of `name=host:port` (a service's health endpoint; a name may repeat, one per
@@ -41,6 +43,11 @@ class AdminSettings(CommonSettings):
                               ".run/admin-users)")
     token_ttl_s: int = env("ADMIN_TOKEN_TTL_S", 3600, parse=integer(60, 7 * 24 * 3600),
                            doc="lifetime of a login's bearer token (s)")
+    token_secret: str = env(
+        "ADMIN_TOKEN_SECRET", "",
+        doc="the HMAC secret (at least 32 bytes) bearer tokens are signed with: the same on every admin instance, "
+            "any of them takes a token any issued, also after a restart; empty = a random one per start (tokens "
+            "work on this instance only, until it restarts)")
     login_failures: int = env("ADMIN_LOGIN_FAILURES", 5, parse=integer(1, 1000),
                               doc="failed logins per client address within ADMIN_LOGIN_WINDOW_S before further "
                                   "attempts are refused (429)")
@@ -60,6 +67,8 @@ class AdminSettings(CommonSettings):
             problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: no such file")
         elif stat.S_IMODE(os.stat(self.users_file).st_mode) & 0o077:
             problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: readable by others (chmod 600)")
+        if self.token_secret and len(self.token_secret.encode()) < MIN_SECRET_BYTES:
+            problems.append(f"ADMIN_TOKEN_SECRET: at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2)")
         return problems
 
 

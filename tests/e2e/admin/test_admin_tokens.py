@@ -1,0 +1,63 @@
+"""Two admin instances behind one address (ADMIN_TOKEN_SECRET shared, docs/operations.md): a token issued by one
+is taken by the other, also after the issuing instance restarted, and a logout on either refuses the token on
+both (tbmq.admin.tokens.revoked), also on an instance started after the logout."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from mqtt_clients import wait_until
+from suites import module_suite
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+BOUND = 30.0
+SECRET = "an-admin-token-secret-of-32-bytes-at-least"
+
+
+@pytest.fixture(scope="module")
+async def admins(kafka, tmp_path_factory):
+    async with module_suite(kafka, tmp_path_factory, "suite-admin-tokens", services=["admin"],
+                            instances={"admin": 2}, env={"ADMIN_TOKEN_SECRET": SECRET}) as s:
+        yield s
+
+
+async def call(http: aiohttp.ClientSession, suite, instance: int, method: str, path: str, token: str | None = None,
+               json=None) -> tuple[int, dict]:
+    url = suite.admin_url(instance).rstrip("/") + "/api/v1" + path
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with http.request(method, url, json=json, headers=headers) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def login(http, suite, instance: int) -> str:
+    status, body = await call(http, suite, instance, "POST", "/auth/login", json={
+        "username": "admin", "password": suite.admin_password_file.read_text().strip()})
+    assert status == 200, body
+    return body["token"]
+
+
+async def test_a_token_works_on_both_instances_and_a_logout_on_one_ends_it_on_both(admins):
+    async with aiohttp.ClientSession() as http:
+        token = await login(http, admins, 1)
+        assert (await call(http, admins, 2, "GET", "/sessions", token))[0] == 200
+        other = await login(http, admins, 2)
+        assert (await call(http, admins, 2, "POST", "/auth/logout", token))[0] == 200  # logged out on 2
+        assert (await call(http, admins, 2, "GET", "/sessions", token))[0] == 401
+
+        async def refused_on_1() -> bool:
+            return (await call(http, admins, 1, "GET", "/sessions", token))[0] == 401
+
+        await wait_until(refused_on_1, BOUND, "the logout on instance 2 reaching instance 1")
+        for instance in (1, 2):  # the other login is untouched
+            assert (await call(http, admins, instance, "GET", "/sessions", other))[0] == 200
+
+
+async def test_tokens_survive_a_restart_and_a_logout_is_read_back_at_start_up(admins):
+    async with aiohttp.ClientSession() as http:
+        token = await login(http, admins, 1)
+        await admins.restart_service("admin", 1)
+        assert (await call(http, admins, 1, "GET", "/sessions", token))[0] == 200
+        assert (await call(http, admins, 1, "POST", "/auth/logout", token))[0] == 200
+        await admins.restart_service("admin", 2)  # reads the revocation back from the topic at start-up
+        assert (await call(http, admins, 2, "GET", "/sessions", token))[0] == 401
