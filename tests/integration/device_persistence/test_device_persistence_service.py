@@ -630,7 +630,8 @@ async def test_a_client_whose_keys_redis_refuses_is_dead_lettered_and_the_others
     the batch: after DEVICE_PERSISTENCE_SAVE_ATTEMPTS refused attempts each client is saved apart, the other
     clients' copies are stored and forwarded, the refused ones go to tbmq.msg.persisted.dead in order with
     Redis's answer, and only then is the batch answered. Once the keys are mended, `tbmq dead-letters replay`
-    stores them; `--after-offset` with the offset it printed replays nothing again."""
+    stores them; `--after-offset` with the offset it printed replays nothing again, and a replay run again
+    stores nothing twice (each letter's place in the dead-letter topic is its origin)."""
     from tbmq_platform.cli import dead_letters, parser, read_records
     from tbmq_platform.topics import DEAD_LETTER_ERROR_HEADER, MSG_PERSISTED_DEAD
 
@@ -680,6 +681,11 @@ async def test_a_client_whose_keys_redis_refuses_is_dead_lettered_and_the_others
                                             str(replay["last_offset"]), "--bootstrap-servers",
                                             dp.suite.bootstrap_servers]))
     assert json.loads(capsys.readouterr().out)["replayed"] == 0
+    await dead_letters(parser().parse_args(["dead-letters", "replay", "--client-id", bad,
+                                            "--bootstrap-servers", dp.suite.bootstrap_servers]))
+    assert json.loads(capsys.readouterr().out)["replayed"] == 2  # written again, by mistake
+    await dp.publish(bad, [8])  # behind them on the client's partition: once it is stored, they were handled
+    await dp.wait_stored(bad, lambda got: got == [7, 0, 1, 8])
     for cid in (a, bad, b):
         await dp.stub.Clear(spb.ClearRequest(client_id=cid))
 

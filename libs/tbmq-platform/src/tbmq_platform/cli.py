@@ -18,10 +18,11 @@ never prints a hash.
 
 `dead-letters` reads tbmq.msg.persisted.dead: the stored copies for persistent DEVICE clients that Redis refused
 for the client's data (device-persistence, docs/device-persistence.md "Dead letters"). `list` prints one JSON line
-per dead letter; `replay`, once the client's Redis keys are mended, writes them again to tbmq.msg.persisted without
-their origin (device-persistence would take a copy older than the client's newest stored one for a router's
-replay and drop it), so each replay stores them again: `--after-offset` (the last offset a replay printed)
-replays only the newer ones. Kafka: `--bootstrap-servers` (default localhost:9092), the KAFKA_SECURITY_PROTOCOL /
+per dead letter; `replay`, once the client's Redis keys are mended, writes them again to tbmq.msg.persisted with
+their place in tbmq.msg.persisted.dead as origin (topics.DEAD_LETTER_ORIGIN_PARTITION), so device-persistence
+stores each once per client: a replay run twice stores nothing twice, and a letter at or below the highest one
+already replayed for its client is not stored again (replay a client's letters in order); `--after-offset` (the
+last offset a replay printed) skips reading the older ones. Kafka: `--bootstrap-servers` (default localhost:9092), the KAFKA_SECURITY_PROTOCOL /
 KAFKA_SASL_* settings of the environment, and TBMQ_TOPIC_* when the topics have to be created.
 """
 
@@ -35,8 +36,8 @@ import time
 
 from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
 
-from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, MSG_PERSISTED, MSG_PERSISTED_DEAD,
-                     SECURITY_BLOCKED, SECURITY_CREDENTIALS, spec)
+from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, DEAD_LETTER_ORIGIN_PARTITION, MSG_PERSISTED,
+                     MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, spec)
 
 
 class CliError(Exception):
@@ -196,13 +197,14 @@ def dead_letter_row(record) -> dict:
     return row
 
 
-def replayed_value(value: bytes) -> bytes:
-    """A dead letter as written back to tbmq.msg.persisted: the same copy without its origin."""
+def replayed_value(value: bytes, partition: int, offset: int) -> bytes:
+    """A dead letter (at `partition` / `offset` of tbmq.msg.persisted.dead) as written back to tbmq.msg.persisted:
+    the same copy with that place as its origin (topics.DEAD_LETTER_ORIGIN_PARTITION)."""
     from tbmq.v1 import messages_pb2 as pb
 
     pm = pb.PersistedMsg.FromString(value)
-    pm.ClearField("origin_partition")
-    pm.ClearField("origin_offset")
+    pm.origin_partition = DEAD_LETTER_ORIGIN_PARTITION + partition
+    pm.origin_offset = offset
     return pm.SerializeToString()
 
 
@@ -222,7 +224,7 @@ async def dead_letters(args) -> int:
     try:
         for r in records:
             try:
-                value = replayed_value(r.value or b"")
+                value = replayed_value(r.value or b"", r.partition, r.offset)
             except Exception:  # DecodeError: left where it is
                 skipped += 1
                 continue

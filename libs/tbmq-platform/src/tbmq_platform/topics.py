@@ -55,6 +55,11 @@ MSG_PERSISTED_DEAD = "tbmq.msg.persisted.dead"
 # headers of a tbmq.msg.persisted.dead record: what Redis answered, and the device-persistence instance
 DEAD_LETTER_ERROR_HEADER = "tbmq-error"
 DEAD_LETTER_INSTANCE_HEADER = "tbmq-instance"
+# A dead letter written back by `tbmq dead-letters replay` carries as origin (PersistedMsg.origin_partition /
+# origin_offset) this + its tbmq.msg.persisted.dead partition, and its offset there: device-persistence stores
+# a client's copy once per origin (lua/save_messages.lua), so a replay run again stores nothing twice, and the
+# pseudo-partition is never compared with the tbmq.msg.all partitions of the client's routed copies.
+DEAD_LETTER_ORIGIN_PARTITION = 1 << 31
 MSG_PERSISTED_TALLY = "tbmq.msg.persisted.tally"
 MSG_APP_PREFIX = APP_TOPIC_PREFIX
 MSG_APP_SHARED_PREFIX = SHARED_APP_TOPIC_PREFIX
@@ -127,7 +132,7 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     TopicSpec(MSG_PERSISTED_DEAD, "subscriber client id",
               "PersistedMsg; header `tbmq-error`: what Redis answered", 1,
               "device-persistence (stored copies Redis refused for the client's data, e.g. a key of another type)",
-              "`tbmq dead-letters list / replay` (replay: into tbmq.msg.persisted, without origin)",
+              "`tbmq dead-letters list / replay` (replay: into tbmq.msg.persisted, its place here as origin)",
               retention_ms=30 * DAY_MS),
     TopicSpec(MSG_PERSISTED_TALLY, "device-persistence instance id",
               "PersistTally: the stored copies received on Persist streams in one second", 1,
