@@ -109,9 +109,21 @@ async def test_keys_rotate_through_a_jwks_endpoint_without_a_restart(kafka, tmp_
             failures = (await connector_health(s)).get("jwks_failures", 0)  # the 503s before
             await wait_until(lambda: _more(s, "jwks_failures", failures), BOUND, "a failed refresh")
             assert await run(connack, port, cid, old) == 0 and await run(connack, port, cid, new) == 0
+            # clients connected with a token of each key: retiring the old key closes the old token's connection
+            online = {}
+            for kid in ("2026-11", "2026-12"):
+                c = online[kid] = Client(f"{cid}-{kid}", auth=("device", issuer.token(kid, f"{cid}-{kid}")))
+                await run(c.connect, port)
             endpoint.body = issuer.document("2026-12")  # the old key retired
             await until_connack(port, cid, old, RC.BAD_USER_NAME_OR_PASSWORD, "the old key retired")
             assert await run(connack, port, cid, new) == 0
+            gone = online["2026-11"]
+            assert await run(gone.wait, lambda: gone.disconnects, BOUND), "the retired key's client stayed"
+            assert gone.disconnects[0].value == RC.ADMINISTRATIVE_ACTION
+            assert online["2026-12"].disconnects == []
+            assert (await connector_health(s)).get("connections_key_retired") == 1
+            for c in online.values():
+                await run(c.close)
     finally:
         endpoint.close()
 

@@ -179,8 +179,8 @@ def test_a_key_set_picks_the_key_by_kid_so_issuers_rotate_keys(ec_key):
     v = JwtVerifier(jwks=jwks(jwk(ec_key, "2026-11"), jwk(nxt, "2026-12"), jwk(rsa_key, "r", alg="RS256"),
                               jwk(ec.generate_private_key(ec.SECP256R1()), "e", use="enc")))
     assert set(v.keys) == {"2026-11", "2026-12", "r"}  # the encryption key is not one to verify with
-    assert v.verify(signed(ec_key, "ES256", "2026-11"), "c", None, NOW)
-    assert v.verify(signed(nxt, "ES256", "2026-12"), "c", None, NOW)
+    assert v.verify(signed(ec_key, "ES256", "2026-11"), "c", None, NOW).key_id == "2026-11"
+    assert v.verify(signed(nxt, "ES256", "2026-12"), "c", None, NOW).key_id == "2026-12"  # what a retirement ends
     assert v.verify(signed(rsa_key, "RS256", "r"), "c", None, NOW)
     refused = {
         "another key's kid": signed(ec_key, "ES256", "2026-12"),
@@ -194,7 +194,10 @@ def test_a_key_set_picks_the_key_by_kid_so_issuers_rotate_keys(ec_key):
             v.verify(t, "c", None, NOW)
         assert e.value.reason_code == RC.BAD_USER_NAME_OR_PASSWORD, what
     one = JwtVerifier(jwks=jwks(jwk(ec_key, None)))  # a set of one key: no kid needed
-    assert one.verify(signed(ec_key, "ES256"), "c", None, NOW)
+    assert one.verify(signed(ec_key, "ES256"), "c", None, NOW).key_id is None
+    named = JwtVerifier(jwks=jwks(jwk(ec_key, "only")))
+    assert named.verify(signed(ec_key, "ES256"), "c", None, NOW).key_id == "only"
+    assert JwtVerifier(secret=SECRET).verify(token(), "c", None, NOW).key_id is None
 
 
 def test_a_key_set_refuses_hmac_forgeries_with_its_public_keys():

@@ -229,7 +229,9 @@ class AuthRequest:
 class Identity:
     """Who a connection is: `provider` that accepted it, `credential` name (None: anonymous, a token or an HTTP
     answer) and the username `%u` stands for. With `carries_patterns` (a token of provider `jwt`, an `http`
-    answer with an acl) its own `pub` / `sub` patterns decide; it stops being valid at `expires_at_ms`."""
+    answer with an acl) its own `pub` / `sub` patterns decide; it stops being valid at `expires_at_ms`. A
+    token's `key_id`: the `kid` of the JWK Set key that verified it (its connection ends when the key is
+    retired from the set)."""
 
     provider: str
     credential: str | None
@@ -238,6 +240,7 @@ class Identity:
     sub: tuple[str, ...] = ()
     expires_at_ms: int | None = None
     carries_patterns: bool = False
+    key_id: str | None = None
 
     @property
     def restricted(self) -> bool:
@@ -336,7 +339,8 @@ class Authorizer:
                     grant = self.tokens.verify(req.password, req.client_id, req.username, now_ms)
                 except TokenRefused as exc:
                     return AuthResult(exc.reason_code, exc.reason)
-                identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms, True)
+                identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms, True,
+                                    grant.key_id)
             elif provider == HTTP:
                 if http is None:
                     return HttpCheck(request_body(req.client_id, req.username, req.password, req.ip, req.cert_names))

@@ -55,13 +55,15 @@ class TokenRefused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class TokenGrant:
-    """What a valid token grants: the user name `%u` stands for, the publish and subscribe patterns, and
-    when it expires (ms since the epoch)."""
+    """What a valid token grants: the user name `%u` stands for, the publish and subscribe patterns, when it
+    expires (ms since the epoch), and the `kid` of the JWK Set key that verified it (None: one key, or a set
+    key without a kid)."""
 
     username: str
     pub: tuple[str, ...]
     sub: tuple[str, ...]
     expires_at_ms: int
+    key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,17 +151,18 @@ class JwtVerifier:
             only = TokenKey(public, public_key_algorithms(public))
         else:
             self.keys = jwks_keys(jwks)
-            only = next(iter(self.keys.values())) if len(self.keys) == 1 else None
-        self._only = only
+            only = next(iter(self.keys.items())) if len(self.keys) == 1 else None
+        self._only: tuple[str | None, TokenKey] | None = (None, only) if self.keys is None else only
         self.audience, self.issuer = audience or None, issuer or None
 
     @property
     def algorithms(self) -> tuple[str, ...]:
         """What a token may be signed with, over every key."""
-        keys = self.keys.values() if self.keys is not None else (self._only,)
+        keys = self.keys.values() if self.keys is not None else (self._only[1],)
         return tuple(dict.fromkeys(a for k in keys for a in k.algorithms))
 
-    def _key(self, token: bytes) -> TokenKey:
+    def _key(self, token: bytes) -> tuple[str | None, TokenKey]:
+        """(kid, key) that verifies `token`: the one key, or the set's key its `kid` header names."""
         if self.keys is None:
             return self._only
         bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
@@ -167,15 +170,17 @@ class JwtVerifier:
             kid = jwt.get_unverified_header(token).get("kid")
         except jwt.InvalidTokenError as exc:
             raise TokenRefused(bad, f"token refused: {exc}") from None
-        found = self.keys.get(kid) if kid is not None else self._only
-        if found is None:
-            raise TokenRefused(bad, "token refused: " + (f"no key with kid {kid!r}" if kid is not None
-                                                         else "no kid, and the key set has several keys"))
-        return found
+        if kid is None:
+            if self._only is None:
+                raise TokenRefused(bad, "token refused: no kid, and the key set has several keys")
+            return self._only
+        if not isinstance(kid, str) or kid not in self.keys:
+            raise TokenRefused(bad, f"token refused: no key with kid {kid!r}")
+        return kid, self.keys[kid]
 
     def verify(self, token: bytes, client_id: str, username: str | None, now_ms: int) -> TokenGrant:
         bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        chosen = self._key(token)
+        key_id, chosen = self._key(token)
         try:
             claims = jwt.decode(token, chosen.key, algorithms=list(chosen.algorithms), audience=self.audience,
                                 issuer=self.issuer, options={"verify_exp": False, "verify_nbf": False,
@@ -199,7 +204,7 @@ class JwtVerifier:
         if pattern is not None and (not isinstance(pattern, str) or not client_id_allowed(pattern, client_id, user)):
             raise TokenRefused(denied, "client id not allowed by the token")
         pub, sub = _acl(claims.get("acl"))
-        return TokenGrant(user, pub, sub, int(exp * 1000))
+        return TokenGrant(user, pub, sub, int(exp * 1000), key_id)
 
 
 class PendingKeys:

@@ -306,6 +306,17 @@ class ConnectorService(Service):
             log.info("JWK Set loaded from %s: key ids %s", source.source, sorted(map(str, verifier.keys)))
             loaded = True
             retry.reset()
+            self._close_retired_keys(set(verifier.keys))
+
+    def _close_retired_keys(self, kids: set) -> None:
+        """Close every connection whose token a JWK Set key now gone from the set verified (by its kid): a
+        retired or compromised key stops its tokens at once, not at their exp (ConnectionMachine.revoke: v5
+        DISCONNECT 0x98 "token key retired"; 3.x the socket closed; the Will sent)."""
+        for conn in list(self.connections):
+            identity = conn.m.identity if conn.m is not None else None
+            if identity is not None and identity.key_id is not None and identity.key_id not in kids:
+                self.stats["connections_key_retired"] += 1
+                conn.revoke("token key retired")
 
     def _trusted_issuers(self) -> set[bytes]:
         """The subject names of MQTT_TLS_CA_FILE's CAs (empty without the file)."""
@@ -382,6 +393,11 @@ class ConnectorService(Service):
         lsock.setblocking(False)
         self._proxy_listeners.append(lsock)
         self.bound[li.name] = lsock.getsockname()[1]
+        if not self.settings.proxy_protocol_from:
+            log.warning("%s listener: MQTT_PROXY_PROTOCOL without MQTT_PROXY_PROTOCOL_FROM takes the PROXY header "
+                        "of any peer: a client that reaches %s:%d past the load balancer can claim any address "
+                        "(set the balancers' addresses, or keep the port reachable from them only)",
+                        li.name, li.host, self.bound[li.name])
         self.spawn(self._accept_proxied(lsock, li, factory, tls), f"{li.name} listener (PROXY protocol)")
 
     async def _accept_proxied(self, lsock: socket.socket, li: Listener, factory, tls: dict) -> None:
