@@ -14,6 +14,7 @@ import time
 import pytest
 from connector_helpers import connector_health
 from mqtt_clients import BOUND, Client, payloads, run
+from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
 
@@ -141,3 +142,5 @@ async def test_no_service_listening_is_server_unavailable(kafka, tmp_path_factor
         # anonymous is next in the order, and allowed: an unreachable service must not fall through to it
         assert (await run(connack, s.mqtt_ports[0], f"c-{new_tag()}", True))[0] == RC.SERVER_UNAVAILABLE
         assert (await connector_health(s)).get("http_auth_errors") == 1
+        metrics = await scrape(s.health_port("connector"))
+        assert value(metrics, "tbmq_auth_http_requests_total") == value(metrics, "tbmq_auth_http_errors_total") == 1

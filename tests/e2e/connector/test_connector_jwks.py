@@ -18,6 +18,7 @@ from connector_helpers import connector_health
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 from mqtt_clients import BOUND, Client, run, wait_until
+from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
 
@@ -122,6 +123,10 @@ async def test_keys_rotate_through_a_jwks_endpoint_without_a_restart(kafka, tmp_
             assert gone.disconnects[0].value == RC.ADMINISTRATIVE_ACTION
             assert online["2026-12"].disconnects == []
             assert (await connector_health(s)).get("connections_key_retired") == 1
+            metrics = await scrape(s.health_port("connector"))
+            assert value(metrics, "tbmq_connections_revoked_total", reason="key_retired") == 1
+            assert value(metrics, "tbmq_reloads_total", what="jwks", result="loaded") >= 3
+            assert value(metrics, "tbmq_reloads_total", what="jwks", result="failed") >= 1
             for c in online.values():
                 await run(c.close)
     finally:

@@ -7,26 +7,11 @@ from __future__ import annotations
 
 import pytest
 from mqtt_clients import Client, routed, run, wait_until
-from prometheus_client.parser import text_string_to_metric_families
-from tbmq_launcher.services import http_get
+from scraped import scrape, value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 SERVICES = ["session-registry", "device-persistence", "app-delivery", "router", "connector"]
-
-
-async def scrape(port: int) -> dict[str, list]:
-    status, body = await http_get("127.0.0.1", port, "/metrics", timeout=5)
-    assert status == 200
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(body.decode()):
-        for sample in fam.samples:
-            out.setdefault(sample.name, []).append(sample)
-    return out
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    return sum(s.value for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 async def test_every_service_serves_prometheus_metrics_that_follow_the_traffic(make_suite, unique):

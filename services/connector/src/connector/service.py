@@ -356,6 +356,20 @@ class ConnectorService(Service):
         m.counters_by("connections_refused", "TCP connections closed before CONNECT, by limit", st, "reason",
                       {"max_connections": "refused_max_connections", "connect_rate": "refused_connect_rate",
                        "proxy_header": "refused_proxy_header", "proxy_source": "refused_proxy_source"})
+        m.counters_by("connections_revoked", "connections closed because their access was taken away, by reason",
+                      st, "reason", {"blocked": "revoked_blocked", "credential_deleted": "revoked_credential_deleted",
+                                     "certificate_revoked": "connections_certificate_revoked",
+                                     "ca_removed": "connections_ca_removed", "key_retired": "connections_key_retired",
+                                     "token_expired": "token_expired"})
+        m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
+                  lambda: st["publish_throttled"])
+        m.counter("auth_http_requests", "CONNECTs the http provider asked its service about",
+                  lambda: st["http_auth_requests"])
+        m.counter("auth_http_errors", "of those, no usable answer (CONNACK 0x88)", lambda: st["http_auth_errors"])
+        m.counter("reloads", "TLS files and JWK Sets read again while running, by what and result",
+                  lambda: {("tls", "loaded"): st["tls_reloads"], ("tls", "failed"): st["tls_reload_failures"],
+                           ("jwks", "loaded"): st["jwks_loads"], ("jwks", "failed"): st["jwks_failures"]},
+                  ("what", "result"))
         m.gauge("retained_messages", "retained messages this connector holds", lambda: len(self.retained))
         m.gauge("pending_wills", "delayed Wills waiting", lambda: len(self.wills.pending))
         m.gauge("outbound_queued_messages", "messages queued for clients and not yet sent or acknowledged",
@@ -752,6 +766,7 @@ class ConnectorService(Service):
         for conn in list(self.connections):
             if conn.credential == name:
                 if gone:
+                    self.stats["revoked_credential_deleted"] += 1
                     conn.revoke("credential deleted")
                 else:
                     conn.acl_changed()
@@ -771,6 +786,7 @@ class ConnectorService(Service):
             m = conn.m
             # a CONNECT waiting for its CONNACK too: the machine closes it right after its CONNACK
             if m is not None and m.client_id is not None and rule.matches(m.client_id, m.username, m.peer_ip, now):
+                self.stats["revoked_blocked"] += 1
                 conn.revoke("blocked by an administrator")
 
     def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
