@@ -233,6 +233,7 @@ def test_bad_key_sets_are_named(ec_key):
         jwks(jwk(b"short", "h")): "key 'h': an HMAC secret needs at least 32 bytes",
         jwks(jwk(ec_key, "x", alg="RS256")): "key 'x': ",
         jwks({"kty": "RSA", "kid": "n"}): "key 'n': not a usable key",
+        jwks({**jwk(ec_key, None), "kid": ["a"]}): "key 0: its kid is not a string",
     }
     for document, message in cases.items():
         with pytest.raises(ValueError) as e:

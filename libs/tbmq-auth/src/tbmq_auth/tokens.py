@@ -124,6 +124,8 @@ def jwks_keys(document: bytes | str) -> dict[str | None, TokenKey]:
     keys: dict[str | None, TokenKey] = {}
     for i, entry in enumerate(usable):
         kid = entry.get("kid")
+        if kid is not None and not isinstance(kid, str):
+            raise ValueError(f"key {i}: its kid is not a string")
         if kid is None and len(usable) > 1:
             raise ValueError(f"key {i} has no kid, and the set has {len(usable)} keys")
         if kid in keys:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .watch import file_stamps
+
 
 def _read(path: str) -> bytes:
     return Path(path).read_bytes()
@@ -73,8 +75,7 @@ class GrpcTls:
 
     # -- server ------------------------------------------------------------------------------------------
     def _stamps(self) -> tuple:
-        return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in
-                     (os.stat(p) for p in (self.cert_file, self.key_file, self.ca_file)))
+        return file_stamps((self.cert_file, self.key_file, self.ca_file))
 
     def _server_config(self) -> Any:
         import grpc
@@ -89,10 +90,10 @@ class GrpcTls:
         seen = [self._stamps()]
 
         def fetch() -> Any:  # called by gRPC before each new handshake: None keeps the current configuration
+            stamps = self._stamps()
+            if stamps == seen[0] or None in stamps:
+                return None
             try:
-                stamps = self._stamps()
-                if stamps == seen[0]:
-                    return None
                 config = self._server_config()
             except (OSError, ValueError):  # a file half replaced: keep what works, try at the next handshake
                 return None

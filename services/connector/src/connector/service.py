@@ -283,8 +283,9 @@ class ConnectorService(Service):
 
     async def _jwks_loop(self, source: KeySetSource) -> None:
         """MQTT_AUTH_JWT_JWKS while the connector runs (connector.jwks): a new set replaces the `jwt` provider's
-        keys for the next CONNECT (connections already open keep their token until its exp); one that does not
-        load keeps the current keys. Until a URL's first set is loaded, it is tried again with back-off."""
+        keys for the next CONNECT, and closes the connections whose token a key gone from it verified
+        (`_close_retired_keys`); one that does not load keeps the current keys. Until a URL's first set is
+        loaded, it is tried again with back-off."""
         s = self.settings
         retry = Backoff(min(1.0, s.jwt_jwks_refresh_s), s.jwt_jwks_refresh_s)
         loaded = not source.url  # a file was loaded at start-up

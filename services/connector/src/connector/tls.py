@@ -9,28 +9,16 @@ names certificates of its issuer by serial number).
 
 from __future__ import annotations
 
-import os
 import re
 import ssl
 
 from cryptography import x509
+from tbmq_platform.watch import file_stamps
 
 CertificateKey = tuple[bytes, int]  # (issuer name, DER; serial number)
 CRL_BEGIN, CERT_BEGIN = "-----BEGIN X509 CRL-----", "-----BEGIN CERTIFICATE-----"  # PEM block markers
 _CRL_BLOCK = re.compile(CRL_BEGIN.encode() + rb".+?-----END X509 CRL-----", re.S)
 _CERT_BLOCK = re.compile(CERT_BEGIN.encode() + rb".+?-----END CERTIFICATE-----", re.S)
-
-
-def file_stamps(paths) -> tuple:
-    """What tells a changed file (modification time, size, inode; None when missing), per path."""
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            out.append(None)
-    return tuple(out)
 
 
 def certificate_key(der: bytes | None) -> CertificateKey | None:
