@@ -81,6 +81,8 @@ def test_the_provider_asks_then_applies_the_answer():
     assert not free.restricted and auth.may_publish(free, "dev-1", "any/topic")  # no acl: every right
     assert decide(auth, answer(result="allow", expire_at=1_800_000_030), username="a").identity.expires_at_ms == (
         1_800_000_030_000)
+    passed = decide(auth, answer(result="allow", expire_at=NOW // 1000), username="a")
+    assert passed.reason_code == RC.BAD_USER_NAME_OR_PASSWORD and "expire_at has passed" in passed.reason
     denied = decide(auth, answer(result="deny", reason="locked"), username="alice")
     assert denied.reason_code == RC.BAD_USER_NAME_OR_PASSWORD and "locked" in denied.reason
     broken = decide(auth, parse_answer(503, b""), username="alice")

@@ -10,7 +10,7 @@ The answer (`parse_answer(status, body)`):
   - `allow`: connected. `acl` (optional) `{"pub": [...], "sub": [...], "all": [...]}` (topic filters with
     `%c` / `%u`, as a credential's patterns) then decides PUBLISH and SUBSCRIBE; without `acl`, every right.
     `username` (optional) is what `%u` stands for (default: the CONNECT's); `expire_at` (optional, seconds
-    since the epoch) ends the connection then, as a token's `exp` does.
+    since the epoch) ends the connection then, as a token's `exp` does (one already passed refuses it, 0x86).
   - `deny`: refused, 0x86 Bad user name or password (3.x: 4).
   - `ignore`: the next provider decides.
 * 204 No Content: `allow` with every right.

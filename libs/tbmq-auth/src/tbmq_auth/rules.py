@@ -352,6 +352,9 @@ class Authorizer:
                                                                                  else ""))
                 if http.result != ALLOW:  # ERROR: no usable answer, the client is to come back
                     return AuthResult(ReasonCode.SERVER_UNAVAILABLE, http.reason)
+                if http.expires_at_ms is not None and http.expires_at_ms <= now_ms:
+                    return AuthResult(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                                      "the authentication service's expire_at has passed")
                 identity = Identity(HTTP, None, http.username or req.username or "", http.pub or (), http.sub or (),
                                     http.expires_at_ms, http.pub is not None)
             elif provider == ANONYMOUS:
