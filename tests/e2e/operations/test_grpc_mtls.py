@@ -51,8 +51,7 @@ async def handshake(target: str, method: str, credentials: grpc.ChannelCredentia
 
 
 def peer(tls: GrpcTls) -> grpc.ChannelCredentials:
-    read = lambda p: open(p, "rb").read()  # noqa: E731
-    return grpc.ssl_channel_credentials(read(tls.ca_file), read(tls.key_file), read(tls.cert_file))
+    return tls.channel_credentials()
 
 
 def suite_tls(suite: Suite) -> GrpcTls:

@@ -110,6 +110,13 @@ class GrpcTls:
         return server.add_secure_port(address, self.server_credentials())
 
     # -- client ------------------------------------------------------------------------------------------
+    def channel_credentials(self) -> Any:
+        """The credentials of a client channel: the CA bundle, and this instance's certificate and key."""
+        import grpc
+
+        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca_file), private_key=_read(self.key_file),
+                                            certificate_chain=_read(self.cert_file))
+
     def channel(self, target: str, *, options: Sequence[tuple[str, Any]] = (), interceptors: Sequence = ()) -> Any:
         """A grpc.aio channel to `target`: TLS presenting this instance's certificate when on."""
         import grpc
@@ -119,12 +126,9 @@ class GrpcTls:
             kwargs["interceptors"] = list(interceptors)
         if not self.enabled:
             return grpc.aio.insecure_channel(target, **kwargs)
-        credentials = grpc.ssl_channel_credentials(root_certificates=_read(self.ca_file),
-                                                   private_key=_read(self.key_file),
-                                                   certificate_chain=_read(self.cert_file))
         if self.server_name:
             kwargs["options"].append(("grpc.ssl_target_name_override", self.server_name))
-        return grpc.aio.secure_channel(target, credentials, **kwargs)
+        return grpc.aio.secure_channel(target, self.channel_credentials(), **kwargs)
 
 
 PLAINTEXT = GrpcTls()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import jwt
 from argon2 import PasswordHasher
+from tbmq_auth.tokens import MIN_SECRET_BYTES  # the HS256 key rule the jwt provider's secrets follow
 from argon2.exceptions import InvalidHashError, VerificationError
 
-MIN_SECRET_BYTES = 32  # RFC 7518 3.2: an HS256 key of at least the hash's size
 _HASHER = PasswordHasher()  # argon2id with argon2-cffi's recommended parameters
 # verified when the user is unknown, so an unknown name costs what a wrong password does
 _DUMMY = _HASHER.hash(secrets.token_urlsafe(16))

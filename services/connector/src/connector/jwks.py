@@ -10,7 +10,12 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
-from .tls import file_stamps
+from tbmq_platform.watch import file_stamps
+
+def is_http_url(source: str) -> bool:
+    """An http(s) URL (fetched), not a file path: MQTT_AUTH_JWT_JWKS, MQTT_AUTH_HTTP_URL."""
+    return source.startswith(("http://", "https://"))
+
 
 MAX_BYTES = 1024 * 1024  # a key set larger than this is refused, not read into memory
 FETCH_TIMEOUT_S = 10.0
@@ -22,7 +27,7 @@ class KeySetSource:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.url = source.startswith(("http://", "https://"))
+        self.url = is_http_url(source)
         self._seen = None if self.url else file_stamps([source])  # the file start-up loaded
 
     def fetch(self) -> bytes | None:
@@ -42,4 +47,4 @@ class KeySetSource:
         return body
 
 
-__all__ = ["FETCH_TIMEOUT_S", "MAX_BYTES", "KeySetSource"]
+__all__ = ["FETCH_TIMEOUT_S", "MAX_BYTES", "KeySetSource", "is_http_url"]

@@ -25,6 +25,7 @@ from tbmq_platform.settings import (
 )
 
 from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELAY_S
+from .jwks import is_http_url
 from .proxy import Sources, parse_sources
 from .tls import CERT_BEGIN, CRL_BEGIN
 
@@ -397,7 +398,7 @@ class ConnectorSettings(CommonSettings):
 
     @property
     def jwks_url(self) -> bool:
-        return self.jwt_jwks.startswith(("http://", "https://"))
+        return is_http_url(self.jwt_jwks)
 
     def jwks_verifier(self, document: bytes) -> JwtVerifier:
         return JwtVerifier(jwks=document, audience=self.jwt_audience, issuer=self.jwt_issuer)
@@ -425,7 +426,7 @@ class ConnectorSettings(CommonSettings):
                 ("MQTT_AUTH_HTTP_AUTHORIZATION", self.http_auth_authorization),
                 ("MQTT_AUTH_HTTP_CA_FILE", self.http_auth_ca_file)) if on]
         problems = []
-        if not self.http_auth_url.startswith(("http://", "https://")):
+        if not is_http_url(self.http_auth_url):
             problems.append("MQTT_AUTH_PROVIDERS has http: MQTT_AUTH_HTTP_URL must be an http(s) URL"
                             + (f" (not {self.http_auth_url!r})" if self.http_auth_url else ""))
         if self.http_auth_ca_file:
