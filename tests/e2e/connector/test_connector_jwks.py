@@ -2,7 +2,8 @@
 keys and the connector follows without a restart. Two sources: an http URL (the issuer's JWKS endpoint, an
 http.server of this test answering what the issuer publishes) and a file replaced by rename. Until a URL's
 first set loads, tokens get CONNACK 0x88 Server unavailable; a set that stops loading keeps the keys it had;
-a key taken out of the set stops its tokens at the next CONNECT."""
+a key taken out of the set, or replaced under its kid, stops its tokens at the next CONNECT and closes the
+connections they opened."""
 
 from __future__ import annotations
 
@@ -155,6 +156,19 @@ async def test_keys_rotate_through_a_jwks_file_without_a_restart(kafka, tmp_path
         await until_connack(port, cid, old, RC.BAD_USER_NAME_OR_PASSWORD, "the old key retired")
         assert await run(connack, port, cid, new) == 0
         assert (await connector_health(s)).get("jwks_loads") == 2  # the two changes; start-up's load not counted
+        # the key under kid 2026-12 replaced by another (compromised, reissued under the same kid): the client
+        # its token connected is closed, by the key's thumbprint, and the new key's tokens are taken
+        online = Client(f"{cid}-on", auth=("device", issuer.token("2026-12", f"{cid}-on")))
+        await run(online.connect, port)
+        retired = (await connector_health(s)).get("connections_key_retired", 0)  # no probe open now
+        issuer.keys["2026-12"] = ec.generate_private_key(ec.SECP256R1())
+        publish(issuer.document("2026-12"))
+        assert await run(online.wait, lambda: online.disconnects, BOUND), "the replaced key's client stayed"
+        assert online.disconnects[0].value == RC.ADMINISTRATIVE_ACTION
+        assert (await connector_health(s)).get("connections_key_retired") == retired + 1
+        assert await run(connack, port, cid, new) == RC.BAD_USER_NAME_OR_PASSWORD
+        assert await run(connack, port, cid, issuer.token("2026-12", cid)) == 0
+        await run(online.close)
 
 
 async def _more(s, key: str, than: int) -> bool:

@@ -20,6 +20,7 @@ from tbmq_auth import (
     BlockedRule,
     JwtVerifier,
     TokenRefused,
+    jwk_thumbprint,
     looks_like_jwt,
     parse_providers,
 )
@@ -179,8 +180,10 @@ def test_a_key_set_picks_the_key_by_kid_so_issuers_rotate_keys(ec_key):
     v = JwtVerifier(jwks=jwks(jwk(ec_key, "2026-11"), jwk(nxt, "2026-12"), jwk(rsa_key, "r", alg="RS256"),
                               jwk(ec.generate_private_key(ec.SECP256R1()), "e", use="enc")))
     assert set(v.keys) == {"2026-11", "2026-12", "r"}  # the encryption key is not one to verify with
-    assert v.verify(signed(ec_key, "ES256", "2026-11"), "c", None, NOW).key_id == "2026-11"
-    assert v.verify(signed(nxt, "ES256", "2026-12"), "c", None, NOW).key_id == "2026-12"  # what a retirement ends
+    current = v.verify(signed(ec_key, "ES256", "2026-11"), "c", None, NOW).key_thumbprint
+    assert current == jwk_thumbprint(jwk(ec_key, None))  # what a retirement ends
+    assert v.verify(signed(nxt, "ES256", "2026-12"), "c", None, NOW).key_thumbprint == jwk_thumbprint(jwk(nxt, None))
+    assert v.thumbprints == {jwk_thumbprint(jwk(k, None)) for k in (ec_key, nxt, rsa_key)}
     assert v.verify(signed(rsa_key, "RS256", "r"), "c", None, NOW)
     refused = {
         "another key's kid": signed(ec_key, "ES256", "2026-12"),
@@ -194,10 +197,28 @@ def test_a_key_set_picks_the_key_by_kid_so_issuers_rotate_keys(ec_key):
             v.verify(t, "c", None, NOW)
         assert e.value.reason_code == RC.BAD_USER_NAME_OR_PASSWORD, what
     one = JwtVerifier(jwks=jwks(jwk(ec_key, None)))  # a set of one key: no kid needed
-    assert one.verify(signed(ec_key, "ES256"), "c", None, NOW).key_id is None
+    assert one.verify(signed(ec_key, "ES256"), "c", None, NOW).key_thumbprint == current
     named = JwtVerifier(jwks=jwks(jwk(ec_key, "only")))
-    assert named.verify(signed(ec_key, "ES256"), "c", None, NOW).key_id == "only"
-    assert JwtVerifier(secret=SECRET).verify(token(), "c", None, NOW).key_id is None
+    assert named.verify(signed(ec_key, "ES256"), "c", None, NOW).key_thumbprint == current
+    fixed = JwtVerifier(secret=SECRET)  # one configured key: nothing to retire it
+    assert fixed.verify(token(), "c", None, NOW).key_thumbprint is None and fixed.thumbprints == frozenset()
+
+
+def test_a_key_is_known_by_its_thumbprint_not_its_kid(ec_key):
+    """RFC 7638: the thumbprint covers the key's required members only, so a key replaced under the same kid
+    (or the one key of a set without kids) has another one, and the same key under another kid or with other
+    optional members has the same."""
+    rfc_key = {"kty": "RSA", "alg": "RS256", "kid": "2011-04-29", "e": "AQAB",
+               "n": "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPeb"
+                    "WKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQ"
+                    "MicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2Nc"
+                    "Rwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw"}
+    assert jwk_thumbprint(rfc_key) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs"  # RFC 7638 3.1
+    assert jwk_thumbprint({**rfc_key, "kid": "other", "use": "sig"}) == jwk_thumbprint(rfc_key)
+    replaced = JwtVerifier(jwks=jwks(jwk(ec.generate_private_key(ec.SECP256R1()), "2026-11")))
+    before = JwtVerifier(jwks=jwks(jwk(ec_key, "2026-11")))
+    assert replaced.thumbprints.isdisjoint(before.thumbprints)
+    assert jwk_thumbprint(jwk(SECRET, None)) in JwtVerifier(jwks=jwks(jwk(SECRET, None))).thumbprints
 
 
 def test_a_key_set_refuses_hmac_forgeries_with_its_public_keys():

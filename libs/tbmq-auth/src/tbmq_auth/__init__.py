@@ -42,6 +42,7 @@ from .tokens import (
     PendingKeys,
     TokenGrant,
     TokenRefused,
+    jwk_thumbprint,
     jwks_keys,
     looks_like_jwt,
     public_key_algorithms,
@@ -51,6 +52,6 @@ __all__ = [
     "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "HTTP", "IP", "JWT", "PASSWORD", "PROVIDERS",
     "REGEX", "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer",
     "BlockedRule", "Credential", "HttpAnswer", "HttpCheck", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant",
-    "TokenRefused", "anonymous_default", "hash_password", "jwks_keys", "looks_like_jwt", "make_credential",
+    "TokenRefused", "anonymous_default", "hash_password", "jwk_thumbprint", "jwks_keys", "looks_like_jwt", "make_credential",
     "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "substitute", "verify_password",
 ]

@@ -230,8 +230,8 @@ class Identity:
     """Who a connection is: `provider` that accepted it, `credential` name (None: anonymous, a token or an HTTP
     answer) and the username `%u` stands for. With `carries_patterns` (a token of provider `jwt`, an `http`
     answer with an acl) its own `pub` / `sub` patterns decide; it stops being valid at `expires_at_ms`. A
-    token's `key_id`: the `kid` of the JWK Set key that verified it (its connection ends when the key is
-    retired from the set)."""
+    token's `key_thumbprint`: the RFC 7638 thumbprint of the JWK Set key that verified it (its connection ends
+    when no key of the set has it any more)."""
 
     provider: str
     credential: str | None
@@ -240,7 +240,7 @@ class Identity:
     sub: tuple[str, ...] = ()
     expires_at_ms: int | None = None
     carries_patterns: bool = False
-    key_id: str | None = None
+    key_thumbprint: str | None = None
 
     @property
     def restricted(self) -> bool:
@@ -340,7 +340,7 @@ class Authorizer:
                 except TokenRefused as exc:
                     return AuthResult(exc.reason_code, exc.reason)
                 identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms, True,
-                                    grant.key_id)
+                                    grant.key_thumbprint)
             elif provider == HTTP:
                 if http is None:
                     return HttpCheck(request_body(req.client_id, req.username, req.password, req.ip, req.cert_names))

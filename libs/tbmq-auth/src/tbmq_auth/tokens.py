@@ -24,6 +24,8 @@ expired token is 0x86 (bad user name or password), one that does not fit the cli
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -56,22 +58,38 @@ class TokenRefused(Exception):
 @dataclass(frozen=True, slots=True)
 class TokenGrant:
     """What a valid token grants: the user name `%u` stands for, the publish and subscribe patterns, when it
-    expires (ms since the epoch), and the `kid` of the JWK Set key that verified it (None: one key, or a set
-    key without a kid)."""
+    expires (ms since the epoch), and the RFC 7638 thumbprint of the JWK Set key that verified it (None: the
+    one configured key): the connection ends when no key of the set has it any more (retired, or replaced under
+    the same kid)."""
 
     username: str
     pub: tuple[str, ...]
     sub: tuple[str, ...]
     expires_at_ms: int
-    key_id: str | None = None
+    key_thumbprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TokenKey:
-    """A key tokens are verified with and the JWS algorithms it may be used with."""
+    """A key tokens are verified with, the JWS algorithms it may be used with and, for a JWK, its RFC 7638
+    thumbprint (what the key is, whatever its kid)."""
 
     key: object
     algorithms: tuple[str, ...]
+    thumbprint: str | None = None
+
+
+# RFC 7638 3.2: the members of each key type a thumbprint covers (RFC 8037 2 for OKP)
+_THUMBPRINT_MEMBERS = {"RSA": ("e", "kty", "n"), "EC": ("crv", "kty", "x", "y"), "OKP": ("crv", "kty", "x"),
+                       "oct": ("k", "kty")}
+
+
+def jwk_thumbprint(entry: dict) -> str:
+    """The RFC 7638 SHA-256 thumbprint of a JWK, base64url without padding: its required members as JSON with
+    sorted keys and no white space, hashed. KeyError for a member it lacks."""
+    members = {m: entry[m] for m in _THUMBPRINT_MEMBERS[entry["kty"]]}
+    digest = hashlib.sha256(json.dumps(members, separators=(",", ":"), sort_keys=True).encode()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def public_key_algorithms(key) -> tuple[str, ...]:
@@ -101,11 +119,9 @@ def _jwk(entry: dict) -> TokenKey:
     found = _secret(parsed.key) if entry.get("kty") == "oct" else TokenKey(parsed.key,
                                                                           public_key_algorithms(parsed.key))
     alg = entry.get("alg")
-    if alg is None:
-        return found
-    if alg not in found.algorithms:
+    if alg is not None and alg not in found.algorithms:
         raise ValueError(f"alg {alg!r} does not fit its {entry.get('kty')} key")
-    return TokenKey(found.key, (alg,))
+    return TokenKey(found.key, (alg,) if alg is not None else found.algorithms, jwk_thumbprint(entry))
 
 
 def jwks_keys(document: bytes | str) -> dict[str | None, TokenKey]:
@@ -158,15 +174,21 @@ class JwtVerifier:
         self.audience, self.issuer = audience or None, issuer or None
 
     @property
+    def thumbprints(self) -> frozenset[str]:
+        """The thumbprints of the set's keys (empty for one configured key): a connection whose token a key not
+        among them verified is to end."""
+        return frozenset(k.thumbprint for k in (self.keys or {}).values() if k.thumbprint is not None)
+
+    @property
     def algorithms(self) -> tuple[str, ...]:
         """What a token may be signed with, over every key."""
         keys = self.keys.values() if self.keys is not None else (self._only[1],)
         return tuple(dict.fromkeys(a for k in keys for a in k.algorithms))
 
-    def _key(self, token: bytes) -> tuple[str | None, TokenKey]:
-        """(kid, key) that verifies `token`: the one key, or the set's key its `kid` header names."""
+    def _key(self, token: bytes) -> TokenKey:
+        """The key that verifies `token`: the one key, or the set's key its `kid` header names."""
         if self.keys is None:
-            return self._only
+            return self._only[1]
         bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
         try:
             kid = jwt.get_unverified_header(token).get("kid")
@@ -175,14 +197,14 @@ class JwtVerifier:
         if kid is None:
             if self._only is None:
                 raise TokenRefused(bad, "token refused: no kid, and the key set has several keys")
-            return self._only
+            return self._only[1]
         if not isinstance(kid, str) or kid not in self.keys:
             raise TokenRefused(bad, f"token refused: no key with kid {kid!r}")
-        return kid, self.keys[kid]
+        return self.keys[kid]
 
     def verify(self, token: bytes, client_id: str, username: str | None, now_ms: int) -> TokenGrant:
         bad = ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        key_id, chosen = self._key(token)
+        chosen = self._key(token)
         try:
             claims = jwt.decode(token, chosen.key, algorithms=list(chosen.algorithms), audience=self.audience,
                                 issuer=self.issuer, options={"verify_exp": False, "verify_nbf": False,
@@ -206,7 +228,7 @@ class JwtVerifier:
         if pattern is not None and (not isinstance(pattern, str) or not client_id_allowed(pattern, client_id, user)):
             raise TokenRefused(denied, "client id not allowed by the token")
         pub, sub = _acl(claims.get("acl"))
-        return TokenGrant(user, pub, sub, int(exp * 1000), key_id)
+        return TokenGrant(user, pub, sub, int(exp * 1000), chosen.thumbprint)
 
 
 class PendingKeys:
@@ -232,4 +254,4 @@ def _acl(acl) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 __all__ = ["HMAC_ALGORITHMS", "JWT", "JwtVerifier", "MIN_SECRET_BYTES", "PendingKeys", "TokenGrant", "TokenKey",
-           "TokenRefused", "jwks_keys", "looks_like_jwt", "public_key_algorithms"]
+           "TokenRefused", "jwk_thumbprint", "jwks_keys", "looks_like_jwt", "public_key_algorithms"]

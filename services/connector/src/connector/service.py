@@ -307,15 +307,18 @@ class ConnectorService(Service):
             log.info("JWK Set loaded from %s: key ids %s", source.source, sorted(map(str, verifier.keys)))
             loaded = True
             retry.reset()
-            self._close_retired_keys(set(verifier.keys))
+            self._close_retired_keys(verifier.thumbprints)
 
-    def _close_retired_keys(self, kids: set) -> None:
-        """Close every connection whose token a JWK Set key now gone from the set verified (by its kid): a
-        retired or compromised key stops its tokens at once, not at their exp (ConnectionMachine.revoke: v5
-        DISCONNECT 0x98 "token key retired"; 3.x the socket closed; the Will sent)."""
+    def _close_retired_keys(self, thumbprints: frozenset[str]) -> None:
+        """Close every connection whose token a JWK Set key no longer in the set verified (by the key's RFC 7638
+        thumbprint, so a key removed, or replaced under the same kid, or the one key of a set without kids
+        replaced): a retired or compromised key stops its tokens at once, not at their exp
+        (ConnectionMachine.revoke: v5 DISCONNECT 0x98 "token key retired"; 3.x the socket closed; the Will
+        sent)."""
         for conn in list(self.connections):
             identity = conn.m.identity if conn.m is not None else None
-            if identity is not None and identity.key_id is not None and identity.key_id not in kids:
+            if identity is not None and identity.key_thumbprint is not None \
+                    and identity.key_thumbprint not in thumbprints:
                 self.stats["connections_key_retired"] += 1
                 conn.revoke("token key retired")
 
