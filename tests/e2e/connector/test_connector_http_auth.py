@@ -6,13 +6,12 @@ service at all refuses with 0x88 (never falling through), and an `expire_at` end
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 
 import pytest
 from connector_helpers import connector_health
+from http_endpoint import Answer, HttpEndpoint, Request
 from mqtt_clients import BOUND, Client, payloads, run
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
@@ -23,35 +22,19 @@ pytestmark = [pytest.mark.e2e]
 SECRET = "Bearer e2e-connector"
 
 
-class AuthService:
+class AuthService(HttpEndpoint):
     """The operator's service: `answers[client id]` = (status, JSON document); every question is recorded."""
 
     def __init__(self) -> None:
         self.answers: dict[str, tuple[int, dict | None]] = {}
         self.questions: list[tuple[dict, str | None]] = []
-        service = self
+        super().__init__(self._answer)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                service.questions.append((body, self.headers.get("Authorization")))
-                status, doc = service.answers.get(body["clientid"], (200, {"result": "deny"}))
-                data = json.dumps(doc).encode() if doc is not None else b""
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, request: Request) -> Answer:
+        body = json.loads(request.body)
+        self.questions.append((body, request.headers.get("authorization")))
+        status, doc = self.answers.get(body["clientid"], (200, {"result": "deny"}))
+        return Answer(status, json.dumps(doc).encode() if doc is not None else b"")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +47,7 @@ def service():
 @pytest.fixture(scope="module")
 async def suite(kafka, tmp_path_factory, service):
     env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "http",
-           "MQTT_AUTH_HTTP_URL": f"http://127.0.0.1:{service.port}/mqtt/auth", "MQTT_AUTH_HTTP_AUTHORIZATION": SECRET,
+           "MQTT_AUTH_HTTP_URL": f"{service.base}/mqtt/auth", "MQTT_AUTH_HTTP_AUTHORIZATION": SECRET,
            "MQTT_AUTH_HTTP_TIMEOUT_S": "2"}
     async with Suite(services=["session-registry", "router", "connector"], ports="free", log_format="json",
                      id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-http-auth"),
@@ -131,7 +114,7 @@ async def test_an_answer_with_expire_at_ends_the_connection_then(suite, service)
 async def test_no_service_listening_is_server_unavailable(kafka, tmp_path_factory):
     """The service down (nothing on its port): 0x88, after at most the connection refusal."""
     closed = AuthService()
-    url = f"http://127.0.0.1:{closed.port}/mqtt/auth"
+    url = f"{closed.base}/mqtt/auth"
     closed.close()
     env = {"MQTT_ALLOW_ANONYMOUS": "true", "MQTT_AUTH_PROVIDERS": "http,anonymous", "MQTT_AUTH_HTTP_URL": url,
            "MQTT_AUTH_HTTP_TIMEOUT_S": "2"}

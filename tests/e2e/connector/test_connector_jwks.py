@@ -1,26 +1,28 @@
 """Provider jwt with a JWK Set (MQTT_AUTH_JWT_JWKS), end to end with paho-mqtt 5.0: the token issuer rotates its
-keys and the connector follows without a restart. Two sources: an http URL (the issuer's JWKS endpoint, an
-http.server of this test answering what the issuer publishes) and a file replaced by rename. Until a URL's
+keys and the connector follows without a restart. Two sources: an https URL (the issuer's JWKS endpoint, an
+http.server of this test answering what the issuer publishes, its certificate from a CA of its own given in
+MQTT_AUTH_JWT_JWKS_CA_FILE; an unchanged set is answered 304) and a file replaced by rename. Until a URL's
 first set loads, tokens get CONNACK 0x88 Server unavailable; a set that stops loading keeps the keys it had;
 a key taken out of the set, or replaced under its kid, stops its tokens at the next CONNECT and closes the
 connections they opened."""
 
 from __future__ import annotations
 
-import http.server
+import hashlib
 import json
 import os
-import threading
 import time
 
 import jwt
 import pytest
 from connector_helpers import connector_health
 from cryptography.hazmat.primitives.asymmetric import ec
+from http_endpoint import Answer, HttpEndpoint, Request
 from jwt.algorithms import ECAlgorithm
 from mqtt_clients import BOUND, Client, run, wait_until
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_launcher.tls import DevCerts, ensure_dev_certs
 from tbmq_mqtt import ReasonCode as RC
 
 pytestmark = [pytest.mark.e2e]
@@ -43,32 +45,24 @@ class Issuer:
                           self.keys[kid], algorithm="ES256", headers={"kid": kid})
 
 
-class Endpoint:
-    """A JWKS endpoint on a free loopback port: serves `body` with `status`."""
+class Endpoint(HttpEndpoint):
+    """The issuer's JWKS endpoint over https (the development CA's server certificate): serves `body` with
+    `status`, and as issuers' endpoints do, an ETag (the body's hash) and 304 Not Modified to a request whose
+    If-None-Match names it (counted in `not_modified`)."""
 
-    def __init__(self) -> None:
-        self.status, self.body, self.requests = 503, b"", 0
-        endpoint = self
+    def __init__(self, certs: DevCerts) -> None:
+        self.status, self.body, self.not_modified = 503, b"", 0
+        super().__init__(self._answer, tls=(certs.server_cert, certs.server_key))
+        self.url = f"{self.base}/.well-known/jwks.json"
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                endpoint.requests += 1
-                self.send_response(endpoint.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(endpoint.body)))
-                self.end_headers()
-                self.wfile.write(endpoint.body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/.well-known/jwks.json"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, request: Request) -> Answer:
+        if self.status != 200:
+            return Answer(self.status)
+        tag = f'"{hashlib.sha256(self.body).hexdigest()[:16]}"'
+        if request.headers.get("if-none-match") == tag:
+            self.not_modified += 1
+            return Answer(304, headers={"ETag": tag})
+        return Answer(200, self.body, {"Content-Type": "application/json", "ETag": tag})
 
 
 def connack(port: int, client_id: str, token: str) -> int:
@@ -85,24 +79,30 @@ async def until_connack(port: int, client_id: str, token: str, want: int, what: 
     await wait_until(seen, BOUND, what)
 
 
-async def jwks_suite(kafka, run_dir, source: str):
+async def jwks_suite(kafka, run_dir, source: str, **extra: str):
     env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "jwt", "MQTT_AUTH_JWT_JWKS": source,
-           "MQTT_AUTH_JWT_JWKS_REFRESH_S": REFRESH_S}
+           "MQTT_AUTH_JWT_JWKS_REFRESH_S": REFRESH_S, **extra}
     return Suite(services=["session-registry", "router", "connector"], ports="free", log_format="json",
                  id_tag=new_tag(), run_dir=run_dir, kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
                  service_env={"connector": env})
 
 
 async def test_keys_rotate_through_a_jwks_endpoint_without_a_restart(kafka, tmp_path_factory):
-    issuer, endpoint = Issuer(), Endpoint()
+    certs = ensure_dev_certs(tmp_path_factory.mktemp("jwks-ca"), "e2e JWKS issuer CA")
+    issuer, endpoint = Issuer(), Endpoint(certs)
     try:
-        async with await jwks_suite(kafka, tmp_path_factory.mktemp("suite-jwks-url"), endpoint.url) as s:
+        async with await jwks_suite(kafka, tmp_path_factory.mktemp("suite-jwks-url"), endpoint.url,
+                                    MQTT_AUTH_JWT_JWKS_CA_FILE=str(certs.ca)) as s:
             port, cid = s.mqtt_ports[0], f"dev-{new_tag()}"
             old, new = issuer.token("2026-11", cid), issuer.token("2026-12", cid)
             # the endpoint answers 503: no key yet, the client is told to come back
             assert await run(connack, port, cid, old) == RC.SERVER_UNAVAILABLE
             endpoint.status, endpoint.body = 200, issuer.document("2026-11")
             await until_connack(port, cid, old, 0, "the first key set loaded")
+            # refreshed while unchanged: asked with its ETag, answered 304, nothing loaded again
+            loads = (await connector_health(s)).get("jwks_loads")
+            await wait_until(lambda: endpoint.not_modified >= 2, BOUND, "refreshes answered 304")
+            assert (await connector_health(s)).get("jwks_loads") == loads
             assert await run(connack, port, cid, new) == RC.BAD_USER_NAME_OR_PASSWORD  # the next key: not yet
             endpoint.body = issuer.document("2026-11", "2026-12")  # rotation: the next key beside the current
             await until_connack(port, cid, new, 0, "the next key published")

@@ -75,6 +75,11 @@ def test_jwt_provider_settings_need_one_good_key(tmp_path):
         ({**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(tmp_path / "nope.pem")}, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE: "),
         ({**on, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE": str(private)}, "MQTT_AUTH_JWT_PUBLIC_KEY_FILE: "),
         ({"MQTT_AUTH_JWT_SECRET": "x" * 32}, "MQTT_AUTH_JWT_SECRET is set but MQTT_AUTH_PROVIDERS has no jwt"),
+        ({**on, "MQTT_AUTH_JWT_JWKS": str(key_set), "MQTT_AUTH_JWT_JWKS_CA_FILE": str(public)},
+         "MQTT_AUTH_JWT_JWKS_CA_FILE is set but MQTT_AUTH_JWT_JWKS is not an http(s) URL"),
+        ({**on, "MQTT_AUTH_JWT_JWKS": "https://id.example/k", "MQTT_AUTH_JWT_JWKS_CA_FILE": str(public)},
+         "MQTT_AUTH_JWT_JWKS_CA_FILE="),  # a public key, not a CA certificate
+        ({"MQTT_AUTH_JWT_JWKS_CA_FILE": str(public)}, "MQTT_AUTH_JWT_JWKS_CA_FILE is set but MQTT_AUTH_PROVIDERS"),
     ]:
         with pytest.raises(SettingsError) as e:
             load(ConnectorSettings, environ)

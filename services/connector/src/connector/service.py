@@ -240,7 +240,7 @@ class ConnectorService(Service):
         if ssl_ctx is not None and s.tls_reload_interval_s > 0:
             self.spawn(self._tls_reload_loop(ListenerTls(ssl_ctx), file_stamps(s.tls_files())), "TLS reload")
         if self.authorizer.tokens is not None and s.jwt_jwks:
-            self.spawn(self._jwks_loop(KeySetSource(s.jwt_jwks)), "JWKS refresh")
+            self.spawn(self._jwks_loop(KeySetSource(s.jwt_jwks, s.jwt_jwks_ca_file)), "JWKS refresh")
         self.mqtt_port = self.bound.get("mqtt", 0)
         self._register_metrics()
         if s.sys_interval_s > 0:
@@ -303,6 +303,7 @@ class ConnectorService(Service):
                             "the provider keeps its keys" if loaded else "tokens get 0x88 until it does", delay)
                 continue
             self.authorizer.tokens = verifier
+            source.loaded()
             self.stats["jwks_loads"] += 1
             log.info("JWK Set loaded from %s: key ids %s", source.source, sorted(map(str, verifier.keys)))
             loaded = True

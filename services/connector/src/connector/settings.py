@@ -123,6 +123,9 @@ class ConnectorSettings(CommonSettings):
         doc="provider jwt: a JWK Set (RFC 7517) of the keys tokens are verified with, a token's kid picking one: "
             "a file, or an http(s) URL (the issuer's JWKS endpoint); read again every "
             "MQTT_AUTH_JWT_JWKS_REFRESH_S, so keys rotate without a restart")
+    jwt_jwks_ca_file: str = env("MQTT_AUTH_JWT_JWKS_CA_FILE", "",
+                                doc="provider jwt: the CA (PEM) of an https MQTT_AUTH_JWT_JWKS endpoint's "
+                                    "certificate; empty = the system's")
     jwt_jwks_refresh_s: float = env(
         "MQTT_AUTH_JWT_JWKS_REFRESH_S", 60.0, parse=number(0.1),
         doc="provider jwt: how often MQTT_AUTH_JWT_JWKS is read again (a file: when it changed; a URL: fetched); "
@@ -429,27 +432,27 @@ class ConnectorSettings(CommonSettings):
         if not is_http_url(self.http_auth_url):
             problems.append("MQTT_AUTH_PROVIDERS has http: MQTT_AUTH_HTTP_URL must be an http(s) URL"
                             + (f" (not {self.http_auth_url!r})" if self.http_auth_url else ""))
-        if self.http_auth_ca_file:
-            try:
-                ssl.create_default_context(cafile=self.http_auth_ca_file)
-            except (OSError, ValueError) as exc:
-                problems.append(f"MQTT_AUTH_HTTP_CA_FILE={self.http_auth_ca_file!r}: {exc}")
-        return problems
+        return problems + _ca_file_problems("MQTT_AUTH_HTTP_CA_FILE", self.http_auth_ca_file)
 
     def _jwt_problems(self) -> list[str]:
         keys = [v for v, on in (("MQTT_AUTH_JWT_SECRET", self.jwt_secret),
                                 ("MQTT_AUTH_JWT_PUBLIC_KEY_FILE", self.jwt_public_key_file),
                                 ("MQTT_AUTH_JWT_JWKS", self.jwt_jwks)) if on]
         if JWT not in self.auth_providers:
-            return [f"{v} is set but MQTT_AUTH_PROVIDERS has no jwt" for v in keys]
+            return [f"{v} is set but MQTT_AUTH_PROVIDERS has no jwt" for v in keys
+                    + (["MQTT_AUTH_JWT_JWKS_CA_FILE"] if self.jwt_jwks_ca_file else [])]
+        problems = _ca_file_problems("MQTT_AUTH_JWT_JWKS_CA_FILE", self.jwt_jwks_ca_file)
+        if self.jwt_jwks_ca_file and not self.jwks_url:
+            problems.append("MQTT_AUTH_JWT_JWKS_CA_FILE is set but MQTT_AUTH_JWT_JWKS is not an http(s) URL")
         if len(keys) != 1:
-            return ["MQTT_AUTH_PROVIDERS has jwt: set one of MQTT_AUTH_JWT_SECRET, MQTT_AUTH_JWT_PUBLIC_KEY_FILE and "
-                    "MQTT_AUTH_JWT_JWKS" + (f" (not {len(keys)})" if keys else "")]
+            return problems + ["MQTT_AUTH_PROVIDERS has jwt: set one of MQTT_AUTH_JWT_SECRET, "
+                               "MQTT_AUTH_JWT_PUBLIC_KEY_FILE and MQTT_AUTH_JWT_JWKS"
+                               + (f" (not {len(keys)})" if keys else "")]
         try:
             self.token_verifier()
         except (OSError, ValueError) as exc:
-            return [f"{keys[0]}: {exc}"]
-        return []
+            problems.append(f"{keys[0]}: {exc}")
+        return problems
 
     def validate(self) -> list[str]:
         problems = super().validate()
@@ -478,4 +481,17 @@ class Listener:
         return {"mqtt": "MQTT_PORT", "mqtts": "MQTT_TLS_PORT", "ws": "MQTT_WS_PORT", "wss": "MQTT_WSS_PORT"}[self.name]
 
 
+def _ca_file_problems(name: str, path: str) -> list[str]:
+    """A CA file (PEM) an https client verifies its server with: loadable, or why not (empty path: the
+    system's CAs)."""
+    if not path:
+        return []
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ValueError) as exc:
+        return [f"{name}={path!r}: {exc}"]
+    return []
+
+
 __all__ = ["ConnectorSettings", "Listener"]
+
