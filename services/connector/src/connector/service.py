@@ -67,8 +67,9 @@ from tbmq_platform.topics import (
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection import systopics
-from tbmq_connection.limits import Admission
+from tbmq_connection.limits import Admission, FailedLogins
 from tbmq_connection.convert import publish_msg
+from tbmq_mqtt import ReasonCode
 from tbmq_routing import RetainedStore, subscribed_to
 from tbmq_routing.wills import publish_records
 
@@ -155,6 +156,8 @@ class ConnectorService(Service):
         self.stats: Counter = Counter()
         self.admission = Admission(settings.max_connections, settings.connect_rate_per_ip,
                                    settings.connect_burst_per_ip)
+        self.failed_logins = FailedLogins(settings.login_failures_per_ip, settings.login_failures_window_s,
+                                          settings.login_ban_s)
         self.adaptive_fetch: AdaptiveFetch | None = None
         self.linger: AdaptiveLinger | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -366,6 +369,12 @@ class ConnectorService(Service):
                                      "certificate_revoked": "connections_certificate_revoked",
                                      "ca_removed": "connections_ca_removed", "key_retired": "connections_key_retired",
                                      "token_expired": "token_expired"})
+        m.counter("login_failures", "CONNECTs refused for bad credentials (0x86), what MQTT_LOGIN_FAILURES_PER_IP "
+                  "counts", lambda: st["login_failures"])
+        m.counter("login_bans", "addresses banned for going over MQTT_LOGIN_FAILURES_PER_IP",
+                  lambda: st["login_bans"])
+        m.counter("connects_banned", "CONNECTs refused with 0x8A Banned: their address was banned",
+                  lambda: st["connect_refused_banned"])
         m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
                   lambda: st["publish_throttled"])
         m.counter("auth_http_requests", "CONNECTs the http provider asked its service about",
@@ -555,7 +564,12 @@ class ConnectorService(Service):
         """The CONNECT's identity; an argon2 verification (~50 ms of CPU) runs in a worker thread, not on
         the event loop (the tables are only read there: dict lookups and a blocked table that is replaced,
         never mutated). Reaching the `http` provider, the decision waits for the operator's service's answer
-        (connector.http_auth), then is taken again with it."""
+        (connector.http_auth), then is taken again with it. An address past MQTT_LOGIN_FAILURES_PER_IP is
+        refused before any of that (0x8A Banned: tbmq_connection.limits.FailedLogins), so guessing passwords
+        costs the connector no argon2 work beyond that rate."""
+        if self.failed_logins and self.failed_logins.banned(request.ip, time.monotonic()):
+            self.stats["connect_refused_banned"] += 1
+            return AuthResult(ReasonCode.BANNED, "too many failed logins from this address")
         now = int(time.time() * 1000)
         result = await self._decide(request, now, None)
         if isinstance(result, HttpCheck):
@@ -565,6 +579,13 @@ class ConnectorService(Service):
                 self.stats["http_auth_errors"] += 1
                 log.warning("client %r: %s (CONNACK 0x88)", request.client_id, answer.reason)
             result = await self._decide(request, now, answer)
+        if result.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD and self.failed_logins:
+            self.stats["login_failures"] += 1
+            if self.failed_logins.failed(request.ip, time.monotonic()):
+                self.stats["login_bans"] += 1
+                log.warning("address %s banned for %gs: more than %d failed logins in %gs", request.ip,
+                            self.settings.login_ban_s, self.settings.login_failures_per_ip,
+                            self.settings.login_failures_window_s)
         return result
 
     async def _decide(self, request: AuthRequest, now: int, answer: HttpAnswer | None) -> AuthResult | HttpCheck:

@@ -237,6 +237,17 @@ class ConnectorSettings(CommonSettings):
     connect_burst_per_ip: int = env(
         "MQTT_CONNECT_BURST_PER_IP", 1000, parse=integer(1),
         doc="connections one IP address may open at once before MQTT_CONNECT_RATE_PER_IP applies")
+    login_failures_per_ip: int = env(
+        "MQTT_LOGIN_FAILURES_PER_IP", 20, parse=integer(0),
+        doc="failed logins (CONNACK 0x86: a bad password, token or certificate) one IP address may have in "
+            "MQTT_LOGIN_FAILURES_WINDOW_S (a token bucket refilled over the window); the next bans the address "
+            "for MQTT_LOGIN_BAN_S: its CONNECTs get 0x8A Banned (3.x: 5); 0 = no limit")
+    login_failures_window_s: float = env(
+        "MQTT_LOGIN_FAILURES_WINDOW_S", 60.0, parse=number(1),
+        doc="the window MQTT_LOGIN_FAILURES_PER_IP counts over")
+    login_ban_s: float = env(
+        "MQTT_LOGIN_BAN_S", 60.0, parse=number(1),
+        doc="how long an address past MQTT_LOGIN_FAILURES_PER_IP is refused")
     device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
         "one forward stream to each instance; a client's stored messages are on the one its id picks")
     app_delivery_grpc_targets: tuple[str, ...] = env(

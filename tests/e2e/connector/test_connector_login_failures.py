@@ -1,0 +1,70 @@
+"""Failed logins per address (MQTT_LOGIN_FAILURES_PER_IP, docs/security.md "Limits"), end to end with paho-mqtt
+3.1.1 and 5.0 and the `jwt` provider: an address that sends bad tokens faster than the limit is banned, and
+while it is, even a good token from it gets CONNACK 0x8A Banned (3.1.1: 5, Not authorized); another address
+connects meanwhile; the ban ends by itself."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+from connector_helpers import connector_health
+from mqtt_clients import BOUND, Client, run, wait_until
+from scraped import scrape, value
+from tbmq_launcher.launcher import Suite, new_tag
+from tbmq_mqtt import ReasonCode as RC
+
+pytestmark = [pytest.mark.e2e]
+
+SECRET = "e2e-login-failures-secret-0123456789abcdef"
+FAILURES = 3
+
+
+def token(secret: str = SECRET) -> str:
+    return jwt.encode({"exp": int(time.time() + 3600)}, secret, algorithm="HS256")
+
+
+def connack(port: int, v5: bool, password: str, address: str) -> int:
+    """The CONNACK code paho reports for a CONNECT from `address` (paho maps 3.1.1's return codes onto the
+    v5 reason codes: 4 → 0x86, 5 → 0x87)."""
+    c = Client(f"lf-{new_tag()}", v5=v5, auth=("device", password))
+    got = c.connect(port, expect_ok=False, bind_address=address)
+    c.close()
+    return got[1].value if got is not None else -1
+
+
+@pytest.fixture(scope="module")
+async def suite(kafka, tmp_path_factory):
+    env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "jwt", "MQTT_AUTH_JWT_SECRET": SECRET,
+           "MQTT_LOGIN_FAILURES_PER_IP": str(FAILURES), "MQTT_LOGIN_FAILURES_WINDOW_S": "600",
+           "MQTT_LOGIN_BAN_S": "3"}
+    async with Suite(services=["session-registry", "connector"], ports="free", log_format="json", id_tag=new_tag(),
+                     run_dir=tmp_path_factory.mktemp("suite-login-failures"),
+                     kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
+                     service_env={"connector": env}) as s:
+        yield s
+
+
+@pytest.mark.parametrize(("v5", "address"), [(True, "127.0.0.2"), (False, "127.0.0.3")], ids=["5", "311"])
+async def test_an_address_guessing_tokens_is_banned_for_a_while(suite, v5, address):
+    port, bad, good = suite.mqtt_ports[0], token("another-secret-of-an-attacker-0123456789"), token()
+    before = await scrape(suite.health_port("connector"))
+    assert await run(connack, port, v5, good, address) == 0
+    for _ in range(FAILURES + 1):  # the burst, then the failure that finds the bucket empty
+        assert await run(connack, port, v5, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
+    banned = RC.BANNED if v5 else RC.NOT_AUTHORIZED
+    assert await run(connack, port, v5, good, address) == banned  # the right token, but from a banned address
+    assert await run(connack, port, v5, good, "127.0.0.4") == 0  # another address carries on
+
+    async def ban_over() -> bool:
+        return await run(connack, port, v5, good, address) == 0
+    await wait_until(ban_over, BOUND, "the ban's end")
+    after = await scrape(suite.health_port("connector"))
+
+    def grew(name: str) -> float:
+        return value(after, name) - value(before, name)
+    assert grew("tbmq_login_failures_total") == FAILURES + 1
+    assert grew("tbmq_login_bans_total") == 1
+    assert grew("tbmq_connects_banned_total") >= 1
+    assert (await connector_health(suite)).get("login_bans", 0) >= 1
