@@ -71,6 +71,22 @@ async def test_login_is_required_and_a_bad_password_is_refused(suite):
         assert status == 200 and "/api/v1/sessions/{client_id}/disconnect" in doc["paths"]
 
 
+async def test_an_address_failing_its_logins_is_refused_for_the_window(suite, api):
+    """ADMIN_LOGIN_FAILURES (5) wrong passwords from one address: the fifth bars it (tbmq_auth.failures), and its
+    next login gets 429 with Retry-After even with the right password; other addresses log in meanwhile."""
+    password = suite.admin_password_file.read_text().strip()
+    url = suite.admin_url().rstrip("/") + "/api/v1/auth/login"
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.6", 0))  # an address of its own on the loopback
+    async with aiohttp.ClientSession(connector=connector) as http:
+        for _ in range(5):
+            async with http.post(url, json={"username": "admin", "password": "guess"}) as r:
+                assert r.status == 401
+        async with http.post(url, json={"username": "admin", "password": password}) as r:
+            assert r.status == 429 and 1 <= int(r.headers["Retry-After"]) <= 60
+    assert (await api.call("POST", "/auth/login", auth=False, json={"username": "admin", "password": password}))[0] \
+        == 200  # from 127.0.0.1
+
+
 async def test_services_endpoint_shows_every_service_ready(suite, api):
     body = await wait_until(lambda: _all_ready(api), BOUND, "every service ready in GET /services")
     assert sorted({i["service"] for i in body["items"]}) == sorted(ORDER)

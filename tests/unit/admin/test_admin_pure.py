@@ -8,7 +8,7 @@ import re
 import pytest
 from admin import query
 from admin.api import PREFIX, ROUTES, openapi
-from admin.auth import Throttle, Tokens, parse_users, verify
+from admin.auth import Tokens, parse_users, verify
 from admin.settings import endpoints, load_settings
 from argon2 import PasswordHasher
 from tbmq.v1 import messages_pb2 as pb
@@ -123,24 +123,6 @@ def test_a_token_works_on_every_instance_with_the_secret_until_revoked_anywhere(
     assert len(b) == 0  # forgotten once the token has expired anyway
     with pytest.raises(ValueError, match="32 bytes"):
         Tokens(ttl_s=60, secret=b"short")
-
-
-def test_failed_logins_throttle_an_address_for_the_window():
-    now = [0.0]
-    t = Throttle(failures=3, window_s=60, clock=lambda: now[0], max_addresses=2)
-    for i in range(3):
-        assert t.retry_after("a") == 0
-        t.failed("a")
-        now[0] += 10
-    assert t.retry_after("a") == pytest.approx(30)  # the first failure (t=0) leaves the window at t=60
-    assert t.retry_after("b") == 0                  # per address
-    now[0] = 60
-    assert t.retry_after("a") == 0                  # two failures left in the window
-    t.failed("a")
-    assert t.retry_after("a") == pytest.approx(10)
-    t.failed("b")
-    t.failed("c")                                   # a third address: the oldest tracked one ("a") is forgotten
-    assert t.retry_after("a") == 0
 
 
 def test_users_file_and_argon2id_verification():

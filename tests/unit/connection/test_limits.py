@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tbmq_connection.limits import CONNECT_RATE, TOO_MANY_CONNECTIONS, Admission, FailedLogins
+from tbmq_connection.limits import CONNECT_RATE, TOO_MANY_CONNECTIONS, Admission
 
 pytestmark = pytest.mark.unit
 
@@ -48,33 +48,3 @@ def test_publish_rate_in_messages_and_bytes():
     assert both.take(0, 300) == 2000  # the slower of the two decides
     assert not PublishRate(0, 0) and PublishRate(1, 0)
 
-
-def test_failed_logins_ban_an_address_past_its_budget():
-    """10 failures a minute: ten at once pass, the eleventh bans the address for the ban time, other addresses
-    untouched; after the ban the bucket has refilled."""
-    f = FailedLogins(10, 60.0, 30.0)
-    assert f and not FailedLogins(0, 60.0, 30.0)
-    assert [f.failed("a", 0.0) for _ in range(10)] == [False] * 10
-    assert not f.banned("a", 0.0)
-    assert f.failed("a", 1.0) and f.banned("a", 1.0) and f.banned("a", 30.9)
-    assert not f.banned("b", 1.0) and not f.failed("b", 1.0)
-    assert not f.banned("a", 31.0)
-    assert [f.failed("a", 31.0) for _ in range(5)] == [False] * 5  # 30 s refilled 5 of the 10
-
-
-def test_failed_logins_at_the_refill_rate_are_never_banned():
-    """A device retrying a wrong password every 6 s or slower (10 a minute) never reaches a ban."""
-    f = FailedLogins(10, 60.0, 30.0)
-    assert not any(f.failed("dev", 6.0 * i) for i in range(100))
-    g = FailedLogins(10, 60.0, 30.0)
-    assert any(g.failed("guesser", 5.0 * i) for i in range(100))  # a little faster: banned in the end
-
-
-def test_failed_logins_keep_at_most_max_addresses():
-    f = FailedLogins(1, 60.0, 30.0, max_addresses=2)
-    f.failed("a", 0.0)
-    f.failed("a", 0.0)
-    assert f.banned("a", 0.0)
-    f.failed("b", 0.0)
-    f.failed("c", 0.0)
-    assert len(f) == 2 and not f.banned("a", 0.0)  # "a" forgotten: the least recently failed

@@ -11,15 +11,6 @@ not: the connector holds at most `max_connections` connections, and one IP addre
 for at most `max_addresses` addresses (least recently seen forgotten first), so a flood from many addresses
 costs bounded memory; a forgotten address starts again with a full burst.
 
-Failed logins (a password or token guessed from one address):
-
-`FailedLogins.failed(ip, now)` counts a CONNECT refused for bad credentials (0x86): an address may fail
-`max_failures` times at once and then one more every `window_s / max_failures` seconds (a token bucket holding
-`max_failures`, refilled over `window_s`); the failure that finds the bucket empty bans the address for `ban_s`.
-`banned(ip, now)` is then true and its CONNECTs are refused whatever their credentials (CONNACK 0x8A Banned),
-so guessing runs at most at that rate, and a device with a wrong password retrying with back-off is never
-banned. At most `max_addresses` addresses are tracked (least recently failed forgotten first).
-
 Rate limits of a connected client:
 
 `PublishRate(messages_per_s, bytes_per_s).take(now_ms, payload_bytes)` spends the client's PUBLISH budget
@@ -62,37 +53,6 @@ class Admission:
 
     def __len__(self) -> int:
         return len(self._buckets)
-
-
-class FailedLogins:
-    def __init__(self, max_failures: int, window_s: float, ban_s: float, max_addresses: int = 100_000) -> None:
-        self.burst = float(max_failures)
-        self.rate = max_failures / window_s if window_s > 0 else 0.0
-        self.ban_s = ban_s
-        self.max_addresses = max_addresses
-        self._addresses: OrderedDict[str, tuple[float, float, float]] = OrderedDict()  # ip -> (tokens, at, until)
-
-    def __bool__(self) -> bool:
-        return self.burst > 0
-
-    def banned(self, ip: str, now: float) -> bool:
-        got = self._addresses.get(ip)
-        return got is not None and now < got[2]
-
-    def failed(self, ip: str, now: float) -> bool:
-        """One more failed login from `ip`: True when it starts a ban."""
-        tokens, at, until = self._addresses.pop(ip, (self.burst, now, 0.0))
-        tokens = refilled(tokens, now - at, self.rate, self.burst) - 1.0
-        starts = tokens < 0 and now >= until
-        if starts:
-            until, tokens = now + self.ban_s, 0.0
-        self._addresses[ip] = (max(tokens, 0.0), now, until)
-        if len(self._addresses) > self.max_addresses:
-            self._addresses.popitem(last=False)
-        return starts
-
-    def __len__(self) -> int:
-        return len(self._addresses)
 
 
 def refilled(tokens: float, elapsed_s: float, rate: float, burst: float) -> float:
@@ -138,4 +98,4 @@ def topic_problem(topic: str, max_bytes: int, max_levels: int) -> str | None:
     return None
 
 
-__all__ = ["Admission", "CONNECT_RATE", "FailedLogins", "PublishRate", "TOO_MANY_CONNECTIONS", "refilled", "topic_problem"]
+__all__ = ["Admission", "CONNECT_RATE", "PublishRate", "TOO_MANY_CONNECTIONS", "refilled", "topic_problem"]

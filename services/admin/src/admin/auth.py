@@ -3,7 +3,7 @@
 A token is a JSON Web Token valid for `ttl_s` from the login; the clock is injected (`clock`, wall-clock
 seconds by default) so its expiry is tested without waiting. With a secret of its own (ADMIN_TOKEN_SECRET
 unset: random per start) an instance's tokens work on it alone and not after its restart; with a shared one,
-on every instance and across restarts. `Throttle` refuses logins from an address after too many failures.
+on every instance and across restarts. Failed logins per address: tbmq_auth.failures, the connector's rule.
 """
 
 from __future__ import annotations
@@ -104,38 +104,3 @@ class Tokens:
         """Revoked tokens not expired yet."""
         self._purge()
         return len(self._revoked)
-
-
-class Throttle:
-    """At most `failures` failed logins per address within `window_s`: the next attempts are refused (the API
-    answers 429) until the oldest failure leaves the window. A success does not clear the failures. At most
-    `max_addresses` addresses are tracked (the oldest forgotten first)."""
-
-    def __init__(self, failures: int = 5, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
-                 max_addresses: int = 10_000) -> None:
-        self.failures, self.window_s, self.clock, self.max_addresses = failures, window_s, clock, max_addresses
-        self._seen: dict[str, list[float]] = {}
-
-    def _recent(self, address: str) -> list[float]:
-        now = self.clock()
-        times = [t for t in self._seen.get(address, ()) if now - t < self.window_s]
-        if times:
-            self._seen[address] = times
-        else:
-            self._seen.pop(address, None)
-        return times
-
-    def retry_after(self, address: str) -> float:
-        """0 when a login from `address` may be tried now, else the seconds to wait."""
-        times = self._recent(address)
-        if len(times) < self.failures:
-            return 0.0
-        return max(0.001, self.window_s - (self.clock() - times[-self.failures]))
-
-    def failed(self, address: str) -> None:
-        times = self._recent(address)
-        times.append(self.clock())
-        self._seen.pop(address, None)
-        self._seen[address] = times  # newest last: the oldest address is forgotten first
-        while len(self._seen) > self.max_addresses:
-            del self._seen[next(iter(self._seen))]

@@ -23,6 +23,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
 from tbmq_auth import CLIENT_ID, BlockedRule, Credential, make_credential
+from tbmq_auth.failures import FailedLogins
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
@@ -30,7 +31,7 @@ from tbmq_routing.naming import app_client_group, app_topic_name
 
 from . import query
 from .api import PREFIX, ROUTES, openapi
-from .auth import Throttle, Tokens, load_users, verify
+from .auth import Tokens, load_users, verify
 from .settings import AdminSettings
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ class AdminService(Service):
         self.s = settings
         self.users = load_users(settings.users_file)
         self.tokens = Tokens(settings.token_ttl_s, settings.token_secret.encode() or secrets.token_bytes(32))
-        self.throttle = Throttle(settings.login_failures, settings.login_window_s)
+        # ADMIN_LOGIN_FAILURES in a burst, refilled over the window; the last one bars the address that long
+        self.failed_logins = FailedLogins(settings.login_failures, settings.login_window_s, settings.login_window_s)
         self.sessions: dict[str, pb.SessionInfo] = {}
         self.subs: dict[str, pb.ClientSubscriptions] = {}
         self.retained: dict[str, pb.PublishMsg] = {}
@@ -184,14 +186,14 @@ class AdminService(Service):
         except (ValueError, KeyError, TypeError):
             return _error(400, 'JSON body {"username": ..., "password": ...} expected')
         address = request.remote or ""
-        wait = self.throttle.retry_after(address)
+        wait = self.failed_logins.retry_after(address, time.monotonic())
         if wait:
             self.counts["logins_throttled"] += 1
             return web.json_response({"error": f"too many failed logins: retry in {wait:.0f} s"}, status=429,
                                      headers={"Retry-After": str(max(1, round(wait)))})
         # argon2 verification costs tens of ms of CPU: off the event loop
         if not await asyncio.to_thread(verify, self.users, username, password):
-            self.throttle.failed(address)
+            self.failed_logins.failed(address, time.monotonic())
             self.counts["logins_failed"] += 1
             log.warning("failed admin login for %r from %s", username, request.remote)
             return _error(401, "bad user name or password")

@@ -49,8 +49,9 @@ class AdminSettings(CommonSettings):
             "any of them takes a token any issued, also after a restart; empty = a random one per start (tokens "
             "work on this instance only, until it restarts)")
     login_failures: int = env("ADMIN_LOGIN_FAILURES", 5, parse=integer(1, 1000),
-                              doc="failed logins per client address within ADMIN_LOGIN_WINDOW_S before further "
-                                  "attempts are refused (429)")
+                              doc="failed logins one client address may have in ADMIN_LOGIN_WINDOW_S (a token "
+                                  "bucket refilled over the window, tbmq_auth.failures); the one that uses it up "
+                                  "refuses the address's logins for the window (429)")
     login_window_s: int = env("ADMIN_LOGIN_WINDOW_S", 60, parse=integer(1, 86400),
                               doc="the window of ADMIN_LOGIN_FAILURES (s)")
     services: tuple[tuple[str, str], ...] = env(

@@ -49,6 +49,7 @@ from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.marks import MarkWriter
 from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
+from tbmq_auth.failures import FailedLogins
 from tbmq_auth.http import ERROR
 from tbmq_platform.topics import (
     CLIENT_SESSION,
@@ -67,7 +68,7 @@ from tbmq_platform.topics import (
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection import systopics
-from tbmq_connection.limits import Admission, FailedLogins
+from tbmq_connection.limits import Admission
 from tbmq_connection.convert import publish_msg
 from tbmq_mqtt import ReasonCode
 from tbmq_routing import RetainedStore, subscribed_to
@@ -565,9 +566,9 @@ class ConnectorService(Service):
         the event loop (the tables are only read there: dict lookups and a blocked table that is replaced,
         never mutated). Reaching the `http` provider, the decision waits for the operator's service's answer
         (connector.http_auth), then is taken again with it. An address past MQTT_LOGIN_FAILURES_PER_IP is
-        refused before any of that (0x8A Banned: tbmq_connection.limits.FailedLogins), so guessing passwords
+        refused before any of that (0x8A Banned: tbmq_auth.failures), so guessing passwords
         costs the connector no argon2 work beyond that rate."""
-        if self.failed_logins and self.failed_logins.banned(request.ip, time.monotonic()):
+        if self.failed_logins and self.failed_logins.retry_after(request.ip, time.monotonic()):
             self.stats["connect_refused_banned"] += 1
             return AuthResult(ReasonCode.BANNED, "too many failed logins from this address")
         now = int(time.time() * 1000)
@@ -583,7 +584,7 @@ class ConnectorService(Service):
             self.stats["login_failures"] += 1
             if self.failed_logins.failed(request.ip, time.monotonic()):
                 self.stats["login_bans"] += 1
-                log.warning("address %s banned for %gs: more than %d failed logins in %gs", request.ip,
+                log.warning("address %s banned for %gs: %d failed logins within %gs", request.ip,
                             self.settings.login_ban_s, self.settings.login_failures_per_ip,
                             self.settings.login_failures_window_s)
         return result

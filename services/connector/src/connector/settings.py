@@ -240,8 +240,8 @@ class ConnectorSettings(CommonSettings):
     login_failures_per_ip: int = env(
         "MQTT_LOGIN_FAILURES_PER_IP", 20, parse=integer(0),
         doc="failed logins (CONNACK 0x86: a bad password, token or certificate) one IP address may have in "
-            "MQTT_LOGIN_FAILURES_WINDOW_S (a token bucket refilled over the window); the next bans the address "
-            "for MQTT_LOGIN_BAN_S: its CONNECTs get 0x8A Banned (3.x: 5); 0 = no limit")
+            "MQTT_LOGIN_FAILURES_WINDOW_S (a token bucket refilled over the window); the one that uses it up "
+            "bans the address for MQTT_LOGIN_BAN_S: its CONNECTs get 0x8A Banned (3.x: 5); 0 = no limit")
     login_failures_window_s: float = env(
         "MQTT_LOGIN_FAILURES_WINDOW_S", 60.0, parse=number(1),
         doc="the window MQTT_LOGIN_FAILURES_PER_IP counts over")

@@ -1,0 +1,52 @@
+"""Failed logins per address, the one rule of the connector's CONNECTs (MQTT_LOGIN_FAILURES_PER_IP) and the
+admin API's logins (ADMIN_LOGIN_FAILURES). Pure: the time is passed in (seconds, any monotonic clock).
+
+An address may fail `max_failures` times at once, and then once more every `window_s / max_failures` seconds
+(a token bucket holding `max_failures`, refilled over `window_s`). The failure that leaves less than one in the
+bucket bans the address for `ban_s`: `retry_after(address, now)` is then the seconds left, and the caller
+refuses the address's attempts whatever their credentials (the connector: CONNACK 0x8A Banned; the admin API:
+429 with Retry-After) without checking them, so a guesser gets `max_failures` tries per window and costs no
+password hashing beyond that, while a device retrying a wrong password with back-off is never banned. At most
+`max_addresses` addresses are tracked (the least recently failed forgotten first), so a flood from many
+addresses costs bounded memory.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class FailedLogins:
+    def __init__(self, max_failures: int, window_s: float, ban_s: float, max_addresses: int = 100_000) -> None:
+        self.burst = float(max_failures)
+        self.rate = max_failures / window_s if window_s > 0 else 0.0
+        self.ban_s = ban_s
+        self.max_addresses = max_addresses
+        self._addresses: OrderedDict[str, tuple[float, float, float]] = OrderedDict()  # -> (tokens, at, until)
+
+    def __bool__(self) -> bool:
+        """Whether failures are limited at all (max_failures 0: no limit)."""
+        return self.burst > 0
+
+    def retry_after(self, address: str, now: float) -> float:
+        """0 when `address` may try now, else the seconds its ban has left."""
+        got = self._addresses.get(address)
+        return got[2] - now if got is not None and now < got[2] else 0.0
+
+    def failed(self, address: str, now: float) -> bool:
+        """One more failed login from `address`: True when it starts a ban."""
+        tokens, at, until = self._addresses.pop(address, (self.burst, now, 0.0))
+        tokens = min(self.burst, tokens + (now - at) * self.rate) - 1.0
+        starts = tokens < 1.0 and now >= until
+        if starts:
+            until = now + self.ban_s
+        self._addresses[address] = (max(tokens, 0.0), now, until)
+        if len(self._addresses) > self.max_addresses:
+            self._addresses.popitem(last=False)
+        return starts
+
+    def __len__(self) -> int:
+        return len(self._addresses)
+
+
+__all__ = ["FailedLogins"]

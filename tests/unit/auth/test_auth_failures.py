@@ -1,0 +1,37 @@
+"""tbmq_auth.failures: failed logins per address, the clock passed in."""
+
+from __future__ import annotations
+
+import pytest
+from tbmq_auth.failures import FailedLogins
+
+
+def test_an_address_is_banned_at_its_budget_then_refilled():
+    """10 failures a minute: the tenth at once bans the address for the ban time, other addresses untouched;
+    after the ban the bucket has refilled for the time it lasted."""
+    f = FailedLogins(10, 60.0, 30.0)
+    assert f and not FailedLogins(0, 60.0, 30.0)
+    assert [f.failed("a", 0.0) for _ in range(9)] == [False] * 9
+    assert f.retry_after("a", 0.0) == 0
+    assert f.failed("a", 1.0)
+    assert f.retry_after("a", 1.0) == pytest.approx(30.0) and f.retry_after("a", 30.9) == pytest.approx(0.1)
+    assert f.retry_after("b", 1.0) == 0 and not f.failed("b", 1.0)
+    assert f.retry_after("a", 31.0) == 0
+    assert [f.failed("a", 31.0) for _ in range(5)] == [False] * 4 + [True]  # 30 s refilled 5 of the 10
+
+
+def test_failures_at_the_refill_rate_are_never_banned():
+    """A device retrying a wrong password every 6 s or slower (10 a minute) never reaches a ban; a little
+    faster, it does in the end."""
+    f = FailedLogins(10, 60.0, 30.0)
+    assert not any(f.failed("dev", 6.0 * i) for i in range(100))
+    g = FailedLogins(10, 60.0, 30.0)
+    assert any(g.failed("guesser", 5.0 * i) for i in range(100))
+
+
+def test_at_most_max_addresses_are_kept():
+    f = FailedLogins(1, 60.0, 30.0, max_addresses=2)
+    assert f.failed("a", 0.0) and f.retry_after("a", 0.0)
+    f.failed("b", 0.0)
+    f.failed("c", 0.0)
+    assert len(f) == 2 and f.retry_after("a", 0.0) == 0  # "a" forgotten: the least recently failed
