@@ -281,3 +281,38 @@ def test_proxy_protocol_setting_names_listeners_that_are_on(certs):
     with pytest.raises(SettingsError) as e:  # no certificate: the TLS listeners are off
         load(ConnectorSettings, {"MQTT_PROXY_PROTOCOL": "mqtt,wss"})
     assert "MQTT_PROXY_PROTOCOL names listeners that are off: wss" in str(e.value)
+
+
+def test_an_intermediate_ca_is_trusted_while_its_root_is_in_the_bundle():
+    """connector.tls.ca_names with root → intermediate: the intermediate's name counts while its root is in
+    the bundle and it verifies against it; removing the root takes it away too (its clients are closed), as does
+    a certificate that only claims the root as issuer."""
+    import datetime
+
+    from connector.tls import ca_names
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def ca(name: str, signer=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        issuer_name, issuer_key = (subject, key) if signer is None else signer
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now)
+                .not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .sign(issuer_key, hashes.SHA256()))
+        return cert, key
+
+    root, root_key = ca("root")
+    inter, inter_key = ca("intermediate", (root.subject, root_key))
+    _, stranger_key = ca("root")  # another key under the same name
+    forged, _ = ca("claims root", (root.subject, stranger_key))
+    pem = {c: c.public_bytes(serialization.Encoding.PEM) for c in (root, inter, forged)}
+    name = {c: c.subject.public_bytes() for c in (root, inter, forged)}
+    assert ca_names(pem[root] + pem[inter]) == {name[root], name[inter]}
+    assert ca_names(pem[inter]) == set()  # its root removed: the intermediate's clients go too
+    assert ca_names(pem[root] + pem[forged]) == {name[root]}  # not signed by the root it names

@@ -13,6 +13,7 @@ import re
 import ssl
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from tbmq_platform.watch import file_stamps
 
 CertificateKey = tuple[bytes, int]  # (issuer name, DER; serial number)
@@ -41,10 +42,33 @@ def revoked_certificates(pem: bytes) -> set[CertificateKey]:
 
 
 def ca_names(pem: bytes) -> set[bytes]:
-    """The subject names (DER) of the certificates in a PEM CA bundle: the issuers, as `certificate_key` names
-    them, of the client certificates the bundle's CAs signed themselves (a certificate of an intermediate CA
-    the client sends has that intermediate as issuer). Raises ValueError on a certificate that does not parse."""
-    return {x509.load_pem_x509_certificate(block).subject.public_bytes() for block in _CERT_BLOCK.findall(pem)}
+    """The subject names (DER) of the CAs of a PEM CA bundle that are trusted: a self-signed one, or one whose
+    issuer is in the bundle, signed it and is trusted (OpenSSL takes a chain only up to a self-signed anchor).
+    They are the issuers, as `certificate_key` names them, of the client certificates the bundle lets in
+    (one an intermediate CA the client sends itself signed has that intermediate as issuer); so the root of
+    an intermediate in the bundle removed, the intermediate's name is gone too. Raises ValueError on a
+    certificate that does not parse."""
+    certs = [x509.load_pem_x509_certificate(block) for block in _CERT_BLOCK.findall(pem)]
+    by_subject: dict[bytes, list[x509.Certificate]] = {}
+    for cert in certs:
+        by_subject.setdefault(cert.subject.public_bytes(), []).append(cert)
+
+    def anchored(cert: x509.Certificate, below: frozenset[bytes]) -> bool:
+        if cert.issuer == cert.subject:
+            return True
+        name = cert.subject.public_bytes()
+        for parent in by_subject.get(cert.issuer.public_bytes(), ()):
+            if parent.subject.public_bytes() in below:  # a loop of cross-signed names
+                continue
+            try:
+                cert.verify_directly_issued_by(parent)
+            except (ValueError, TypeError, InvalidSignature):
+                continue
+            if anchored(parent, below | {name}):
+                return True
+        return False
+
+    return {cert.subject.public_bytes() for cert in certs if anchored(cert, frozenset())}
 
 
 class ListenerTls:
