@@ -1,11 +1,15 @@
 """Two admin instances behind one address (ADMIN_TOKEN_SECRET shared, docs/operations.md): a token issued by one
 is taken by the other, also after the issuing instance restarted, and a logout on either refuses the token on
-both (tbmq.admin.tokens.revoked), also on an instance started after the logout."""
+both (tbmq.admin.tokens.revoked), also on an instance started after the logout; a user removed from the
+users file, or given a new password, loses its tokens on both without a restart."""
 
 from __future__ import annotations
 
+import os
+
 import aiohttp
 import pytest
+from argon2 import PasswordHasher
 from mqtt_clients import wait_until
 from suites import module_suite
 
@@ -61,3 +65,39 @@ async def test_tokens_survive_a_restart_and_a_logout_is_read_back_at_start_up(ad
         assert (await call(http, admins, 1, "POST", "/auth/logout", token))[0] == 200
         await admins.restart_service("admin", 2)  # reads the revocation back from the topic at start-up
         assert (await call(http, admins, 2, "GET", "/sessions", token))[0] == 401
+
+
+async def test_a_user_removed_or_given_a_new_password_loses_its_tokens_on_every_instance(admins):
+    """ADMIN_USERS_FILE is read again when it changes: a user added logs in, and changing its password or removing
+    it ends the token it had, on both instances, without a restart."""
+    users = admins.admin_users_file
+    original = users.read_text()
+
+    def write(text: str) -> None:  # as an operator's tool would: a new file, mode 0600, renamed over the old one
+        staged = users.with_suffix(".next")
+        staged.write_text(text)
+        staged.chmod(0o600)
+        os.replace(staged, users)
+
+    async with aiohttp.ClientSession() as http:
+        try:
+            write(original + f"ops:{PasswordHasher().hash('first-password')}\n")
+            status, body = await call(http, admins, 1, "POST", "/auth/login",
+                                      json={"username": "ops", "password": "first-password"})
+            assert status == 200, body
+            token = body["token"]
+            assert all([(await call(http, admins, i, "GET", "/sessions", token))[0] == 200 for i in (1, 2)])
+            write(original + f"ops:{PasswordHasher().hash('second-password')}\n")  # a new password
+            for i in (1, 2):
+                assert (await call(http, admins, i, "GET", "/sessions", token))[0] == 401, i
+            status, body = await call(http, admins, 2, "POST", "/auth/login",
+                                      json={"username": "ops", "password": "second-password"})
+            assert status == 200, body
+            second = body["token"]
+            write(original)  # removed
+            for i in (1, 2):
+                assert (await call(http, admins, i, "GET", "/sessions", second))[0] == 401, i
+            admin = await login(http, admins, 1)  # the others are untouched
+            assert (await call(http, admins, 2, "GET", "/sessions", admin))[0] == 200
+        finally:
+            write(original)

@@ -8,7 +8,7 @@ import re
 import pytest
 from admin import query
 from admin.api import PREFIX, ROUTES, openapi
-from admin.auth import Tokens, parse_users, verify
+from admin.auth import Tokens, parse_users, password_stamp, token_user, verify
 from admin.settings import endpoints, load_settings
 from argon2 import PasswordHasher
 from tbmq.v1 import messages_pb2 as pb
@@ -171,3 +171,45 @@ def test_settings_need_a_private_users_file_and_parse_service_endpoints(tmp_path
     with pytest.raises(SettingsError, match="ADMIN_TOKEN_SECRET: at least 32 bytes"):
         load_settings({"ADMIN_USERS_FILE": str(users), "ADMIN_TOKEN_SECRET": "short"})
     assert load_settings({"ADMIN_USERS_FILE": str(users), "ADMIN_TOKEN_SECRET": "s" * 32}).token_secret == "s" * 32
+
+
+def test_a_token_ends_with_its_users_password_and_the_secret_rotates_without_a_logout():
+    """`token_user`: the user removed from the users file, or its password changed, ends the tokens issued
+    before; ADMIN_TOKEN_SECRET_PREVIOUS keeps the old secret's tokens valid while the new one signs."""
+    now = [1_800_000_000.0]
+    digest = PasswordHasher().hash("s3cret")
+    users = {"ops": digest}
+    old = Tokens(ttl_s=600, secret=b"the-old-secret-of-32-bytes-or-more", clock=lambda: now[0])
+    token, _ = old.issue("ops", password_stamp(digest))
+    assert token_user(old.claims(token), users) == "ops"
+    assert token_user(old.claims(token), {}) is None  # removed from the file
+    assert token_user(old.claims(token), {"ops": PasswordHasher().hash("n3w")}) is None  # password changed
+    assert token_user(old.claims(old.issue("ops")[0]), users) is None  # a token without the stamp
+    assert token_user(None, users) is None
+    rotated = Tokens(ttl_s=600, secret=b"the-new-secret-of-32-bytes-or-more", clock=lambda: now[0],
+                     previous=(b"the-old-secret-of-32-bytes-or-more",))
+    assert token_user(rotated.claims(token), users) == "ops"  # the old secret's token still taken
+    fresh, _ = rotated.issue("ops", password_stamp(digest))
+    assert old.claims(fresh) is None and rotated.claims(fresh)["sub"] == "ops"  # signed with the new one
+    assert Tokens(ttl_s=600, secret=b"the-new-secret-of-32-bytes-or-more").claims(token) is None
+    now[0] += 600
+    assert rotated.claims(token) is None  # expired under either secret
+    with pytest.raises(ValueError, match="32 bytes"):
+        Tokens(ttl_s=60, secret=b"k" * 32, previous=(b"short",))
+
+
+def test_previous_token_secrets_are_checked_at_start_up(tmp_path):
+    users = tmp_path / "users"
+    users.write_text("")
+    users.chmod(0o600)
+    base = {"ADMIN_USERS_FILE": str(users)}
+    for environ, text in [
+        ({**base, "ADMIN_TOKEN_SECRET_PREVIOUS": "p" * 32}, "ADMIN_TOKEN_SECRET_PREVIOUS is used with"),
+        ({**base, "ADMIN_TOKEN_SECRET": "s" * 32, "ADMIN_TOKEN_SECRET_PREVIOUS": f"{'p' * 32},short"},
+         "ADMIN_TOKEN_SECRET_PREVIOUS: each at least 32 bytes"),
+    ]:
+        with pytest.raises(SettingsError) as e:
+            load_settings(environ)
+        assert text in str(e.value)
+    ok = load_settings({**base, "ADMIN_TOKEN_SECRET": "s" * 32, "ADMIN_TOKEN_SECRET_PREVIOUS": "p" * 32})
+    assert ok.token_secret_previous == ("p" * 32,)

@@ -3,11 +3,16 @@
 A token is a JSON Web Token valid for `ttl_s` from the login; the clock is injected (`clock`, wall-clock
 seconds by default) so its expiry is tested without waiting. With a secret of its own (ADMIN_TOKEN_SECRET
 unset: random per start) an instance's tokens work on it alone and not after its restart; with a shared one,
-on every instance and across restarts. Failed logins per address: tbmq_auth.failures, the connector's rule.
+on every instance and across restarts. A token names its user and a stamp of that user's password hash
+(`password_stamp`): `token_user` takes it only while the users file still has the user with that password, so
+removing an administrator or changing a password ends the tokens issued before, on every instance. The
+secret is rotated without logging anyone out by moving it to ADMIN_TOKEN_SECRET_PREVIOUS (still accepted)
+while the new one signs. Failed logins per address: tbmq_auth.failures, the connector's rule.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
@@ -41,6 +46,21 @@ def load_users(path: str | Path) -> dict[str, str]:
     return parse_users(Path(path).read_text())
 
 
+def password_stamp(digest: str) -> str:
+    """What a token carries of its user's password hash (claim `pwd`): 16 hex digits of its SHA-256, enough to
+    tell a changed hash, nothing to guess the password from."""
+    return hashlib.sha256(digest.encode()).hexdigest()[:16]
+
+
+def token_user(claims: dict | None, users: dict[str, str]) -> str | None:
+    """The user of a valid token's `claims` while the users file has that user with the password the token was
+    issued for; None otherwise (no claims, the user removed, the password changed)."""
+    if claims is None:
+        return None
+    digest = users.get(claims["sub"])
+    return claims["sub"] if digest is not None and claims.get("pwd") == password_stamp(digest) else None
+
+
 def verify(users: dict[str, str], username: str, password: str) -> bool:
     digest = users.get(username)
     try:
@@ -59,25 +79,36 @@ class Tokens:
 
     ALGORITHM = "HS256"
 
-    def __init__(self, ttl_s: float, secret: bytes, clock: Callable[[], float] = time.time) -> None:
-        if len(secret) < MIN_SECRET_BYTES:
+    def __init__(self, ttl_s: float, secret: bytes, clock: Callable[[], float] = time.time,
+                 previous: tuple[bytes, ...] = ()) -> None:
+        if any(len(s) < MIN_SECRET_BYTES for s in (secret, *previous)):
             raise ValueError(f"the token secret needs at least {MIN_SECRET_BYTES} bytes")
         self.ttl_s = ttl_s
         self.secret = secret
+        self.secrets = (secret, *previous)  # verified with any, the first signs
         self.clock = clock
         self._revoked: dict[str, float] = {}  # jti -> when the token expires (s)
 
-    def issue(self, user: str) -> tuple[str, float]:
-        """A new token of `user` and its lifetime in seconds."""
-        claims = {"sub": user, "exp": int(self.clock() + self.ttl_s), "jti": secrets.token_urlsafe(16)}
+    def issue(self, user: str, stamp: str = "") -> tuple[str, float]:
+        """A new token of `user` (with `stamp`: its password hash's `password_stamp`) and its lifetime in
+        seconds."""
+        claims = {"sub": user, "exp": int(self.clock() + self.ttl_s), "jti": secrets.token_urlsafe(16),
+                  "pwd": stamp}
         return jwt.encode(claims, self.secret, algorithm=self.ALGORITHM), self.ttl_s
 
     def claims(self, token: str) -> dict | None:
-        """The claims of a valid token (signed with this secret, not expired, not revoked), else None."""
-        try:
-            claims = jwt.decode(token, self.secret, algorithms=[self.ALGORITHM], options={"verify_exp": False,
-                                                                                         "require": ["exp"]})
-        except jwt.InvalidTokenError:
+        """The claims of a valid token (signed with this secret or a previous one, not expired, not revoked),
+        else None."""
+        for secret in self.secrets:
+            try:
+                claims = jwt.decode(token, secret, algorithms=[self.ALGORITHM],
+                                    options={"verify_exp": False, "require": ["exp"]})
+                break
+            except jwt.InvalidSignatureError:
+                continue
+            except jwt.InvalidTokenError:
+                return None
+        else:
             return None
         sub, exp, jti = claims.get("sub"), claims.get("exp"), claims.get("jti")
         if not (isinstance(sub, str) and isinstance(exp, int) and isinstance(jti, str)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -27,11 +28,12 @@ from tbmq_auth.failures import FailedLogins
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
+from tbmq_platform.watch import file_stamps
 from tbmq_routing.naming import app_client_group, app_topic_name
 
 from . import query
 from .api import PREFIX, ROUTES, openapi
-from .auth import Tokens, load_users, verify
+from .auth import Tokens, load_users, password_stamp, token_user, verify
 from .settings import AdminSettings
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,9 @@ class AdminService(Service):
         super().__init__(settings)
         self.s = settings
         self.users = load_users(settings.users_file)
-        self.tokens = Tokens(settings.token_ttl_s, settings.token_secret.encode() or secrets.token_bytes(32))
+        self._users_seen = file_stamps([settings.users_file])
+        self.tokens = Tokens(settings.token_ttl_s, settings.token_secret.encode() or secrets.token_bytes(32),
+                             previous=tuple(s.encode() for s in settings.token_secret_previous))
         # ADMIN_LOGIN_FAILURES in a burst, refilled over the window; the last one bars the address that long
         self.failed_logins = FailedLogins(settings.login_failures, settings.login_window_s, settings.login_window_s)
         self.sessions: dict[str, pb.SessionInfo] = {}
@@ -166,7 +170,7 @@ class AdminService(Service):
         if request.path.startswith(PREFIX) and request.path not in public:
             header = request.headers.get("Authorization", "")
             token = header[7:] if header.startswith("Bearer ") else ""
-            user = self.tokens.user(token) if token else None
+            user = token_user(self.tokens.claims(token), self._current_users()) if token else None
             if user is None:
                 return _error(401, "log in first: Authorization: Bearer <token> from POST /api/v1/auth/login")
             request["user"] = user
@@ -174,6 +178,25 @@ class AdminService(Service):
             return await handler(request)
         except query.BadQuery as e:
             return _error(400, str(e))
+
+    def _current_users(self) -> dict[str, str]:
+        """ADMIN_USERS_FILE, read again when it changed (one stat per request): a user removed or a password
+        changed takes effect at once, and ends that user's tokens (auth.token_user). A file that does not load
+        (half written, no longer 0600) keeps the users read last."""
+        path = self.s.users_file
+        stamps = file_stamps([path])
+        if stamps != self._users_seen:
+            try:
+                if os.stat(path).st_mode & 0o077:
+                    raise ValueError("readable by others (chmod 600)")
+                users = load_users(path)
+            except (OSError, ValueError) as exc:
+                log.warning("ADMIN_USERS_FILE=%r not loaded (%s): keeping %d users", path, exc, len(self.users))
+            else:
+                log.info("ADMIN_USERS_FILE read again: %d users", len(users))
+                self.users = users
+            self._users_seen = stamps
+        return self.users
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / "index.html")
@@ -192,13 +215,14 @@ class AdminService(Service):
             return web.json_response({"error": f"too many failed logins: retry in {wait:.0f} s"}, status=429,
                                      headers={"Retry-After": str(max(1, round(wait)))})
         # argon2 verification costs tens of ms of CPU: off the event loop
-        if not await asyncio.to_thread(verify, self.users, username, password):
+        users = self._current_users()
+        if not await asyncio.to_thread(verify, users, username, password):
             self.failed_logins.failed(address, time.monotonic())
             self.counts["logins_failed"] += 1
             log.warning("failed admin login for %r from %s", username, request.remote)
             return _error(401, "bad user name or password")
         self.counts["logins"] += 1
-        token, ttl = self.tokens.issue(username)
+        token, ttl = self.tokens.issue(username, password_stamp(users[username]))
         log.info("admin %r logged in from %s", username, request.remote)
         return _json({"token": token, "token_type": "Bearer", "expires_in": ttl})
 

@@ -7,7 +7,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, env, integer, load, load_or_exit, port
+from tbmq_platform.settings import CommonSettings, csv, env, integer, load, load_or_exit, port
 
 from .auth import MIN_SECRET_BYTES
 
@@ -48,6 +48,10 @@ class AdminSettings(CommonSettings):
         doc="the HMAC secret (at least 32 bytes) bearer tokens are signed with: the same on every admin instance, "
             "any of them takes a token any issued, also after a restart; empty = a random one per start (tokens "
             "work on this instance only, until it restarts)")
+    token_secret_previous: tuple[str, ...] = env(
+        "ADMIN_TOKEN_SECRET_PREVIOUS", (), parse=csv,
+        doc="secrets tokens were signed with before ADMIN_TOKEN_SECRET (comma list): still accepted, never used to "
+            "sign, so the secret is rotated without logging anyone out (drop them after ADMIN_TOKEN_TTL_S)")
     login_failures: int = env("ADMIN_LOGIN_FAILURES", 5, parse=integer(1, 1000),
                               doc="failed logins one client address may have in ADMIN_LOGIN_WINDOW_S (a token "
                                   "bucket refilled over the window, tbmq_auth.failures); the one that uses it up "
@@ -70,6 +74,10 @@ class AdminSettings(CommonSettings):
             problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: readable by others (chmod 600)")
         if self.token_secret and len(self.token_secret.encode()) < MIN_SECRET_BYTES:
             problems.append(f"ADMIN_TOKEN_SECRET: at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2)")
+        if self.token_secret_previous and not self.token_secret:
+            problems.append("ADMIN_TOKEN_SECRET_PREVIOUS is used with ADMIN_TOKEN_SECRET only")
+        if any(len(s.encode()) < MIN_SECRET_BYTES for s in self.token_secret_previous):
+            problems.append(f"ADMIN_TOKEN_SECRET_PREVIOUS: each at least {MIN_SECRET_BYTES} bytes")
         return problems
 
 
