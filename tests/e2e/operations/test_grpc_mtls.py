@@ -3,7 +3,9 @@ suite started with `grpc_tls` (a development CA, one certificate per instance) s
 every gRPC surface — the router's Persist stream and device-persistence's Forward stream (a persistent DEVICE
 subscriber live), its fetch (the same subscriber's offline backlog), app-delivery's stream (an APPLICATION
 subscriber). The servers refuse plaintext, a TLS client without a certificate and one whose certificate comes
-from another CA, and take a CA added to their bundle at the next handshake, without a restart."""
+from another CA, answer only the services that call them (GRPC_TLS_PEER_NAMES: PERMISSION_DENIED for a
+certificate of the same CA named otherwise), and take a CA added to their bundle at the next handshake, without
+a restart."""
 
 from __future__ import annotations
 
@@ -100,10 +102,30 @@ async def test_servers_refuse_plaintext_no_certificate_and_another_ca(mtls, tmp_
         assert await handshake(target, method, peer(intruder)) == grpc.StatusCode.UNAVAILABLE, name
 
 
+async def test_servers_answer_only_the_services_that_call_them(mtls):
+    """GRPC_TLS_PEER_NAMES, which the launcher sets from who calls whom: a certificate of the suite's own CA
+    whose name is not a caller's (an admin's, the router's on app-delivery) gets PERMISSION_DENIED on a real
+    method and on a missing one; a caller's gets in (the first test: every stream works)."""
+    cert, key = issue_peer_cert(mtls.grpc_tls, f"admin-1-{new_tag()}")
+    admin = GrpcTls(str(cert), str(key), str(mtls.grpc_tls.ca))
+    router_cert, router_key = mtls.grpc_peer_cert(mtls.service_id("router"))
+    router = GrpcTls(str(router_cert), str(router_key), str(mtls.grpc_tls.ca))
+    real_method = {"device-persistence": "/tbmq.v1.DevicePersistence/FetchUndelivered",
+                   "app-delivery": "/tbmq.v1.AppDelivery/Deliver"}
+    for name in SERVERS:
+        target = mtls.grpc_target(name)
+        for method in (real_method[name], NO_SUCH_METHOD[name]):
+            assert await handshake(target, method, peer(admin)) == grpc.StatusCode.PERMISSION_DENIED, (name, method)
+    target = mtls.grpc_target("app-delivery")
+    assert await handshake(target, NO_SUCH_METHOD["app-delivery"], peer(router)) == grpc.StatusCode.PERMISSION_DENIED
+    target = mtls.grpc_target("device-persistence")
+    assert await handshake(target, NO_SUCH_METHOD["device-persistence"], peer(router)) == grpc.StatusCode.UNIMPLEMENTED
+
+
 async def test_a_ca_added_to_the_bundle_is_trusted_at_the_next_handshake(mtls, tmp_path):
     tls = suite_tls(mtls)
     newer = ensure_dev_certs(tmp_path / "next", "next internal CA")
-    cert, key = issue_peer_cert(newer, "renewed")
+    cert, key = issue_peer_cert(newer, f"connector-9-{new_tag()}")  # a caller's name, from the next CA
     renewed = GrpcTls(str(cert), str(key), tls.ca_file)
     target, method = mtls.grpc_target("device-persistence"), NO_SUCH_METHOD["device-persistence"]
     assert await handshake(target, method, peer(renewed)) == grpc.StatusCode.UNAVAILABLE

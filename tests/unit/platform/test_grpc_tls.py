@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from tbmq_launcher.tls import ensure_dev_certs, issue_peer_cert
-from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
+from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls, certificate_names, name_allowed
 from tbmq_platform.settings import CommonSettings, SettingsError, load
 
 pytestmark = pytest.mark.unit
@@ -71,3 +71,18 @@ def test_the_peer_certificate_serves_both_ways_and_names_the_extra_hosts(certs):
     assert set(usages) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
     names = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {"localhost", "device-persistence", "app-delivery"} <= set(names.get_values_for_type(x509.DNSName))
+
+
+def test_peer_names_match_a_callers_cn_or_dns_names():
+    """GRPC_TLS_PEER_NAMES: shell patterns against the names gRPC's auth context gives (CN, subjectAltNames);
+    a caller with no certificate name is let in by no pattern."""
+    context = {"x509_common_name": [b"router-1-ab12"], "x509_subject_alternative_name": [b"localhost", b"rt.lan"],
+               "transport_security_type": [b"ssl"]}
+    names = certificate_names(context)
+    assert names == ["router-1-ab12", "localhost", "rt.lan"]
+    assert name_allowed(names, ("connector-*", "router-*"))
+    assert name_allowed(names, ("*.lan",))
+    assert not name_allowed(names, ("connector-*", "Router-*"))  # case counts, as in a certificate
+    assert not name_allowed(certificate_names({}), ("*",))
+    assert not GrpcTls(peer_names=("router-*",)).server_interceptors()  # off without the files
+    assert GrpcTls(peer_names=("router-*",)).problems() == ["GRPC_TLS_PEER_NAMES is used with GRPC_TLS_CERT_FILE only"]

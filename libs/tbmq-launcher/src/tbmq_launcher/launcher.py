@@ -79,7 +79,8 @@ class Suite:
       grpc_tls        mutual TLS on the gRPC surfaces between the services (tbmq_platform.grpc_tls): a
                       development CA ("tbmq-py internal development CA") in <run_dir>/grpc-tls and a certificate
                       per instance (CN = its TBMQ_SERVICE_ID), given as GRPC_TLS_CERT_FILE, GRPC_TLS_KEY_FILE and
-                      GRPC_TLS_CA_FILE (unless `env`/`service_env` set GRPC_TLS_CERT_FILE).
+                      GRPC_TLS_CA_FILE (unless `env`/`service_env` set GRPC_TLS_CERT_FILE); a server's
+                      GRPC_TLS_PEER_NAMES names the services that call it (ServiceDef.grpc_callers).
       mqtt_host       MQTT_BIND_HOST of the connectors (default 127.0.0.1, as Mosquitto 2 without a
                       configuration: reachable from this host only, so anonymous clients are allowed by
                       default; any other address turns MQTT_ALLOW_ANONYMOUS off unless set: docs/security.md).
@@ -400,6 +401,8 @@ class Suite:
         if self.grpc_tls is not None:
             cert, key = self.grpc_peer_cert(p.service_id)
             env.update(GRPC_TLS_CERT_FILE=str(cert), GRPC_TLS_KEY_FILE=str(key), GRPC_TLS_CA_FILE=str(self.grpc_tls.ca))
+            if p.sdef.grpc_callers:  # the instance certificates' CN is their service id: <service>-<n>[-tag]
+                env["GRPC_TLS_PEER_NAMES"] = ",".join(f"{caller}-*" for caller in p.sdef.grpc_callers)
         env.update(p.sdef.env)
         overrides = {**self.env, **self.service_env.get(name, {})}
         env.update(overrides)

@@ -44,6 +44,7 @@ class ServiceDef:
     grpc_port_env: str | None = None  # the variable the service reads its gRPC listen port from
     http_port: int | None = None  # an HTTP listener besides the health port (admin: the API and web UI)
     http_port_env: str | None = None  # the variable the service reads it from
+    grpc_callers: tuple[str, ...] = ()  # the services that call its gRPC surface (GRPC_TLS_PEER_NAMES)
     command: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -61,9 +62,10 @@ SERVICES: dict[str, ServiceDef] = {
     for s in (
         ServiceDef("session-registry", "session_registry", health_port=8086),
         ServiceDef("device-persistence", "device_persistence", health_port=8087, grpc_port=50061,
-                   grpc_port_env="DEVICE_PERSISTENCE_GRPC_PORT"),
+                   grpc_port_env="DEVICE_PERSISTENCE_GRPC_PORT",
+                   grpc_callers=("connector", "router", "session-registry")),
         ServiceDef("app-delivery", "app_delivery", health_port=8085, grpc_port=50062,
-                   grpc_port_env="APP_DELIVERY_GRPC_PORT"),
+                   grpc_port_env="APP_DELIVERY_GRPC_PORT", grpc_callers=("connector",)),
         ServiceDef("router", "router", health_port=8082),
         ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883, tls_port=8883, ws_port=8083,
                    wss_port=8084),

@@ -239,6 +239,11 @@ class CommonSettings:
     grpc_tls_server_name: str = env("GRPC_TLS_SERVER_NAME", "",
                                     doc="the name checked in gRPC servers' certificates instead of the target's "
                                         "host (empty = the host)")
+    grpc_tls_peer_names: tuple[str, ...] = env(
+        "GRPC_TLS_PEER_NAMES", (), parse=csv,
+        doc="a gRPC server's callers: shell patterns (comma list, e.g. connector-*,router-*) one name of a "
+            "caller's certificate (CN or DNS subjectAltName) must match; other calls end with PERMISSION_DENIED "
+            "(empty = any certificate of GRPC_TLS_CA_FILE)")
     health_port: int = env("HEALTH_PORT", 0, parse=port, doc="health/readiness HTTP port (0 = any)")
     health_host: str = env("HEALTH_HOST", "127.0.0.1",
                            doc="health endpoint bind address (loopback: the launcher and compose probe it locally)")
@@ -289,7 +294,7 @@ class CommonSettings:
         from .grpc_tls import GrpcTls
 
         return GrpcTls(self.grpc_tls_cert_file, self.grpc_tls_key_file, self.grpc_tls_ca_file,
-                       self.grpc_tls_server_name)
+                       self.grpc_tls_server_name, self.grpc_tls_peer_names)
 
     @property
     def kafka_security(self):

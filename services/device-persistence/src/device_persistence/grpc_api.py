@@ -266,7 +266,7 @@ async def start_server(servicer: DevicePersistenceServicer, host: str, port: int
                        tls: GrpcTls = PLAINTEXT) -> tuple[grpc.aio.Server, int]:
     """A started grpc.aio server, mutual TLS when `tls` is on; returns it and the bound port (port 0 = any free
     port)."""
-    server = grpc.aio.server(options=[
+    server = grpc.aio.server(interceptors=tls.server_interceptors(), options=[
         ("grpc.max_send_message_length", -1),  # a fetch of 65535 stored messages can be large
         ("grpc.max_receive_message_length", 16 * 1024 * 1024),
         ("grpc.so_reuseport", 0),  # a second instance on the same port must fail, not share it
