@@ -37,7 +37,8 @@ class HttpEndpoint:
         class Handler(http.server.BaseHTTPRequestHandler):
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                request = Request(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                request = Request(self.command, self.path, headers, self.rfile.read(length))
                 endpoint.requests.append(request)
                 got = answer(request)
                 self.send_response(got.status)

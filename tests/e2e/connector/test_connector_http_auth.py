@@ -12,7 +12,7 @@ import time
 import pytest
 from connector_helpers import connector_health
 from http_endpoint import Answer, HttpEndpoint, Request
-from mqtt_clients import BOUND, Client, payloads, run
+from mqtt_clients import BOUND, Client, payloads, run, wait_until
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
@@ -127,3 +127,41 @@ async def test_no_service_listening_is_server_unavailable(kafka, tmp_path_factor
         assert (await connector_health(s)).get("http_auth_errors") == 1
         metrics = await scrape(s.health_port("connector"))
         assert value(metrics, "tbmq_auth_http_requests_total") == value(metrics, "tbmq_auth_http_errors_total") == 1
+
+
+async def test_kept_answers_spare_the_service_until_they_expire(kafka, tmp_path_factory, service):
+    """MQTT_AUTH_HTTP_CACHE_S: a reconnect with the same credentials is answered from the kept answer (the
+    service is not asked again, not even when its decision changed), another password is another question, an
+    error is never kept; once the answer expires the service's new decision applies."""
+    env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "http", "MQTT_AUTH_HTTP_URL": f"{service.base}/a",
+           "MQTT_AUTH_HTTP_CACHE_S": "3"}
+    async with Suite(services=["session-registry", "connector"], ports="free", log_format="json", id_tag=new_tag(),
+                     run_dir=tmp_path_factory.mktemp("suite-http-auth-cache"),
+                     kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
+                     service_env={"connector": env}) as s:
+        port, cid, flaky = s.mqtt_ports[0], f"kept-{new_tag()}", f"flaky-{new_tag()}"
+
+        def asked(client_id: str) -> int:
+            return sum(body["clientid"] == client_id for body, _ in service.questions)
+
+        async def connects(client_id: str, password: str) -> int:
+            rc, c = await run(connack, port, client_id, True, ("u", password))
+            if c is not None:
+                await run(c.close)
+            return rc
+
+        service.answers[cid] = (204, None)
+        assert await connects(cid, "pw") == 0 and asked(cid) == 1
+        service.answers[cid] = (200, {"result": "deny"})  # the service changes its mind
+        assert await connects(cid, "pw") == 0 and asked(cid) == 1  # the kept answer: not asked
+        assert await connects(cid, "other") == RC.BAD_USER_NAME_OR_PASSWORD and asked(cid) == 2
+
+        async def refused() -> bool:
+            return await connects(cid, "pw") == RC.BAD_USER_NAME_OR_PASSWORD
+        await wait_until(refused, BOUND, "the kept allow expiring")
+        service.answers[flaky] = (500, {})
+        for _ in range(2):  # errors are asked every time
+            assert await connects(flaky, "pw") == RC.SERVER_UNAVAILABLE
+        assert asked(flaky) == 2
+        metrics = await scrape(s.health_port("connector"))
+        assert value(metrics, "tbmq_auth_http_cached_total") >= 1

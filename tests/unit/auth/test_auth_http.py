@@ -19,7 +19,7 @@ from tbmq_auth import (
     parse_answer,
     request_body,
 )
-from tbmq_auth.http import ALLOW, DENY, ERROR, IGNORE
+from tbmq_auth.http import ALLOW, DENY, ERROR, IGNORE, AnswerCache, error
 from tbmq_mqtt import ReasonCode as RC
 
 pytestmark = pytest.mark.unit
@@ -110,3 +110,28 @@ def test_earlier_providers_and_blocked_rules_decide_before_the_service_is_asked(
     # the Will is checked against the answer's acl
     will = decide(auth, answer(result="allow", acl={"pub": ["up/%c"]}), username="bob", will_topic="elsewhere")
     assert will.reason_code == RC.NOT_AUTHORIZED
+
+
+def test_answers_are_kept_by_question_for_the_ttl_errors_never():
+    """AnswerCache: the same question (password included) gets the kept answer until the TTL, another password
+    is another question; an error is never kept; at most max_entries, the oldest dropped; ttl 0 keeps nothing."""
+    cache = AnswerCache(ttl_s=10.0, max_entries=2)
+    q = request_body("dev", "u", b"pw", "10.0.0.1", ())
+    key = AnswerCache.key(q)
+    assert key == AnswerCache.key(dict(reversed(list(q.items()))))  # the same question, whatever the order
+    assert b"pw" not in key and len(key) == 32
+    assert cache.get(key, 0.0) is None
+    cache.put(key, HttpAnswer(ALLOW, ("up/%c",), ()), 0.0)
+    assert cache.get(key, 9.9).pub == ("up/%c",)
+    assert cache.get(AnswerCache.key(request_body("dev", "u", b"other", "10.0.0.1", ())), 1.0) is None
+    assert cache.get(key, 10.0) is None and len(cache) == 0  # expired and dropped
+    denied = AnswerCache.key(request_body("bad", None, None, "10.0.0.2", ()))
+    cache.put(denied, HttpAnswer(DENY), 0.0)
+    cache.put(key, error("down"), 0.0)
+    assert cache.get(key, 1.0) is None and cache.get(denied, 1.0).result == DENY
+    for i in range(3):
+        cache.put(AnswerCache.key({"n": i}), HttpAnswer(IGNORE), 1.0)
+    assert len(cache) == 2 and cache.get(denied, 1.0) is None  # the oldest dropped
+    off = AnswerCache(ttl_s=0.0)
+    off.put(key, HttpAnswer(ALLOW), 0.0)
+    assert not off and off.get(key, 0.0) is None

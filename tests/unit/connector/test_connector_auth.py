@@ -164,6 +164,8 @@ def test_http_provider_settings(tmp_path):
         ({**on, "MQTT_AUTH_HTTP_URL": "http://a", "MQTT_AUTH_HTTP_CA_FILE": str(bad_ca)}, "MQTT_AUTH_HTTP_CA_FILE="),
         ({**on, "MQTT_AUTH_HTTP_URL": "http://a", "MQTT_AUTH_HTTP_TIMEOUT_S": "0"}, "MQTT_AUTH_HTTP_TIMEOUT_S"),
         ({"MQTT_AUTH_HTTP_URL": "http://a"}, "MQTT_AUTH_HTTP_URL is set but MQTT_AUTH_PROVIDERS has no http"),
+        ({"MQTT_AUTH_HTTP_CACHE_S": "30"}, "MQTT_AUTH_HTTP_CACHE_S is set but MQTT_AUTH_PROVIDERS has no http"),
+        ({**on, "MQTT_AUTH_HTTP_URL": "http://a", "MQTT_AUTH_HTTP_CACHE_S": "-1"}, "MQTT_AUTH_HTTP_CACHE_S"),
     ]:
         with pytest.raises(SettingsError) as e:
             load(ConnectorSettings, environ)

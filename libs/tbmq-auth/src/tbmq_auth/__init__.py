@@ -52,6 +52,7 @@ __all__ = [
     "ANONYMOUS", "BLOCK_KINDS", "CLIENT_ID", "DEFAULT_PROVIDERS", "HTTP", "IP", "JWT", "PASSWORD", "PROVIDERS",
     "REGEX", "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer",
     "BlockedRule", "Credential", "HttpAnswer", "HttpCheck", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant",
-    "TokenRefused", "anonymous_default", "hash_password", "jwk_thumbprint", "jwks_keys", "looks_like_jwt", "make_credential",
-    "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "substitute", "verify_password",
+    "TokenRefused", "anonymous_default", "hash_password", "jwk_thumbprint", "jwks_keys", "looks_like_jwt",
+    "make_credential", "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "substitute",
+    "verify_password",
 ]

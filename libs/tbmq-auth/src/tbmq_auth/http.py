@@ -17,12 +17,19 @@ The answer (`parse_answer(status, body)`):
 * anything else (another status, a body that is not such an object, a timeout, the service unreachable):
   refused with 0x88 Server unavailable (3.x: 3), so the client retries later; never passed to the next
   provider, which could be `anonymous` (fail closed; EMQX passes an error on as `ignore`).
+
+`AnswerCache` keeps the service's allow / deny / ignore answers for a while (MQTT_AUTH_HTTP_CACHE_S), by the
+SHA-256 of the question (the password is part of the question and is not kept), so a fleet reconnecting at
+once after an outage asks the service once per device and credential, not at every retry. An error is
+never kept.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from .patterns import parse_acl
@@ -98,9 +105,45 @@ def parse_answer(status: int, body: bytes) -> HttpAnswer:
     return HttpAnswer(ALLOW, pub, sub, username, _ms(expire_at))
 
 
+class AnswerCache:
+    """Answers by question for `ttl_s` (seconds on the clock passed in), at most `max_entries` (the oldest
+    dropped first: about 200 bytes each)."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 100_000) -> None:
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._answers: OrderedDict[bytes, tuple[HttpAnswer, float]] = OrderedDict()
+
+    def __bool__(self) -> bool:
+        return self.ttl_s > 0
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    @staticmethod
+    def key(body: dict) -> bytes:
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).digest()
+
+    def get(self, key: bytes, now: float) -> HttpAnswer | None:
+        got = self._answers.get(key)
+        if got is None:
+            return None
+        if now >= got[1]:
+            del self._answers[key]
+            return None
+        return got[0]
+
+    def put(self, key: bytes, answer: HttpAnswer, now: float) -> None:
+        if answer.result == ERROR or not self:
+            return
+        self._answers.pop(key, None)
+        self._answers[key] = (answer, now + self.ttl_s)
+        while len(self._answers) > self.max_entries:
+            self._answers.popitem(last=False)
+
+
 def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1000)
 
 
-__all__ = ["ALLOW", "DENY", "ERROR", "HTTP", "IGNORE", "HttpAnswer", "HttpCheck", "error", "parse_answer",
-           "request_body"]
+__all__ = ["ALLOW", "DENY", "ERROR", "HTTP", "IGNORE", "AnswerCache", "HttpAnswer", "HttpCheck", "error",
+           "parse_answer", "request_body"]

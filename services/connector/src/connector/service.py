@@ -50,7 +50,7 @@ from tbmq_platform.lifecycle import Service
 from tbmq_platform.marks import MarkWriter
 from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
 from tbmq_auth.failures import FailedLogins
-from tbmq_auth.http import ERROR
+from tbmq_auth.http import ERROR, AnswerCache
 from tbmq_platform.topics import (
     CLIENT_SESSION,
     CLIENT_SUBSCRIPTIONS,
@@ -136,6 +136,7 @@ class ConnectorService(Service):
         self.auth_tables = AuthTables()
         self.authorizer = Authorizer(self.auth_tables, providers=settings.auth_providers,
                                      allow_anonymous=settings.allow_anonymous, tokens=settings.token_verifier())
+        self.http_answers = AnswerCache(settings.http_auth_cache_s, settings.http_auth_cache_max)
         self.http_auth = HttpAuthClient(settings.http_auth_url, settings.http_auth_timeout_s,
                                         settings.http_auth_authorization, settings.http_auth_ca_file) \
             if HTTP in settings.auth_providers else None
@@ -381,6 +382,8 @@ class ConnectorService(Service):
         m.counter("auth_http_requests", "CONNECTs the http provider asked its service about",
                   lambda: st["http_auth_requests"])
         m.counter("auth_http_errors", "of those, no usable answer (CONNACK 0x88)", lambda: st["http_auth_errors"])
+        m.counter("auth_http_cached", "CONNECTs the http provider answered from MQTT_AUTH_HTTP_CACHE_S's kept answers",
+                  lambda: st["http_auth_cached"])
         m.counter("reloads", "TLS files and JWK Sets read again while running, by what and result",
                   lambda: {("tls", "loaded"): st["tls_reloads"], ("tls", "failed"): st["tls_reload_failures"],
                            ("jwks", "loaded"): st["jwks_loads"], ("jwks", "failed"): st["jwks_failures"]},
@@ -574,11 +577,7 @@ class ConnectorService(Service):
         now = int(time.time() * 1000)
         result = await self._decide(request, now, None)
         if isinstance(result, HttpCheck):
-            self.stats["http_auth_requests"] += 1
-            answer = await self.http_auth.ask(result.body)
-            if answer.result == ERROR:
-                self.stats["http_auth_errors"] += 1
-                log.warning("client %r: %s (CONNACK 0x88)", request.client_id, answer.reason)
+            answer = await self._ask_http(result.body, request.client_id)
             result = await self._decide(request, now, answer)
         if result.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD and self.failed_logins:
             self.stats["login_failures"] += 1
@@ -588,6 +587,24 @@ class ConnectorService(Service):
                             self.settings.login_ban_s, self.settings.login_failures_per_ip,
                             self.settings.login_failures_window_s)
         return result
+
+    async def _ask_http(self, body: dict, client_id: str) -> HttpAnswer:
+        """The `http` provider's answer to `body`: a kept one (MQTT_AUTH_HTTP_CACHE_S, tbmq_auth.http.AnswerCache)
+        or the service's."""
+        cache = self.http_answers
+        key = cache.key(body) if cache else b""
+        answer = cache.get(key, time.monotonic()) if cache else None
+        if answer is not None:
+            self.stats["http_auth_cached"] += 1
+            return answer
+        self.stats["http_auth_requests"] += 1
+        answer = await self.http_auth.ask(body)
+        if answer.result == ERROR:
+            self.stats["http_auth_errors"] += 1
+            log.warning("client %r: %s (CONNACK 0x88)", client_id, answer.reason)
+        elif cache:
+            cache.put(key, answer, time.monotonic())
+        return answer
 
     async def _decide(self, request: AuthRequest, now: int, answer: HttpAnswer | None) -> AuthResult | HttpCheck:
         if request.password is not None and request.username in self.auth_tables.credentials:

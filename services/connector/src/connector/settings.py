@@ -143,6 +143,13 @@ class ConnectorSettings(CommonSettings):
     http_auth_ca_file: str = env("MQTT_AUTH_HTTP_CA_FILE", "",
                                  doc="provider http: the CA (PEM) of an https service's certificate; empty = the "
                                      "system's")
+    http_auth_cache_s: float = env(
+        "MQTT_AUTH_HTTP_CACHE_S", 0.0, parse=number(0),
+        doc="provider http: how long an allow / deny / ignore answer is kept for the same question (client id, "
+            "user name, password, address, certificate names; kept by its SHA-256), so reconnects do not ask "
+            "again; a changed decision applies after at most this long; 0 = every CONNECT asks")
+    http_auth_cache_max: int = env("MQTT_AUTH_HTTP_CACHE_MAX", 100_000, parse=integer(1),
+                                   doc="provider http: answers kept at most (the oldest dropped first)")
     jwt_audience: str = env("MQTT_AUTH_JWT_AUDIENCE", "",
                             doc="provider jwt: the aud claim a token must carry (empty = not checked)")
     jwt_issuer: str = env("MQTT_AUTH_JWT_ISSUER", "",
@@ -438,7 +445,8 @@ class ConnectorSettings(CommonSettings):
             return [f"{v} is set but MQTT_AUTH_PROVIDERS has no http" for v, on in (
                 ("MQTT_AUTH_HTTP_URL", self.http_auth_url),
                 ("MQTT_AUTH_HTTP_AUTHORIZATION", self.http_auth_authorization),
-                ("MQTT_AUTH_HTTP_CA_FILE", self.http_auth_ca_file)) if on]
+                ("MQTT_AUTH_HTTP_CA_FILE", self.http_auth_ca_file),
+                ("MQTT_AUTH_HTTP_CACHE_S", self.http_auth_cache_s)) if on]
         problems = []
         if not is_http_url(self.http_auth_url):
             problems.append("MQTT_AUTH_PROVIDERS has http: MQTT_AUTH_HTTP_URL must be an http(s) URL"
