@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from .watch import file_stamps
 
 
@@ -89,15 +91,11 @@ class GrpcTls:
         return file_stamps((self.cert_file, self.key_file, self.ca_file))
 
     def _server_config(self) -> Any:
-        import grpc
-
         return grpc.ssl_server_certificate_configuration(
             [(_read(self.key_file), _read(self.cert_file))], root_certificates=_read(self.ca_file))
 
     def server_credentials(self) -> Any:
         """Credentials requiring a client certificate of the CA; the files are read again once changed."""
-        import grpc
-
         seen = [self._stamps()]
 
         def fetch() -> Any:  # called by gRPC before each new handshake: None keeps the current configuration
@@ -127,15 +125,11 @@ class GrpcTls:
     # -- client ------------------------------------------------------------------------------------------
     def channel_credentials(self) -> Any:
         """The credentials of a client channel: the CA bundle, and this instance's certificate and key."""
-        import grpc
-
         return grpc.ssl_channel_credentials(root_certificates=_read(self.ca_file), private_key=_read(self.key_file),
                                             certificate_chain=_read(self.cert_file))
 
     def channel(self, target: str, *, options: Sequence[tuple[str, Any]] = (), interceptors: Sequence = ()) -> Any:
         """A grpc.aio channel to `target`: TLS presenting this instance's certificate when on."""
-        import grpc
-
         kwargs: dict[str, Any] = {"options": list(options)}
         if interceptors:
             kwargs["interceptors"] = list(interceptors)
@@ -156,13 +150,7 @@ def name_allowed(names: Sequence[str], patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
 
 
-def _grpc_server_interceptor_base() -> type:
-    import grpc
-
-    return grpc.aio.ServerInterceptor
-
-
-class PeerNames(_grpc_server_interceptor_base()):
+class PeerNames(grpc.aio.ServerInterceptor):
     """Ends every call whose caller's certificate names none of `patterns` with PERMISSION_DENIED, before its
     handler runs (the handler is wrapped: grpc.aio gives interceptors no peer, the call's context has it)."""
 
@@ -170,8 +158,6 @@ class PeerNames(_grpc_server_interceptor_base()):
         self.patterns = tuple(patterns)
 
     async def intercept_service(self, continuation, handler_call_details):
-        import grpc
-
         handler = await continuation(handler_call_details)
         patterns = self.patterns
 

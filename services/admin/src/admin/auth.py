@@ -13,7 +13,9 @@ while the new one signs. Failed logins per address: tbmq_auth.failures, the conn
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +42,16 @@ def parse_users(text: str) -> dict[str, str]:
             raise ValueError(f"line {n}: not username:argon2-hash")
         users[name] = digest
     return users
+
+
+def users_file_problem(path: str) -> str | None:
+    """Why ADMIN_USERS_FILE cannot be used (missing, readable by others), or None: checked at start-up and each
+    time the file is read again."""
+    if not os.path.isfile(path):
+        return "no such file"
+    if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
+        return "readable by others (chmod 600)"
+    return None
 
 
 def load_users(path: str | Path) -> dict[str, str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
 import time
 import uuid
@@ -33,7 +32,7 @@ from tbmq_routing.naming import app_client_group, app_topic_name
 
 from . import query
 from .api import PREFIX, ROUTES, openapi
-from .auth import Tokens, load_users, password_stamp, token_user, verify
+from .auth import Tokens, load_users, password_stamp, token_user, users_file_problem, verify
 from .settings import AdminSettings
 
 log = logging.getLogger(__name__)
@@ -187,8 +186,9 @@ class AdminService(Service):
         stamps = file_stamps([path])
         if stamps != self._users_seen:
             try:
-                if os.stat(path).st_mode & 0o077:
-                    raise ValueError("readable by others (chmod 600)")
+                problem = users_file_problem(path)
+                if problem is not None:
+                    raise ValueError(problem)
                 users = load_users(path)
             except (OSError, ValueError) as exc:
                 log.warning("ADMIN_USERS_FILE=%r not loaded (%s): keeping %d users", path, exc, len(self.users))

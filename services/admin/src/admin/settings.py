@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tbmq_platform.settings import CommonSettings, csv, env, integer, load, load_or_exit, port
 
-from .auth import MIN_SECRET_BYTES
+from .auth import MIN_SECRET_BYTES, users_file_problem
 
 
 def endpoints(raw: str) -> tuple[tuple[str, str], ...]:
@@ -68,10 +66,8 @@ class AdminSettings(CommonSettings):
         problems = super().validate()
         if not self.users_file:
             problems.append("ADMIN_USERS_FILE is required (a file of username:argon2-hash lines)")
-        elif not os.path.isfile(self.users_file):
-            problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: no such file")
-        elif stat.S_IMODE(os.stat(self.users_file).st_mode) & 0o077:
-            problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: readable by others (chmod 600)")
+        elif (problem := users_file_problem(self.users_file)) is not None:
+            problems.append(f"ADMIN_USERS_FILE={self.users_file!r}: {problem}")
         if self.token_secret and len(self.token_secret.encode()) < MIN_SECRET_BYTES:
             problems.append(f"ADMIN_TOKEN_SECRET: at least {MIN_SECRET_BYTES} bytes (RFC 7518 3.2)")
         if self.token_secret_previous and not self.token_secret:

@@ -579,9 +579,9 @@ class ConnectorService(Service):
         if isinstance(result, HttpCheck):
             answer = await self._ask_http(result.body, request.client_id)
             result = await self._decide(request, now, answer)
-        if result.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD and self.failed_logins:
+        if result.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD:
             self.stats["login_failures"] += 1
-            if self.failed_logins.failed(request.ip, time.monotonic()):
+            if self.failed_logins and self.failed_logins.failed(request.ip, time.monotonic()):
                 self.stats["login_bans"] += 1
                 log.warning("address %s banned for %gs: %d failed logins within %gs", request.ip,
                             self.settings.login_ban_s, self.settings.login_failures_per_ip,
