@@ -47,4 +47,3 @@ def test_publish_rate_in_messages_and_bytes():
     both = PublishRate(messages_per_s=1000, bytes_per_s=100)
     assert both.take(0, 300) == 2000  # the slower of the two decides
     assert not PublishRate(0, 0) and PublishRate(1, 0)
-

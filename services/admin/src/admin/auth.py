@@ -96,7 +96,6 @@ class Tokens:
         if any(len(s) < MIN_SECRET_BYTES for s in (secret, *previous)):
             raise ValueError(f"the token secret needs at least {MIN_SECRET_BYTES} bytes")
         self.ttl_s = ttl_s
-        self.secret = secret
         self.secrets = (secret, *previous)  # verified with any, the first signs
         self.clock = clock
         self._revoked: dict[str, float] = {}  # jti -> when the token expires (s)
@@ -106,7 +105,7 @@ class Tokens:
         seconds."""
         claims = {"sub": user, "exp": int(self.clock() + self.ttl_s), "jti": secrets.token_urlsafe(16),
                   "pwd": stamp}
-        return jwt.encode(claims, self.secret, algorithm=self.ALGORITHM), self.ttl_s
+        return jwt.encode(claims, self.secrets[0], algorithm=self.ALGORITHM), self.ttl_s
 
     def claims(self, token: str) -> dict | None:
         """The claims of a valid token (signed with this secret or a previous one, not expired, not revoked),
@@ -128,10 +127,6 @@ class Tokens:
         if self.clock() >= exp or jti in self._revoked:
             return None
         return claims
-
-    def user(self, token: str) -> str | None:
-        claims = self.claims(token)
-        return claims["sub"] if claims is not None else None
 
     def revoke(self, jti: str, expires_s: float) -> None:
         self._purge()

@@ -52,7 +52,8 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
                                               long_poll=True)
         await self.removed_consumer.start()
         self.spawn(self._removed_loop(), "app.removed")
-        self.server = grpc.aio.server(interceptors=s.grpc_tls.server_interceptors(), options=[("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(interceptors=s.grpc_tls.server_interceptors(),
+                                      options=[("grpc.so_reuseport", 0)])
         sgrpc.add_AppDeliveryServicer_to_server(self, self.server)
         self.grpc_port = s.grpc_tls.add_port(self.server, f"{s.grpc_host}:{s.grpc_port}")
         if not self.grpc_port:

@@ -513,4 +513,3 @@ def _ca_file_problems(name: str, path: str) -> list[str]:
 
 
 __all__ = ["ConnectorSettings", "Listener"]
-
