@@ -40,8 +40,11 @@ async def test_a_fan_out_over_the_record_limit_reaches_every_subscriber_once(kaf
 
     reader = TopicReader(kafka.bootstrap_servers, topics.downlink_basic_topic(conn))
     try:
-        def complete(records) -> bool:
-            return any(d.msg.payload == b"after the big one" for d in downlinks(records))
+        def complete(records) -> bool:  # the downlink's partitions are read at their own pace (one may still
+            # be finding its leader): wait for the small message and for every recipient of the big one
+            found = downlinks(records)
+            return any(d.msg.payload == b"after the big one" for d in found) \
+                and sum(len(d.recipients) for d in found if d.msg.topic == topic) >= N
 
         records = await reader.poll_until(complete, 120)
         big = [d for d in downlinks(records) if d.msg.topic == topic]
