@@ -187,6 +187,26 @@ async def test_stream_retrying_against_a_down_server_leaves_nothing_behind(caplo
     _assert_clean_logs(caplog)
 
 
+async def test_stream_stopped_at_any_point_against_a_down_server_stops():
+    """stop() lands wherever the retry loop is: in a call's preparation too, where grpc.aio swallows the
+    cancellation and the call then fails UNAVAILABLE (tbmq_platform.backoff.retry_after). Before that was
+    handled, about one stop in a hundred waited forever while the loop retried."""
+    server = await Server("hold").start()
+    port = server.port
+    await server.stop()
+    channels = AppDeliveryChannels((f"127.0.0.1:{port}",))
+    try:
+        for i in range(200):
+            stream = _stream(channels, lambda rec: None)
+            stream.start()
+            for _ in range(i % 50):
+                await asyncio.sleep(0)  # a yield to the loop (not a wait): stop() lands at another point
+            stopping = asyncio.get_running_loop().create_task(stream.stop())
+            assert await poll(stopping.done, 5.0, step=0.005), f"stop #{i} did not end"
+    finally:
+        await channels.close()
+
+
 async def test_ack_while_down_is_dropped_and_stop_is_idempotent(caplog):
     server = await Server("hold").start()
     channels = AppDeliveryChannels((f"127.0.0.1:{server.port}",))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, PEER_RETRY_MAX_S, Backoff
+from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, PEER_RETRY_MAX_S, Backoff, retry_after
+from waits import wait_until
 
 
 def test_doubles_from_the_initial_delay_up_to_the_cap_and_resets():
@@ -28,3 +31,31 @@ def test_peer_default_and_channel_options_share_the_cap():
 def test_bad_bounds_are_refused(initial, cap):
     with pytest.raises(ValueError):
         Backoff(initial, cap)
+
+
+async def test_retry_after_stops_a_loop_whose_cancellation_was_swallowed():
+    """As grpc.aio does when a cancellation lands on a call's preparation: caught there, and the call ends
+    with its own status (UNAVAILABLE), which the loop takes for one more failed attempt."""
+    attempts = []
+
+    async def loop() -> None:
+        while True:
+            attempts.append(1)
+            try:
+                await asyncio.Event().wait()           # the attempt: waits until cancelled
+            except asyncio.CancelledError:
+                pass                                   # swallowed, as grpc.aio's _prepare_rpc does
+            await retry_after(60.0)
+
+    task = asyncio.get_running_loop().create_task(loop())
+    await wait_until(lambda: attempts, 5.0, "the first attempt")
+    task.cancel()
+    await wait_until(task.done, 5.0, "the loop stopped")
+    assert task.cancelled() and len(attempts) == 1
+
+
+async def test_retry_after_pauses_a_loop_that_was_not_stopped():
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await retry_after(0.05)
+    assert loop.time() - start >= 0.05

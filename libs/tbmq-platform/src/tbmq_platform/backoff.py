@@ -12,10 +12,14 @@ these loops giving up.
 gRPC channels have their own reconnect back-off (by default 1 s growing to 120 s): while a channel waits in
 it, every call fails at once with UNAVAILABLE however soon the loop retries, so PEER_CHANNEL_OPTIONS caps it
 the same way.
+
+A retry loop around a grpc.aio call must also be stoppable: `end_attempt` and `retry_after` are the two steps
+every such loop takes between attempts (see `retry_after` for the cancellation grpc.aio can swallow).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 PEER_RETRY_INITIAL_S = 0.1
@@ -52,3 +56,26 @@ class Backoff:
     def active(self) -> bool:
         """Whether the last attempt failed (a delay was given since the last success)."""
         return self.current > 0
+
+
+async def end_attempt(call, writer: asyncio.Task) -> None:
+    """Ends one attempt of a bidi stream driven by a writer task: the call and the writer are cancelled and
+    the writer awaited, shielded (a second cancellation of the loop must not leave the writer un-awaited), so
+    nothing of the attempt outlives it."""
+    call.cancel()
+    writer.cancel()
+    await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
+
+
+async def retry_after(delay: float) -> None:
+    """The pause before a retry loop's next attempt, unless the loop's task was asked to stop.
+
+    grpc.aio can swallow a cancellation: one that lands while the task awaits a call's preparation (the
+    stream's `_prepare_rpc`, a unary call's `_invoke`, in grpc/aio/_call.py) is caught there, and the call
+    then ends with its own status, UNAVAILABLE from a peer that is down. The loop takes that for a failed
+    attempt, and without this check retries forever while `stop()` waits for it. `Task.cancelling()` still
+    counts the request, so it is raised here."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    await asyncio.sleep(delay)

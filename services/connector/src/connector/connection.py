@@ -59,7 +59,7 @@ from tbmq_connection import (
 )
 from tbmq_auth import AuthResult
 from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck, ReasonCode
-from tbmq_platform.backoff import Backoff
+from tbmq_platform.backoff import Backoff, retry_after
 from tbmq_platform.tracing import fresh_trace_headers
 
 from .port import ConnectionPort
@@ -690,7 +690,7 @@ class Connection(asyncio.Protocol):
                 if m.state == CONNECTED:
                     yield [], got
                 return
-            await asyncio.sleep(delay)  # the retry's back-off (not a synchronisation)
+            await retry_after(delay)  # the retry's back-off (not a synchronisation)
             if m.state != CONNECTED:
                 return
 

@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
-from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, PEER_RETRY_INITIAL_S, PEER_RETRY_MAX_S, Backoff
+from tbmq_platform.backoff import (PEER_CHANNEL_OPTIONS, PEER_RETRY_INITIAL_S, PEER_RETRY_MAX_S, Backoff, end_attempt,
+                                   retry_after)
 from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.metrics import grpc_client_interceptors
 from tbmq_platform.peers import pick_target
@@ -359,13 +360,10 @@ class ForwardLink:
                 for fut in waiting.values():
                     if not fut.done():
                         fut.set_exception(StreamDown(self.target))
-                call.cancel()
-                writer.cancel()
-                # shielded: a second cancellation of this task must not leave the writer un-awaited
-                await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
+                await end_attempt(call, writer)
                 if was_open and not self._stopped:
                     self._on_close(self)
-            await asyncio.sleep(backoff.current or backoff.next())  # the retry's back-off
+            await retry_after(backoff.current or backoff.next())
 
 
 class DevicePersistenceClient:
@@ -615,8 +613,5 @@ class AppStream:
             finally:
                 self._queue = None
                 self.connected = False
-                call.cancel()
-                writer.cancel()
-                # shielded: a second cancellation of this task must not leave the writer un-awaited
-                await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
-            await asyncio.sleep(backoff.current or backoff.next())  # the retry's back-off
+                await end_attempt(call, writer)
+            await retry_after(backoff.current or backoff.next())

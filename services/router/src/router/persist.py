@@ -26,7 +26,7 @@ import logging
 import grpc
 from tbmq.v1 import services_pb2 as spb
 from tbmq.v1 import services_pb2_grpc as sgrpc
-from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff
+from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff, end_attempt, retry_after
 from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.peers import pick_target
 
@@ -115,11 +115,8 @@ class PersistStream:
                 log.warning("Persist stream to %s failed: %s; reopening (%d batches unanswered)", self.target,
                             exc.code().name, len(self._unanswered))
             finally:
-                call.cancel()
-                writer.cancel()
-                # shielded: a second cancellation of this task must not leave the writer un-awaited
-                await asyncio.shield(asyncio.gather(writer, return_exceptions=True))
-            await asyncio.sleep(backoff.next())
+                await end_attempt(call, writer)
+            await retry_after(backoff.next())
 
     async def _write(self, call, again: list[int]) -> None:
         try:

@@ -8,13 +8,12 @@ device-persistence does not stall every removal.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
 import grpc
 from tbmq.v1 import services_pb2, services_pb2_grpc
-from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff
+from tbmq_platform.backoff import PEER_CHANNEL_OPTIONS, Backoff, retry_after
 from tbmq_platform.grpc_tls import PLAINTEXT, GrpcTls
 from tbmq_platform.tracing import grpc_metadata
 
@@ -69,4 +68,4 @@ class DeviceClearer:
             if remaining <= 0:
                 self._down_until = time.monotonic() + self._backoff.next()
                 raise ClearFailed(f"device-persistence {self.target}: {last}")
-            await asyncio.sleep(min(retry.next(), remaining))
+            await retry_after(min(retry.next(), remaining))
