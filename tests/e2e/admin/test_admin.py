@@ -6,12 +6,13 @@ The web UI is driven in headless Chromium (headless.py); its screenshots are kep
 from __future__ import annotations
 
 import json
-
 import subprocess
 from urllib.parse import quote
 
 import aiohttp
 import pytest
+from admin_users import write_users
+from argon2 import PasswordHasher
 from headless import Browser, chromium
 from mqtt_clients import Client, run, wait_until
 from suites import module_suite
@@ -286,9 +287,7 @@ async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, t
     await wait_until(lambda: _session(api, cid, connected=True), BOUND, "the session in the API")
     browser = await Browser(tmp_path / "chromium").start()
     try:
-        url = suite.admin_url()
-        await browser.goto(url)
-        await wait_until(lambda: browser.evaluate("!document.querySelector('#login').hidden"), BOUND, "login page")
+        url = await _login_page(browser, suite)
         # a wrong password: the page says so and stays on the login form
         await browser.evaluate("document.querySelector('#password').value = 'wrong';"
                                "document.querySelector('#login-button').click()")
@@ -347,6 +346,50 @@ async def test_web_ui_login_overview_sessions_and_retained(suite, api, unique, t
     finally:
         await browser.stop()
         await run(c.close)
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium (scripts/bootstrap.sh installs Debian's chromium)")
+async def test_web_ui_of_a_viewer_shows_the_lists_without_what_changes_things(suite, api, unique, tmp_path):
+    """A `viewer` user (ADMIN_USERS_FILE's role field): the pages list as for an administrator, and no button,
+    form or page that would change something (or show the credentials) is on them."""
+    users = suite.admin_users_file
+    original = users.read_text()
+    write_users(users, original + f"watch-ui:{PasswordHasher().hash('viewer-password')}:viewer\n")
+    cid = unique("uiview")
+    c = Client(cid, clean=False, session_expiry=600)
+    await run(c.connect, suite.mqtt_ports[0])
+    await wait_until(lambda: _session(api, cid, connected=True), BOUND, "the session in the API")
+    browser = await Browser(tmp_path / "chromium").start()
+    try:
+        url = await _login_page(browser, suite)
+        await browser.evaluate("document.querySelector('#username').value = 'watch-ui';"
+                               "document.querySelector('#password').value = 'viewer-password';"
+                               "document.querySelector('#login-button').click()")
+        await wait_until(lambda: _shows(browser, "overview", "Connected"), BOUND, "the overview")
+        hidden = "[...document.querySelectorAll('[data-write]')].every(e => e.offsetParent === null)"
+        assert await browser.evaluate("document.querySelector('nav a[href=\"#credentials\"]').offsetParent === null")
+        await browser.goto(url + "#sessions?client_id=" + cid)
+        await wait_until(lambda: _shows(browser, "sessions", cid), BOUND, "the session in the sessions table")
+        assert await browser.evaluate(f"document.querySelectorAll('[data-disconnect=\"{cid}\"]').length") == 1
+        assert await browser.evaluate(hidden), "a Disconnect or Clear button shown to a viewer"
+        await browser.screenshot(tmp_path / "viewer-sessions.png")
+        await browser.goto(url + "#blocked")
+        await wait_until(lambda: _shows(browser, "blocked", "Blocked clients"), BOUND, "the blocked page")
+        assert await browser.evaluate("document.querySelectorAll('#block-form').length") == 1
+        assert await browser.evaluate(hidden), "the Block form shown to a viewer"
+        assert c.disconnected is None  # nothing done to the client
+    finally:
+        await browser.stop()
+        await run(c.close)
+        write_users(users, original)
+
+
+async def _login_page(browser: Browser, suite: Suite) -> str:
+    """The UI opened on its login form; its URL."""
+    url = suite.admin_url()
+    await browser.goto(url)
+    await wait_until(lambda: browser.evaluate("!document.querySelector('#login').hidden"), BOUND, "login page")
+    return url
 
 
 async def _text_has(browser: Browser, selector: str, text: str) -> bool:

@@ -5,10 +5,11 @@ users file, or given a new password, loses its tokens on both without a restart.
 
 from __future__ import annotations
 
-import os
+import functools
 
 import aiohttp
 import pytest
+from admin_users import write_users
 from argon2 import PasswordHasher
 from mqtt_clients import wait_until
 from suites import module_suite
@@ -73,12 +74,7 @@ async def test_a_user_removed_or_given_a_new_password_loses_its_tokens_on_every_
     users = admins.admin_users_file
     original = users.read_text()
 
-    def write(text: str) -> None:  # as an operator's tool would: a new file, mode 0600, renamed over the old one
-        staged = users.with_suffix(".next")
-        staged.write_text(text)
-        staged.chmod(0o600)
-        os.replace(staged, users)
-
+    write = functools.partial(write_users, users)
     async with aiohttp.ClientSession() as http:
         try:
             write(original + f"ops:{PasswordHasher().hash('first-password')}\n")
@@ -99,5 +95,46 @@ async def test_a_user_removed_or_given_a_new_password_loses_its_tokens_on_every_
                 assert (await call(http, admins, i, "GET", "/sessions", second))[0] == 401, i
             admin = await login(http, admins, 1)  # the others are untouched
             assert (await call(http, admins, 2, "GET", "/sessions", admin))[0] == 200
+        finally:
+            write(original)
+
+
+async def test_a_viewer_reads_and_is_refused_every_change_until_the_file_makes_it_an_admin(admins):
+    """Roles (`username:hash:viewer`): a viewer's token reads on both instances and gets 403 on every change
+    and on the credentials; the role is looked up in the users file at each request, so changing it there
+    applies to the token it already has, on both instances, without a restart."""
+    users = admins.admin_users_file
+    original = users.read_text()
+
+    write = functools.partial(write_users, users)
+    digest = PasswordHasher().hash("viewer-password")
+    rule = {"kind": "client_id", "value": "viewer-test-device", "reason": "roles test"}
+    async with aiohttp.ClientSession() as http:
+        try:
+            write(original + f"watch:{digest}:viewer\n")
+            status, body = await call(http, admins, 1, "POST", "/auth/login",
+                                      json={"username": "watch", "password": "viewer-password"})
+            assert status == 200 and body["role"] == "viewer", body
+            token = body["token"]
+            for i in (1, 2):
+                for path in ("/sessions", "/subscriptions", "/retained", "/blocked", "/services", "/overview"):
+                    assert (await call(http, admins, i, "GET", path, token))[0] == 200, (i, path)
+                status, body = await call(http, admins, i, "GET", "/credentials", token)
+                assert status == 403 and "needs the admin role" in body["error"], (i, body)
+                for method, path, payload in (("POST", "/blocked", rule), ("DELETE", "/retained/a%2Fb", None),
+                                              ("PUT", "/credentials/x", {"password": "p"}),
+                                              ("POST", "/sessions/x/disconnect", None)):
+                    assert (await call(http, admins, i, method, path, token, payload))[0] == 403, (i, method, path)
+            status, body = await call(http, admins, 1, "GET", "/blocked", token)
+            assert "client_id:viewer-test-device" not in {b["key"] for b in body["items"]}  # nothing was written
+            write(original + f"watch:{digest}:admin\n")  # the same user made an administrator
+            for i in (1, 2):
+                assert (await call(http, admins, i, "GET", "/credentials", token))[0] == 200, i
+            assert (await call(http, admins, 2, "POST", "/blocked", token, rule))[0] == 202
+
+            async def unblocked() -> bool:  # 404 until instance 2 has read its own rule back from the topic
+                return (await call(http, admins, 2, "DELETE", "/blocked/client_id:viewer-test-device", token))[0] == 202
+
+            await wait_until(unblocked, BOUND, "the rule deleted by the new administrator")
         finally:
             write(original)

@@ -8,7 +8,7 @@ import re
 import pytest
 from admin import query
 from admin.api import PREFIX, ROUTES, openapi
-from admin.auth import Tokens, parse_users, password_stamp, token_user, verify
+from admin.auth import ADMIN, ROLES, VIEWER, Tokens, User, allows, parse_users, password_stamp, token_user, verify
 from admin.settings import endpoints, load_settings
 from argon2 import PasswordHasher
 from tbmq.v1 import messages_pb2 as pb
@@ -141,6 +141,28 @@ def test_users_file_and_argon2id_verification():
         parse_users("admin:plaintext")
 
 
+def test_users_have_a_role_admin_by_default_and_a_viewer_only_reads():
+    digest = PasswordHasher().hash("s3cret")
+    users = parse_users(f"root:{digest}\nops:{digest}:admin\nwatch:{digest}:viewer\n")
+    assert [users[u].role for u in ("root", "ops", "watch")] == [ADMIN, ADMIN, VIEWER]
+    assert users["watch"].digest == digest and verify(users, "watch", "s3cret")
+    with pytest.raises(ValueError, match="line 2: role 'root' is not one of admin, viewer"):
+        parse_users(f"ops:{digest}\nwatch:{digest}:root\n")
+    assert allows(ADMIN, ADMIN) and allows(ADMIN, VIEWER) and allows(VIEWER, VIEWER)
+    assert not allows(VIEWER, ADMIN) and not allows("root", VIEWER) and not allows(ADMIN, "root")
+    assert ROLES == (ADMIN, VIEWER)
+
+
+def test_every_route_that_changes_something_or_shows_credentials_needs_the_admin_role():
+    for r in ROUTES:
+        if not r.auth:
+            continue
+        reads = r.method == "GET" and not r.path.startswith("/credentials")
+        assert r.role == (VIEWER if reads or r.handler == "logout" else ADMIN), (r.method, r.path)
+        op = openapi()["paths"][PREFIX + r.path][r.method.lower()]
+        assert op["x-role"] == r.role and ("403" in op["responses"]) == (r.role == ADMIN), r.path
+
+
 def test_openapi_lists_every_route_with_its_parameters():
     doc = openapi()
     assert doc["openapi"].startswith("3.")
@@ -184,12 +206,12 @@ def test_a_token_ends_with_its_users_password_and_the_secret_rotates_without_a_l
     before; ADMIN_TOKEN_SECRET_PREVIOUS keeps the old secret's tokens valid while the new one signs."""
     now = [1_800_000_000.0]
     digest = PasswordHasher().hash("s3cret")
-    users = {"ops": digest}
+    users = {"ops": User(digest)}
     old = Tokens(ttl_s=600, secret=b"the-old-secret-of-32-bytes-or-more", clock=lambda: now[0])
     token, _ = old.issue("ops", password_stamp(digest))
     assert token_user(old.claims(token), users) == "ops"
     assert token_user(old.claims(token), {}) is None  # removed from the file
-    assert token_user(old.claims(token), {"ops": PasswordHasher().hash("n3w")}) is None  # password changed
+    assert token_user(old.claims(token), {"ops": User(PasswordHasher().hash("n3w"))}) is None  # password changed
     assert token_user(old.claims(old.issue("ops")[0]), users) is None  # a token without the stamp
     assert token_user(None, users) is None
     rotated = Tokens(ttl_s=600, secret=b"the-new-secret-of-32-bytes-or-more", clock=lambda: now[0],

@@ -28,3 +28,13 @@ def test_generated_once_private_and_verifiable(tmp_path):
     ensure_admin_user(tmp_path)
     users = load_users(users_file)
     assert verify(users, "admin", "new-password") and "ops" in users
+
+
+def test_a_role_on_the_admin_line_is_kept_while_the_password_matches(tmp_path):
+    pw_file, users_file = ensure_admin_user(tmp_path)
+    line = users_file.read_text().strip()
+    users_file.write_text(f"{line}:admin\nwatch:{line.partition(':')[2]}:viewer\n")
+    ensure_admin_user(tmp_path)  # the hash is still the password's: nothing rewritten
+    users = load_users(users_file)
+    assert users_file.read_text().startswith(line + ":admin\n") and users["watch"].role == "viewer"
+    assert verify(users, "admin", pw_file.read_text().strip())

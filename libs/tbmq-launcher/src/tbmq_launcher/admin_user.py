@@ -40,7 +40,8 @@ def ensure_admin_user(run_dir: str | os.PathLike) -> tuple[Path, Path]:
     current = users_file.read_text() if users_file.exists() else ""
     ok = False
     for line in current.splitlines():
-        name, _, digest = line.strip().partition(":")
+        name, _, rest = line.strip().partition(":")
+        digest = rest.partition(":")[0]  # username:argon2-hash[:role] (the admin service's users file)
         if name == USER:
             try:
                 ok = hasher.verify(digest, password)

@@ -1,12 +1,15 @@
 """The REST API's one table of routes (ROUTES) and the OpenAPI 3 document generated from it.
 
-Each route names the AdminService handler method that answers it; `openapi()` describes exactly these routes,
-so the document and the server cannot disagree (tests/unit/admin checks every route is in it).
+Each route names the AdminService handler method that answers it and the role it needs (auth.ROLES: `viewer`
+for the reads, `admin`, the default, for every change and for the credentials); `openapi()` describes exactly
+these routes, so the document and the server cannot disagree (tests/unit/admin checks every route is in it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .auth import ADMIN, VIEWER
 
 PREFIX = "/api/v1"
 
@@ -27,6 +30,7 @@ class Route:
     summary: str
     params: tuple[Param, ...] = ()
     auth: bool = True
+    role: str = ADMIN  # the role a caller needs (auth.allows); a route that forgets it is for admins only
     body: dict | None = None  # JSON schema of the request body
     responses: dict = field(default_factory=lambda: {"200": "OK"})
 
@@ -41,15 +45,16 @@ ROUTES: tuple[Route, ...] = (
                 "properties": {"username": {"type": "string"}, "password": {"type": "string"}}},
           responses={"200": "{token, expires_in}", "401": "bad user name or password",
                      "429": "too many failed logins from this address (Retry-After)"}),
-    Route("POST", "/auth/logout", "logout", "Revoke the bearer token of the request"),
+    Route("POST", "/auth/logout", "logout", "Revoke the bearer token of the request", role=VIEWER),
     Route("GET", "/openapi.json", "openapi_doc", "This document", auth=False),
     Route("GET", "/overview", "overview", "Counts of sessions, connections, subscriptions, retained messages; "
-          "connector message counters; the APPLICATION clients' total Kafka lag"),
+          "connector message counters; the APPLICATION clients' total Kafka lag", role=VIEWER),
     Route("GET", "/sessions", "list_sessions", "Sessions (tbmq.client.session), sorted by client id",
           (Param("client_id", doc="client id prefix"), Param("connected", type="boolean"),
-           Param("client_type", doc="DEVICE or APPLICATION"), *PAGING)),
+           Param("client_type", doc="DEVICE or APPLICATION"), *PAGING), role=VIEWER),
     Route("GET", "/sessions/{client_id}", "get_session", "One session, its subscriptions and, for an "
-          "APPLICATION client, its Kafka backlog", (CLIENT,), responses={"200": "OK", "404": "no such session"}),
+          "APPLICATION client, its Kafka backlog", (CLIENT,), role=VIEWER,
+          responses={"200": "OK", "404": "no such session"}),
     Route("POST", "/sessions/{client_id}/disconnect", "disconnect_session",
           "Close the client's connection (v5 DISCONNECT 0x98 Administrative action; its Will is sent at once)",
           (CLIENT,), responses={"202": "DisconnectCommand sent", "404": "no such session", "409": "not connected"}),
@@ -58,17 +63,17 @@ ROUTES: tuple[Route, ...] = (
           "first)", (CLIENT,), responses={"202": "request sent", "404": "no such session"}),
     Route("GET", "/subscriptions", "list_subscriptions", "Subscriptions (tbmq.client.subscriptions)",
           (Param("topic_filter", doc="substring of the topic filter"), Param("client_id", doc="client id prefix"),
-           Param("shared", type="boolean"), *PAGING)),
+           Param("shared", type="boolean"), *PAGING), role=VIEWER),
     Route("GET", "/shared-subscriptions", "list_shared", "Shared-subscription groups: share name, filter, members",
-          PAGING),
+          PAGING, role=VIEWER),
     Route("GET", "/retained", "list_retained", "Retained messages (tbmq.msg.retained)",
-          (Param("topic", doc="substring of the topic"), *PAGING)),
+          (Param("topic", doc="substring of the topic"), *PAGING), role=VIEWER),
     Route("DELETE", "/retained/{topic}", "delete_retained", "Delete a retained message (the empty retained "
           "record the connectors apply); the topic URL-encoded (%2F for /)", (Param("topic", "path"),),
           responses={"202": "deletion written", "404": "no retained message on this topic"}),
-    Route("GET", "/applications", "list_applications", "APPLICATION clients with their Kafka lag", PAGING),
+    Route("GET", "/applications", "list_applications", "APPLICATION clients with their Kafka lag", PAGING, role=VIEWER),
     Route("GET", "/services", "list_services", "The suite's services and instances with their readiness "
-          "(GET /readyz of each ADMIN_SERVICES endpoint)"),
+          "(GET /readyz of each ADMIN_SERVICES endpoint)", role=VIEWER),
     Route("GET", "/credentials", "list_credentials", "MQTT credentials (tbmq.security.credentials, the store of the "
           "tbmq command line); never the password hash", PAGING),
     Route("PUT", "/credentials/{username}", "put_credential", "Write (create or replace) a credential; the "
@@ -81,7 +86,7 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/credentials/{username}", "delete_credential", "Delete a credential",
           (Param("username", "path"),), responses={"202": "deleted", "404": "no such credential"}),
     Route("GET", "/blocked", "list_blocked", "Blocked clients (tbmq.security.blocked), with whether each rule is "
-          "active", PAGING),
+          "active", PAGING, role=VIEWER),
     Route("POST", "/blocked", "add_blocked", "Block clients: kind client_id | username | ip | regex (with target)",
           body={"type": "object", "required": ["kind", "value"], "properties": {
               "kind": {"type": "string"}, "value": {"type": "string"}, "target": {"type": "string"},
@@ -91,7 +96,7 @@ ROUTES: tuple[Route, ...] = (
           (Param("key", "path"),), responses={"202": "deleted", "404": "no such rule"}),
     Route("GET", "/stats", "list_stats", "Per-window usage statistics (tbmq.sys.historical.data, docs/spark.md)",
           (Param("since_ms", type="integer", doc="windows starting at or after (Unix ms)"),
-           Param("limit", type="integer", doc="newest windows, 1..10080 (default 1440)"))),
+           Param("limit", type="integer", doc="newest windows, 1..10080 (default 1440)")), role=VIEWER),
 )
 
 
@@ -110,6 +115,9 @@ def openapi() -> dict:
         if r.auth:
             op["security"] = [{"bearer": []}]
             op["responses"].setdefault("401", {"description": "no or an expired bearer token"})
+            op["x-role"] = r.role
+            if r.role != VIEWER:
+                op["responses"].setdefault("403", {"description": f"the user's role is not {r.role}"})
         paths.setdefault(PREFIX + r.path, {})[r.method.lower()] = op
     return {"openapi": "3.0.3",
             "info": {"title": "tbmq-py admin API", "version": "1",

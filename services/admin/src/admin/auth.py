@@ -8,6 +8,10 @@ on every instance and across restarts. A token names its user and a stamp of tha
 removing an administrator or changing a password ends the tokens issued before, on every instance. The
 secret is rotated without logging anyone out by moving it to ADMIN_TOKEN_SECRET_PREVIOUS (still accepted)
 while the new one signs. Failed logins per address: tbmq_auth.failures, the connector's rule.
+
+Each user has a role, the file's optional third field: `admin` (the default: everything) or `viewer` (the
+reads, api.Route.role). The role is looked up in the users file at each request, not carried by the token, so
+a changed role applies at once, as a changed password does.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import secrets
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
@@ -30,18 +35,38 @@ _HASHER = PasswordHasher()  # argon2id with argon2-cffi's recommended parameters
 _DUMMY = _HASHER.hash(secrets.token_urlsafe(16))
 
 
-def parse_users(text: str) -> dict[str, str]:
-    """{username: argon2 hash} of a users file: `username:hash` per line; blank lines and # comments skipped."""
+ADMIN = "admin"
+VIEWER = "viewer"
+ROLES = (ADMIN, VIEWER)  # each role may do what the roles after it may
+
+
+@dataclass(frozen=True)
+class User:
+    digest: str          # argon2id hash of the password
+    role: str = ADMIN
+
+
+def parse_users(text: str) -> dict[str, User]:
+    """{username: User} of a users file: `username:argon2-hash[:role]` per line (role `admin`, the default, or
+    `viewer`); blank lines and # comments skipped."""
     users = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        name, sep, digest = line.partition(":")
+        name, sep, rest = line.partition(":")
+        digest, _, role = rest.partition(":")
         if not sep or not name or not digest.startswith("$argon2"):
-            raise ValueError(f"line {n}: not username:argon2-hash")
-        users[name] = digest
+            raise ValueError(f"line {n}: not username:argon2-hash[:role]")
+        if role and role not in ROLES:
+            raise ValueError(f"line {n}: role {role!r} is not one of {', '.join(ROLES)}")
+        users[name] = User(digest, role or ADMIN)
     return users
+
+
+def allows(role: str, needed: str) -> bool:
+    """Whether a user of `role` may call a route that needs `needed` (admin may do everything, a viewer reads)."""
+    return role in ROLES and needed in ROLES and ROLES.index(role) <= ROLES.index(needed)
 
 
 def users_file_problem(path: str) -> str | None:
@@ -54,7 +79,7 @@ def users_file_problem(path: str) -> str | None:
     return None
 
 
-def load_users(path: str | Path) -> dict[str, str]:
+def load_users(path: str | Path) -> dict[str, User]:
     return parse_users(Path(path).read_text())
 
 
@@ -64,17 +89,18 @@ def password_stamp(digest: str) -> str:
     return hashlib.sha256(digest.encode()).hexdigest()[:16]
 
 
-def token_user(claims: dict | None, users: dict[str, str]) -> str | None:
+def token_user(claims: dict | None, users: dict[str, User]) -> str | None:
     """The user of a valid token's `claims` while the users file has that user with the password the token was
     issued for; None otherwise (no claims, the user removed, the password changed)."""
     if claims is None:
         return None
-    digest = users.get(claims["sub"])
-    return claims["sub"] if digest is not None and claims.get("pwd") == password_stamp(digest) else None
+    user = users.get(claims["sub"])
+    return claims["sub"] if user is not None and claims.get("pwd") == password_stamp(user.digest) else None
 
 
-def verify(users: dict[str, str], username: str, password: str) -> bool:
-    digest = users.get(username)
+def verify(users: dict[str, User], username: str, password: str) -> bool:
+    user = users.get(username)
+    digest = user.digest if user is not None else None
     try:
         return _HASHER.verify(digest or _DUMMY, password) and digest is not None
     except (VerificationError, InvalidHashError):

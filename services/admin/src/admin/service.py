@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 from aiohttp import ClientSession, ClientTimeout, web
-from aiokafka import TopicPartition
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
@@ -32,7 +31,7 @@ from tbmq_routing.naming import app_client_group, app_topic_name
 
 from . import query
 from .api import PREFIX, ROUTES, openapi
-from .auth import Tokens, load_users, password_stamp, token_user, users_file_problem, verify
+from .auth import User, Tokens, allows, load_users, password_stamp, token_user, users_file_problem, verify
 from .settings import AdminSettings
 
 log = logging.getLogger(__name__)
@@ -105,7 +104,8 @@ class AdminService(Service):
         self.http: ClientSession | None = None
         self.runner: web.AppRunner | None = None
         self.http_port: int | None = None
-        self.counts = {"logins": 0, "logins_failed": 0, "logins_throttled": 0, "commands": 0}
+        self.counts = {"logins": 0, "logins_failed": 0, "logins_throttled": 0, "commands": 0, "forbidden": 0}
+        self._routes = {r.handler: r for r in ROUTES}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,7 +132,7 @@ class AdminService(Service):
         self.http = ClientSession(timeout=ClientTimeout(total=3))
         app = web.Application(middlewares=[self._auth])
         for r in ROUTES:
-            app.router.add_route(r.method, PREFIX + r.path, getattr(self, r.handler))
+            app.router.add_route(r.method, PREFIX + r.path, getattr(self, r.handler), name=r.handler)
         app.router.add_get("/", self._index)
         app.router.add_static("/static/", STATIC)
         self.runner = web.AppRunner(app, access_log=None)
@@ -165,20 +165,28 @@ class AdminService(Service):
     # -- HTTP plumbing --------------------------------------------------------------------------------
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        public = {PREFIX + r.path for r in ROUTES if not r.auth}
-        if request.path.startswith(PREFIX) and request.path not in public:
+        """Every /api/v1 path but the public ones needs a valid token (401) of a user whose role allows the
+        route (403, auth.allows, logged). Each change is logged by its handler with the user who made it."""
+        route = self._routes.get(request.match_info.route.name or "")
+        if request.path.startswith(PREFIX) and (route is None or route.auth):
             header = request.headers.get("Authorization", "")
             token = header[7:] if header.startswith("Bearer ") else ""
-            user = token_user(self.tokens.claims(token), self._current_users()) if token else None
+            users = self._current_users()
+            user = token_user(self.tokens.claims(token), users) if token else None
             if user is None:
                 return _error(401, "log in first: Authorization: Bearer <token> from POST /api/v1/auth/login")
             request["user"] = user
+            if route is not None and not allows(users[user].role, route.role):
+                self.counts["forbidden"] += 1
+                log.warning("admin %r (role %s) refused %s %s: needs %s", user, users[user].role, request.method,
+                            request.path, route.role)
+                return _error(403, f"{request.method} {request.path} needs the {route.role} role")
         try:
             return await handler(request)
         except query.BadQuery as e:
             return _error(400, str(e))
 
-    def _current_users(self) -> dict[str, str]:
+    def _current_users(self) -> dict[str, User]:
         """ADMIN_USERS_FILE, read again when it changed (one stat per request): a user removed or a password
         changed takes effect at once, and ends that user's tokens (auth.token_user). A file that does not load
         (half written, no longer 0600) keeps the users read last."""
@@ -222,9 +230,9 @@ class AdminService(Service):
             log.warning("failed admin login for %r from %s", username, request.remote)
             return _error(401, "bad user name or password")
         self.counts["logins"] += 1
-        token, ttl = self.tokens.issue(username, password_stamp(users[username]))
-        log.info("admin %r logged in from %s", username, request.remote)
-        return _json({"token": token, "token_type": "Bearer", "expires_in": ttl})
+        token, ttl = self.tokens.issue(username, password_stamp(users[username].digest))
+        log.info("admin %r (role %s) logged in from %s", username, users[username].role, request.remote)
+        return _json({"token": token, "token_type": "Bearer", "expires_in": ttl, "role": users[username].role})
 
     async def logout(self, request: web.Request) -> web.Response:
         """The request's token refused from now on, here at once and on every instance sharing the secret once

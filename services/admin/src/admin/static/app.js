@@ -3,6 +3,9 @@
 const API = "/api/v1";
 const $ = (sel) => document.querySelector(sel);
 let token = sessionStorage.getItem("tbmq-token");
+// the role of the logged-in user (docs/operations.md, "Roles"): a viewer's page has no buttons that change things
+const showRole = (role) => document.body.classList.toggle("viewer", role === "viewer");
+showRole(sessionStorage.getItem("tbmq-role"));
 let timer = null;
 const series = { t: [], msgsIn: [], msgsOut: [], connected: [], lag: [] };  // polled overview samples
 const MAX_POINTS = 120;
@@ -22,7 +25,7 @@ async function api(path, options = {}) {
 }
 
 function showLogin(message) {
-  token = null; sessionStorage.removeItem("tbmq-token");
+  token = null; sessionStorage.removeItem("tbmq-token"); sessionStorage.removeItem("tbmq-role");
   if (timer) { clearInterval(timer); timer = null; }
   $("#app").hidden = true; $("#login").hidden = false;
   $("#login-error").textContent = message || "";
@@ -34,6 +37,7 @@ $("#login-form").addEventListener("submit", async (ev) => {
     const r = await api("/auth/login", { method: "POST",
       body: JSON.stringify({ username: $("#username").value, password: $("#password").value }) });
     token = r.token; sessionStorage.setItem("tbmq-token", token);
+    sessionStorage.setItem("tbmq-role", r.role); showRole(r.role);
     $("#login").hidden = true; $("#app").hidden = false;
     route();
   } catch (e) { $("#login-error").textContent = "Login failed: " + e.message; }
@@ -122,8 +126,8 @@ const pages = {
       table([["client_id", "Client id"], ["client_type", "Type"], [(s) => s.connected ? "yes" : "no", "Connected"],
         ["service_id", "Connector"], ["mqtt_version", "MQTT"], ["session_expiry_interval", "Expiry (s)"],
         ["client_address", "Address"], [(s) => s.connected_at_ms ? new Date(s.connected_at_ms).toLocaleString() : "", "Connected at"]],
-        r.items, (s) => (s.connected ? `<button data-disconnect="${esc(s.client_id)}">Disconnect</button> ` : "") +
-          `<button data-clear="${esc(s.client_id)}">Clear</button>`) + pager(r, "sessions", q);
+        r.items, (s) => (s.connected ? `<button data-write data-disconnect="${esc(s.client_id)}">Disconnect</button> ` : "") +
+          `<button data-write data-clear="${esc(s.client_id)}">Clear</button>`) + pager(r, "sessions", q);
     el.querySelector("[name=connected]").value = q.get("connected") || "";
     el.querySelector("[name=client_type]").value = q.get("client_type") || "";
     el.querySelector("#session-filter").addEventListener("submit", (ev) => {
@@ -169,7 +173,7 @@ const pages = {
     el.innerHTML = `<h2>Retained messages (${r.total})</h2>` + table([["topic", "Topic"], ["qos", "QoS"],
       [(m) => m.payload_text ?? ("0x" + m.payload_hex), "Payload"], ["payload_size", "Bytes"], ["publisher_id", "Publisher"],
       [(m) => m.created_at_ms ? new Date(m.created_at_ms).toLocaleString() : "", "Created"]], r.items,
-      (m) => `<button data-delete="${esc(m.topic)}">Delete</button>`);
+      (m) => `<button data-write data-delete="${esc(m.topic)}">Delete</button>`);
     el.querySelectorAll("[data-delete]").forEach((b) => b.addEventListener("click", async () => {
       await api("/retained/" + encodeURIComponent(b.dataset.delete), { method: "DELETE" }); route();
     }));
@@ -204,12 +208,12 @@ const pages = {
   async blocked(el) {
     const r = await api("/blocked");
     el.innerHTML = `<h2>Blocked clients (${r.total})</h2>
-      <form class="filters" id="block-form"><label>Kind <select name="kind"><option>client_id</option><option>username</option>
+      <form class="filters" id="block-form" data-write><label>Kind <select name="kind"><option>client_id</option><option>username</option>
       <option>ip</option><option>regex</option></select></label><label>Value <input name="value" required></label>
       <label>Expires in (s) <input name="expires_in_s" type="number" min="1"></label>
       <label>Reason <input name="reason"></label><button type="submit">Block</button> <span class="error" id="block-error"></span></form>` +
       table([["key", "Rule"], ["reason", "Reason"], [(b) => b.expires_at_ms ? new Date(b.expires_at_ms).toLocaleString() : "never", "Expires"],
-        [(b) => b.active ? "active" : "expired", "State"]], r.items, (b) => `<button data-delete="${esc(b.key)}">Unblock</button>`);
+        [(b) => b.active ? "active" : "expired", "State"]], r.items, (b) => `<button data-write data-delete="${esc(b.key)}">Unblock</button>`);
     el.querySelector("#block-form").addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const f = ev.target;
