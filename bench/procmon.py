@@ -93,15 +93,19 @@ def thread_cpu_pct(pid: int, before: dict[int, tuple[str, int]], after: dict[int
 
 class JitSettle:
     """Pure rule: has a JVM's JIT compilation settled? Fed the compiler threads' CPU seconds so far after
-    every chunk of warm-up load; settled once a whole chunk of at least `min_chunk_s` used at most `max_pct`
-    % of one core in them. C2 keeps compiling for minutes on a 2-core host (about 20 s of compiler CPU
-    for Kafka), so a fixed warm-up leaves it inside the first measured steps."""
+    every chunk of warm-up load; settled once `quiet_chunks` chunks in a row, each of at least `min_chunk_s`,
+    used at most `max_pct` % of one core in them. C2 keeps compiling for minutes on a 2-core host (about 20 s
+    of compiler CPU for Kafka), so a fixed warm-up leaves it inside the first measured steps; and it compiles
+    in bursts, so one quiet chunk can be a lull between two (a chunk at 1 % was followed by chunks at 6, 11 and
+    6 %: docs/performance.md, "The twenty-second round")."""
 
-    def __init__(self, max_pct: float = 3.0, min_chunk_s: float = 5.0) -> None:
+    def __init__(self, max_pct: float = 3.0, min_chunk_s: float = 5.0, quiet_chunks: int = 1) -> None:
         self.max_pct = max_pct
         self.min_chunk_s = min_chunk_s
+        self.quiet_chunks = quiet_chunks
         self._last: tuple[float, float] | None = None  # (compiler cpu s, time)
         self.last_pct: float | None = None
+        self._quiet = 0  # quiet chunks in a row so far
 
     def feed(self, compile_cpu_s: float, now: float) -> bool:
         last, self._last = self._last, (compile_cpu_s, now)
@@ -110,7 +114,8 @@ class JitSettle:
                 self._last = last  # too short to judge: keep measuring from the earlier point
             return False
         self.last_pct = 100.0 * (compile_cpu_s - last[0]) / (now - last[1])
-        return self.last_pct <= self.max_pct
+        self._quiet = self._quiet + 1 if self.last_pct <= self.max_pct else 0
+        return self._quiet >= self.quiet_chunks
 
 
 def _tree(pid: int) -> list[psutil.Process]:

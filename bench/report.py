@@ -587,7 +587,8 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         f"Per broker start: {prof.get('broker_warmup', '–')} s of unmeasured p2p load at "
         f"{prof.get('broker_warmup_rate', '–')} msg/s, "
         + (f"continued in {prof.get('jit_chunk')} s chunks while Kafka's JVM is still JIT-compiling (its compiler "
-           f"threads above {prof.get('jit_settled_pct')} % of a core over a chunk; at most "
+           f"threads above {prof.get('jit_settled_pct')} % of a core over any of the last "
+           f"{prof.get('jit_quiet_chunks', 1)} chunks; at most "
            f"{prof.get('jit_settle_max')} s more), " if prof.get("jit_settle_max") else "")
         + f"then the idle CPU of every process over {prof.get('idle_window', '–')} s after "
         f"{prof.get('idle_warmup', '–')} s with no clients. Before every measured step the run waits until the "

@@ -52,12 +52,14 @@ class Profile:
     storm_step: float = 1.0
     mqtt_version: int = 4
     # after a broker starts: an unmeasured p2p load of broker_warmup s; then, while a JVM of the broker (Kafka)
-    # is still JIT-compiling (its compiler threads above jit_settled_pct % of one core over a chunk), more of it
-    # in chunks of jit_chunk s, at most jit_settle_max s (procmon.JitSettle: C2 compiles for minutes on 2 cores)
+    # is still JIT-compiling (its compiler threads above jit_settled_pct % of one core over any of the last
+    # jit_quiet_chunks chunks), more of it in chunks of jit_chunk s, at most jit_settle_max s (procmon.JitSettle:
+    # C2 compiles for minutes on 2 cores, in bursts)
     broker_warmup: float = 25.0
     broker_warmup_rate: float = 500.0
     jit_settled_pct: float = 3.0
     jit_chunk: float = 10.0
+    jit_quiet_chunks: int = 2
     jit_settle_max: float = 120.0
     # idle CPU of the broker's processes: a window of idle_window s after idle_warmup s with no clients
     idle_warmup: float = 60.0
@@ -175,7 +177,7 @@ class Runner:
         self.idle_pct = None
         t0 = time.monotonic()
         jvm = self._jvm_pid()
-        settle = JitSettle(max_pct=p.jit_settled_pct)
+        settle = JitSettle(max_pct=p.jit_settled_pct, quiet_chunks=p.jit_quiet_chunks)
         c0 = jit_compile_cpu_s(jvm) if jvm else None
         jit = None
         self._setup(*self._p2p_clients("warm"))

@@ -46,6 +46,15 @@ def test_jit_settles_once_a_whole_chunk_is_quiet():
     assert round(s.last_pct, 1) == 2.0
 
 
+def test_with_two_quiet_chunks_asked_a_lull_between_bursts_is_not_settled():
+    s = JitSettle(max_pct=3.0, min_chunk_s=5.0, quiet_chunks=2)
+    s.feed(0.0, 0.0)
+    assert s.feed(0.2, 10.0) is False             # 2 %: one quiet chunk, a lull maybe
+    assert s.feed(1.2, 20.0) is False             # 10 %: a burst, so counting starts again
+    assert s.feed(1.3, 30.0) is False             # 1 %
+    assert s.feed(1.5, 40.0) is True              # 2 %: the second quiet chunk in a row
+
+
 def test_a_chunk_too_short_to_judge_is_measured_on():
     s = JitSettle(max_pct=3.0, min_chunk_s=5.0)
     s.feed(10.0, 0.0)
