@@ -1,6 +1,7 @@
-"""Issue 14, deliverable 6: the connector's limits with real clients (paho-mqtt 3.1.1 and 5.0, mosquitto_sub):
-topic length and levels, subscriptions per client, user properties, the retained quota, connections per
-connector, the PUBLISH rate per client. Each reaction is the one MQTT gives it; the other clients carry on."""
+"""Issue 14, deliverable 6: the connector's limits with real clients (paho-mqtt 3.1.1 and 5.0, mosquitto_sub,
+mosquitto_pub): topic length and levels, subscriptions per client, user properties, the retained quota,
+connections per connector, the PUBLISH rate per client and per connector. Each reaction is the one MQTT gives
+it; the other clients carry on."""
 
 from __future__ import annotations
 
@@ -119,4 +120,57 @@ async def test_a_client_over_its_publish_rate_is_slowed_down_and_loses_nothing(l
     after = (await readyz(lim.instance("connector").health_port)).get("publish_throttled", 0)
     assert after - before >= 1
     for c in (sub, pub):
+        await run(c.close)
+
+
+@pytest.fixture(scope="module")
+async def total(tmp_path_factory):
+    """A connector whose clients may publish 40 PUBLISHes a second together (none has a rate of its own)."""
+    s = Suite(services=["session-registry", "router", "connector"], ports="free", log_format="json",
+              id_tag=new_tag(), run_dir=tmp_path_factory.mktemp("suite-total-rate"),
+              redis_url="redis://127.0.0.1:1/0", topic_profile="single-node",
+              service_env={"connector": {"MQTT_MAX_TOTAL_PUBLISH_RATE": "40"}})
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+async def test_clients_over_the_connectors_publish_rate_are_slowed_down_and_lose_nothing(total, unique):
+    """MQTT_MAX_TOTAL_PUBLISH_RATE=40: paho 3.1.1, paho 5.0 and mosquitto_pub each send 40 QoS 0 PUBLISHes at
+    once. Each alone is within the connector's burst; together they are 80 over it, so the 120 arrive over
+    about two seconds (at once they arrive within milliseconds), every publisher's in its order, nothing
+    dropped; the pauses are counted as the connector's rate, not a client's."""
+    u = unique("total")
+    port = total.mqtt_ports[0]
+    health = total.instance("connector").health_port
+    sub = Client(u + "-s", v5=True)
+    pubs = [Client(u + "-p3", v5=False), Client(u + "-p5", v5=True)]
+    for c in (sub, *pubs):
+        await run(c.connect, port)
+    await run(sub.subscribe, f"{u}/#", 0)
+    await routed(pubs[0], sub, f"{u}/probe", 0)  # the subscription is live
+    before = await readyz(health)
+    sent = {f"{u}/{i}": [f"{i}-{n}".encode() for n in range(40)] for i in range(3)}
+    lines = b"".join(p + b"\n" for p in sent[f"{u}/2"])
+    mosquitto = subprocess.Popen(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-i", u + "-pm", "-q", "0",
+                                  "-t", f"{u}/2", "-l"], stdin=subprocess.PIPE)
+    for i, pub in enumerate(pubs):
+        for p in sent[f"{u}/{i}"]:
+            await run(pub.publish, f"{u}/{i}", p, 0)
+    mosquitto.stdin.write(lines)
+    mosquitto.stdin.close()
+    assert await run(sub.wait, lambda: all(len(payloads(sub, t)) >= 40 for t in sent), BOUND)
+    assert await run(mosquitto.wait, BOUND) == 0
+    arrivals = []
+    for t, expected in sent.items():
+        got = sub.messages_on(t)
+        assert [m.payload for m in got] == expected, t
+        arrivals += [m.timestamp for m in got]
+    assert max(arrivals) - min(arrivals) >= 1.0
+    after = await readyz(health)
+    assert after.get("publish_throttled_connector", 0) - before.get("publish_throttled_connector", 0) >= 1
+    assert after.get("publish_throttled", 0) == before.get("publish_throttled", 0)
+    for c in (sub, *pubs):
         await run(c.close)

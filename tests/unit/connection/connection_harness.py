@@ -44,11 +44,12 @@ def answer(*, present: bool = False, sei: int = 0, persistent: bool = False,
 
 class Client:
     def __init__(self, level: int = 4, *, retained=None, now: int = T0, auth=None, cert_names=(),
-                 retained_room=None, **config) -> None:
+                 retained_room=None, total_rate=None, **config) -> None:
         config.setdefault("service_id", "c-1")
         self.cfg = MachineConfig(**config)
         self.m = ConnectionMachine(self.cfg, retained=retained, address="10.0.0.1:50000", auth=auth,
-                                   peer_ip="10.0.0.1", cert_names=cert_names, retained_room=retained_room)
+                                   peer_ip="10.0.0.1", cert_names=cert_names, retained_room=retained_room,
+                                   total_rate=total_rate)
         self.now = now
         self.level = level
         self.decoder = MqttDecoder(level, role=Role.CLIENT)

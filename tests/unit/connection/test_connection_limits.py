@@ -107,6 +107,33 @@ def test_a_client_over_its_publish_rate_is_throttled_not_refused(level):
     assert len(c.of(Throttle)) == 2
 
 
+@pytest.mark.parametrize("level", [4, 5])
+def test_clients_over_the_connectors_publish_rate_are_throttled_whichever_spent_it(level):
+    """MQTT_MAX_TOTAL_PUBLISH_RATE: one budget for all the connector's connections. One client spends the
+    burst; the next PUBLISH of another (within its own rate) pauses that one, and the stat says it was the
+    connector's rate; nothing is refused."""
+    from tbmq_connection import Throttle
+    from tbmq_connection.limits import PublishRate
+
+    total = PublishRate(4, 0)
+    a = Client(level, **LIMITS, total_rate=total, max_publish_rate=100)
+    b = Client(level, **LIMITS, total_rate=total, max_publish_rate=100)
+    for c, cid in ((a, "a"), (b, "b")):
+        assert c.connect(client_id=cid).reason_code == 0
+    for i in range(4):
+        a.send(Publish(topic="a/b", payload=b"p", qos=1, packet_id=i + 1))
+    assert not a.of(Throttle) and a.m.stats["publish_throttled_connector"] == 0
+    b.send(Publish(topic="b/c", payload=b"p", qos=1, packet_id=1))
+    (t,) = b.of(Throttle)
+    assert t.until_ms - b.now == 250  # one PUBLISH over 4 a second
+    assert b.m.stats["publish_throttled_connector"] == 1 and b.m.stats["publish_throttled"] == 0
+    assert [e.msg.topic for e in b.of(ProducePublish)] == ["b/c"]
+    a.advance(1000)
+    b.advance(1000)  # the same clock: a second later the budget is back
+    b.send(Publish(topic="b/c", payload=b"p", qos=0))
+    assert len(b.of(Throttle)) == 1
+
+
 def test_a_throttle_longer_than_the_keep_alive_does_not_close_the_client():
     """The connector stops reading while the client is throttled, so the client's packets (its PINGREQs too)
     wait in the socket: the keep alive counts from the throttle's end, not from the last packet read."""

@@ -182,7 +182,8 @@ class ConnectionMachine:
     def __init__(self, config: MachineConfig, *, stats: Counter | None = None,
                  retained: Callable[[str], Iterable] | None = None, address: str = "",
                  retained_room: Callable[[str, int], bool] | None = None,
-                 auth: Authorizer | None = None, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> None:
+                 auth: Authorizer | None = None, peer_ip: str = "", cert_names: tuple[str, ...] = (),
+                 total_rate: PublishRate | None = None) -> None:
         self.cfg = config
         # authentication / authorization (tbmq_auth; None: everyone may do everything)
         self.auth = auth
@@ -194,6 +195,8 @@ class ConnectionMachine:
         self.throttled_until = 0  # epoch ms: the runner reads nothing of the client before (Throttle)
         # None when both rates are unlimited (PublishRate is falsy then): nothing to count per PUBLISH
         self.publish_rate = PublishRate(config.max_publish_rate, config.max_publish_bytes_rate) or None
+        # the connector's budget, shared by all its connections (MQTT_MAX_TOTAL_PUBLISH_RATE / _BYTES_RATE)
+        self.total_rate = total_rate or None
         self.retained = retained or _no_retained   # topic filter -> retained PublishMsgs matching it (pure read)
         # (topic, payload bytes) -> may a retained message be stored (MQTT_MAX_RETAINED_MESSAGES / _BYTES)
         self.retained_room = retained_room or _always
@@ -889,15 +892,22 @@ class ConnectionMachine:
         self._close(reason + f" [CONNACK {_rc_name(rc)}]", log_level=logging.WARNING)
 
     # ====================================================================================== PUBLISH in
+    def _throttle(self, wait_ms: int, now: int, counter: str) -> None:
+        """Over a PUBLISH budget (the client's or the connector's): nothing more is read from the client for
+        `wait_ms` (Throttle); a packet already read is never refused."""
+        if wait_ms:
+            self.stats[counter] += 1
+            self.throttled_until = max(self.throttled_until, now + wait_ms)
+            self.effects.append(Throttle(now + wait_ms))
+
     def _on_publish(self, p: Publish, now: int) -> None:
         if self.state != CONNECTED:
             raise MqttProtocolError(RC.PROTOCOL_ERROR, "PUBLISH before CONNACK")
-        if self.publish_rate is not None:  # every PUBLISH read counts, refused ones too: each cost its processing
-            wait = self.publish_rate.take(now, len(p.payload))
-            if wait:
-                self.stats["publish_throttled"] += 1
-                self.throttled_until = max(self.throttled_until, now + wait)
-                self.effects.append(Throttle(now + wait))
+        # every PUBLISH read counts, refused ones too: each cost its processing
+        if self.publish_rate is not None:
+            self._throttle(self.publish_rate.take(now, len(p.payload)), now, "publish_throttled")
+        if self.total_rate is not None:
+            self._throttle(self.total_rate.take(now, len(p.payload)), now, "publish_throttled_connector")
         topic = p.topic
         if self.v5:
             props = p.properties

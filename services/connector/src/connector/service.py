@@ -68,7 +68,7 @@ from tbmq_platform.topics import (
 from tbmq_platform.tracing import kafka_headers, span_from_kafka
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection import systopics
-from tbmq_connection.limits import Admission
+from tbmq_connection.limits import Admission, PublishRate
 from tbmq_connection.convert import publish_msg
 from tbmq_mqtt import ReasonCode
 from tbmq_routing import RetainedStore, subscribed_to
@@ -185,6 +185,8 @@ class ConnectorService(Service):
             max_subscriptions=settings.max_subscriptions, max_user_properties=settings.max_user_properties,
             max_queued_bytes=settings.max_queued_bytes, max_publish_rate=settings.max_publish_rate,
             max_publish_bytes_rate=settings.max_publish_bytes_rate)
+        # every connection's PUBLISHes spend it too (MQTT_MAX_TOTAL_PUBLISH_RATE / _BYTES_RATE; None: unlimited)
+        self.total_rate = PublishRate(settings.max_total_publish_rate, settings.max_total_publish_bytes_rate) or None
         self.retained_bytes = 0  # payload + topic bytes of the retained messages held (MQTT_MAX_RETAINED_BYTES)
         self._topics = {
             "response": response_topic(self.service_id),
@@ -379,6 +381,8 @@ class ConnectorService(Service):
                   lambda: st["connect_refused_banned"])
         m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
                   lambda: st["publish_throttled"])
+        m.counter("publish_throttled_connector", "times a client was paused for the connector going over "
+                  "MQTT_MAX_TOTAL_PUBLISH_RATE / _BYTES_RATE", lambda: st["publish_throttled_connector"])
         m.counter("auth_http_requests", "CONNECTs the http provider asked its service about",
                   lambda: st["http_auth_requests"])
         m.counter("auth_http_errors", "of those, no usable answer (CONNACK 0x88)", lambda: st["http_auth_errors"])
@@ -561,7 +565,7 @@ class ConnectorService(Service):
     # ------------------------------------------------------------------------------------ the connections' port
     def new_machine(self, address: str, peer_ip: str = "", cert_names: tuple[str, ...] = ()) -> ConnectionMachine:
         return ConnectionMachine(self.machine_config, stats=self.stats, retained=self.retained.match_filter,
-                                 retained_room=self.retained_room,
+                                 retained_room=self.retained_room, total_rate=self.total_rate,
                                  address=address, auth=self.authorizer, peer_ip=peer_ip, cert_names=cert_names)
 
     async def authenticate(self, request: AuthRequest) -> AuthResult:

@@ -205,6 +205,16 @@ class ConnectorSettings(CommonSettings):
     max_publish_bytes_rate: float = env(
         "MQTT_MAX_PUBLISH_BYTES_RATE", 0.0, parse=number(0),
         doc="PUBLISH payload bytes a second one client may send (0 = unlimited); as MQTT_MAX_PUBLISH_RATE")
+    max_total_publish_rate: float = env(
+        "MQTT_MAX_TOTAL_PUBLISH_RATE", 0.0, parse=number(0),
+        doc="PUBLISH packets a second all clients of this connector may send together, with a burst of one "
+            "second's worth (0 = unlimited); beyond, the connector stops reading from each client that publishes "
+            "until the total is back within the rate (nothing is dropped). The cluster's total is this times "
+            "the connectors")
+    max_total_publish_bytes_rate: float = env(
+        "MQTT_MAX_TOTAL_PUBLISH_BYTES_RATE", 0.0, parse=number(0),
+        doc="PUBLISH payload bytes a second all clients of this connector may send together (0 = unlimited); "
+            "as MQTT_MAX_TOTAL_PUBLISH_RATE")
     max_retained_messages: int = env(
         "MQTT_MAX_RETAINED_MESSAGES", 500_000, parse=integer(1),
         doc="retained messages in the cluster (every connector holds them all); a new one beyond is refused "
