@@ -1,7 +1,8 @@
 """Failed logins per address (MQTT_LOGIN_FAILURES_PER_IP, docs/security.md "Limits"), end to end with paho-mqtt
 3.1.1 and 5.0 and the `jwt` provider: an address that sends bad tokens faster than the limit is banned, and
 while it is, even a good token from it gets CONNACK 0x8A Banned (3.1.1: 5, Not authorized); another address
-connects meanwhile; the ban ends by itself."""
+connects meanwhile; the ban ends by itself. A ban on one connector applies on the other too
+(tbmq.security.login.bans)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.e2e]
 
 SECRET = "e2e-login-failures-secret-0123456789abcdef"
 FAILURES = 3
+BAN_S = 6  # long enough for another connector to read the ban while it lasts, however slow the machine
 
 
 def token(secret: str = SECRET) -> str:
@@ -38,8 +40,9 @@ def connack(port: int, v5: bool, password: str, address: str) -> int:
 async def suite(kafka, tmp_path_factory):
     env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "jwt", "MQTT_AUTH_JWT_SECRET": SECRET,
            "MQTT_LOGIN_FAILURES_PER_IP": str(FAILURES), "MQTT_LOGIN_FAILURES_WINDOW_S": "600",
-           "MQTT_LOGIN_BAN_S": "3"}
+           "MQTT_LOGIN_BAN_S": str(BAN_S)}
     async with Suite(services=["session-registry", "connector"], ports="free", log_format="json", id_tag=new_tag(),
+                     connectors=2,
                      run_dir=tmp_path_factory.mktemp("suite-login-failures"),
                      kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
                      service_env={"connector": env}) as s:
@@ -68,3 +71,27 @@ async def test_an_address_guessing_tokens_is_banned_for_a_while(suite, v5, addre
     assert grew("tbmq_login_bans_total") == 1
     assert grew("tbmq_connects_banned_total") >= 1
     assert (await connector_health(suite)).get("login_bans", 0) >= 1
+
+
+async def test_a_ban_on_one_connector_applies_on_the_other(suite):
+    """A guesser spreading its CONNECTs over the connectors behind one address: once connector 1 bans the
+    address, connector 2 refuses it too (0x8A Banned), other addresses carry on there, and the ban ends on
+    both."""
+    address, bad, good = "127.0.0.5", token("another-secret-of-an-attacker-0123456789"), token()
+    first, second = suite.mqtt_ports
+    before = await scrape(suite.health_port("connector", 2))
+    for _ in range(FAILURES):
+        assert await run(connack, first, True, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
+    assert await run(connack, first, True, good, address) == RC.BANNED
+
+    async def banned_on_second() -> bool:
+        return await run(connack, second, True, good, address) == RC.BANNED
+    await wait_until(banned_on_second, BAN_S, "the ban read by connector 2 while it lasts")
+    assert await run(connack, second, False, good, "127.0.0.6") == 0
+
+    async def ban_over() -> bool:
+        return await run(connack, second, False, good, address) == 0
+    await wait_until(ban_over, BOUND, "the ban's end on connector 2")
+    after = await scrape(suite.health_port("connector", 2))
+    assert value(after, "tbmq_login_bans_shared_total") - value(before, "tbmq_login_bans_shared_total") == 1
+    assert value(after, "tbmq_login_bans_total") == value(before, "tbmq_login_bans_total")  # none of its own

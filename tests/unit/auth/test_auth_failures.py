@@ -35,3 +35,16 @@ def test_at_most_max_addresses_are_kept():
     f.failed("b", 0.0)
     f.failed("c", 0.0)
     assert len(f) == 2 and f.retry_after("a", 0.0) == 0  # "a" forgotten: the least recently failed
+
+
+def test_a_ban_decided_elsewhere_is_imposed_and_never_shortened():
+    """`ban`: another connector's ban of an address applies here (retry_after), a shorter one received later
+    does not end it sooner, and the address's own failure budget is untouched by it."""
+    f = FailedLogins(3, 60.0, 30.0)
+    assert f.ban("a", 50.0, 10.0)
+    assert f.retry_after("a", 10.0) == pytest.approx(40.0) and f.retry_after("b", 10.0) == 0
+    assert not f.ban("a", 20.0, 11.0)  # shorter: kept as it was
+    assert f.retry_after("a", 30.0) == pytest.approx(20.0)
+    assert f.retry_after("a", 50.0) == 0
+    assert [f.failed("a", 50.0) for _ in range(3)] == [False, False, True]  # a full budget: the ban took none
+    assert f.ban("a", 200.0, 51.0) and f.retry_after("a", 100.0) == pytest.approx(100.0)  # longer: extended

@@ -9,6 +9,10 @@ refuses the address's attempts whatever their credentials (the connector: CONNAC
 password hashing beyond that, while a device retrying a wrong password with back-off is never banned. At most
 `max_addresses` addresses are tracked (the least recently failed forgotten first), so a flood from many
 addresses costs bounded memory.
+
+`ban(address, until, now)` imposes a ban decided elsewhere (the connector: another connector's, read from
+tbmq.security.login.bans), so a guesser spreading its attempts over several connectors is banned on all of
+them once one bans it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ class FailedLogins:
         if len(self._addresses) > self.max_addresses:
             self._addresses.popitem(last=False)
         return starts
+
+    def ban(self, address: str, until: float, now: float) -> bool:
+        """A ban of `address` until `until` (the clock of `now`), kept if it already lasts longer: True when it
+        bans longer than before."""
+        tokens, at, current = self._addresses.pop(address, (self.burst, now, 0.0))
+        self._addresses[address] = (tokens, at, max(current, until))
+        if len(self._addresses) > self.max_addresses:
+            self._addresses.popitem(last=False)
+        return until > current
 
     def __len__(self) -> int:
         return len(self._addresses)

@@ -73,6 +73,7 @@ DOWNLINK_BASIC_PREFIX = "tbmq.msg.downlink.basic."
 CONNECTOR_HEARTBEAT = "tbmq.connector.heartbeat"
 SECURITY_CREDENTIALS = "tbmq.security.credentials"
 SECURITY_BLOCKED = "tbmq.security.blocked"
+SECURITY_LOGIN_BANS = "tbmq.security.login.bans"
 ADMIN_TOKENS_REVOKED = "tbmq.admin.tokens.revoked"
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
@@ -153,6 +154,11 @@ CATALOGUE: tuple[TopicSpec, ...] = (
                "(null value = deleted)", "`tbmq credentials`", "connector (every instance, from the beginning)"),
     _compacted(SECURITY_BLOCKED, "<kind>:<value>", "JSON tbmq_auth.BlockedRule (null value = deleted)",
                "`tbmq blocked`", "connector (every instance, from the beginning)"),
+    TopicSpec(SECURITY_LOGIN_BANS, "client address (IP)",
+              "JSON {\"until_ms\": the ban's end, Unix ms, \"by\": the banning connector's id}", 1,
+              "connector (an address past MQTT_LOGIN_FAILURES_PER_IP)",
+              "connector (every instance, from the beginning)",
+              retention_ms=DAY_MS),
     TopicSpec(ADMIN_TOKENS_REVOKED, "token id (jti)", "the token's expiry, Unix seconds (decimal text)", 1,
               "admin (POST /api/v1/auth/logout)", "admin (every instance, from the beginning)"),
     TopicSpec(SESSION_EVENT_REQUEST, "client id", "SessionEventRequest", 24,

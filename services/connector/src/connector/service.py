@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import logging
 import socket
 import time
@@ -59,6 +60,7 @@ from tbmq_platform.topics import (
     MSG_RETAINED,
     SECURITY_BLOCKED,
     SECURITY_CREDENTIALS,
+    SECURITY_LOGIN_BANS,
     disconnect_topic,
     downlink_basic_topic,
     response_topic,
@@ -220,6 +222,7 @@ class ConnectorService(Service):
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
         self.views.view(SECURITY_BLOCKED, self._apply_blocked)
+        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_ban)  # other connectors' bans
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
@@ -377,6 +380,8 @@ class ConnectorService(Service):
                   "counts", lambda: st["login_failures"])
         m.counter("login_bans", "addresses banned for going over MQTT_LOGIN_FAILURES_PER_IP",
                   lambda: st["login_bans"])
+        m.counter("login_bans_shared", "addresses another connector banned, banned here too (tbmq.security.login.bans)",
+                  lambda: st["login_bans_shared"])
         m.counter("connects_banned", "CONNECTs refused with 0x8A Banned: their address was banned",
                   lambda: st["connect_refused_banned"])
         m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
@@ -590,7 +595,30 @@ class ConnectorService(Service):
                 log.warning("address %s banned for %gs: %d failed logins within %gs", request.ip,
                             self.settings.login_ban_s, self.settings.login_failures_per_ip,
                             self.settings.login_failures_window_s)
+                ban = {"until_ms": int(time.time() * 1000 + self.settings.login_ban_s * 1000), "by": self.service_id}
+                self.spawn_bg(self.producer.send(SECURITY_LOGIN_BANS, json.dumps(ban).encode(),
+                                                 key=request.ip.encode()))
         return result
+
+    def _apply_login_ban(self, key: bytes | None, value: bytes | None) -> None:
+        """A ban another connector wrote to tbmq.security.login.bans (its own are applied when they start):
+        its CONNECTs from that address get 0x8A Banned here too until the ban ends, so a guesser spreading
+        its attempts over the connectors behind one address is banned on all once one bans it."""
+        if key is None or not value or not self.failed_logins:
+            return
+        try:
+            ban = json.loads(value)
+            until_ms, by = int(ban["until_ms"]), str(ban["by"])
+        except (ValueError, TypeError, KeyError):
+            log.warning("tbmq.security.login.bans: a record that is not a ban (%r): ignored", value[:80])
+            return
+        left_s = (until_ms - time.time() * 1000) / 1000
+        if by == self.service_id or left_s <= 0:
+            return
+        now = time.monotonic()
+        if self.failed_logins.ban(key.decode(), now + left_s, now):
+            self.stats["login_bans_shared"] += 1
+            log.info("address %s banned for %.0fs more: banned by %s", key.decode(), left_s, by)
 
     async def _ask_http(self, body: dict, client_id: str) -> HttpAnswer:
         """The `http` provider's answer to `body`: a kept one (MQTT_AUTH_HTTP_CACHE_S, tbmq_auth.http.AnswerCache)
