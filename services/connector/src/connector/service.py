@@ -601,9 +601,9 @@ class ConnectorService(Service):
         return result
 
     def _apply_login_ban(self, key: bytes | None, value: bytes | None) -> None:
-        """A ban another connector wrote to tbmq.security.login.bans (its own are applied when they start):
-        its CONNECTs from that address get 0x8A Banned here too until the ban ends, so a guesser spreading
-        its attempts over the connectors behind one address is banned on all once one bans it."""
+        """A ban written to tbmq.security.login.bans: CONNECTs from that address get 0x8A Banned here too until
+        it ends, so a guesser spreading its attempts over the connectors behind one address is banned on all
+        once one bans it. This connector's own bans are read back too: after a restart they still hold."""
         if key is None or not value or not self.failed_logins:
             return
         try:
@@ -613,10 +613,10 @@ class ConnectorService(Service):
             log.warning("tbmq.security.login.bans: a record that is not a ban (%r): ignored", value[:80])
             return
         left_s = (until_ms - time.time() * 1000) / 1000
-        if by == self.service_id or left_s <= 0:
+        if left_s <= 0:
             return
         now = time.monotonic()
-        if self.failed_logins.ban(key.decode(), now + left_s, now):
+        if self.failed_logins.ban(key.decode(), now + left_s, now) and by != self.service_id:
             self.stats["login_bans_shared"] += 1
             log.info("address %s banned for %.0fs more: banned by %s", key.decode(), left_s, by)
 
