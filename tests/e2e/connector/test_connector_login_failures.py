@@ -2,12 +2,13 @@
 3.1.1 and 5.0 and the `jwt` provider: an address that sends bad tokens faster than the limit is banned, and
 while it is, even a good token from it gets CONNACK 0x8A Banned (3.1.1: 5, Not authorized); another address
 connects meanwhile; the ban ends by itself. A ban on one connector applies on the other too
-(tbmq.security.login.bans)."""
+(tbmq.security.login.bans), and an administrator lifts it on both (the admin API)."""
 
 from __future__ import annotations
 
 import time
 
+import aiohttp
 import jwt
 import pytest
 from connector_helpers import connector_health
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.e2e]
 
 SECRET = "e2e-login-failures-secret-0123456789abcdef"
 FAILURES = 3
-BAN_S = 6  # long enough for another connector to read the ban while it lasts, however slow the machine
+BAN_S = 10  # long enough for the other connector to read a ban (or its lifting) while it lasts
 
 
 def token(secret: str = SECRET) -> str:
@@ -41,8 +42,8 @@ async def suite(kafka, tmp_path_factory):
     env = {"MQTT_ALLOW_ANONYMOUS": "false", "MQTT_AUTH_PROVIDERS": "jwt", "MQTT_AUTH_JWT_SECRET": SECRET,
            "MQTT_LOGIN_FAILURES_PER_IP": str(FAILURES), "MQTT_LOGIN_FAILURES_WINDOW_S": "600",
            "MQTT_LOGIN_BAN_S": str(BAN_S)}
-    async with Suite(services=["session-registry", "connector"], ports="free", log_format="json", id_tag=new_tag(),
-                     connectors=2,
+    async with Suite(services=["session-registry", "connector", "admin"], ports="free", log_format="json",
+                     id_tag=new_tag(), connectors=2,
                      run_dir=tmp_path_factory.mktemp("suite-login-failures"),
                      kafka=kafka if hasattr(kafka, "start") else kafka.bootstrap_servers,
                      service_env={"connector": env}) as s:
@@ -95,3 +96,40 @@ async def test_a_ban_on_one_connector_applies_on_the_other(suite):
     after = await scrape(suite.health_port("connector", 2))
     assert value(after, "tbmq_login_bans_shared_total") - value(before, "tbmq_login_bans_shared_total") == 1
     assert value(after, "tbmq_login_bans_total") == value(before, "tbmq_login_bans_total")  # none of its own
+
+
+async def test_an_administrator_lifts_a_ban_on_every_connector(suite):
+    """GET /api/v1/login-bans lists the banned address; DELETE lifts it, and both connectors take its CONNECTs
+    again while the ban would still last (each counts one ban lifted while in force)."""
+    address, bad, good = "127.0.0.7", token("another-secret-of-an-attacker-0123456789"), token()
+    first, second = suite.mqtt_ports
+    health = [suite.health_port("connector", i) for i in (1, 2)]
+    before = [await scrape(h) for h in health]
+    for _ in range(FAILURES):
+        assert await run(connack, first, True, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
+    async with aiohttp.ClientSession() as http:
+        base = suite.admin_url().rstrip("/") + "/api/v1"
+        async with http.post(base + "/auth/login", json={
+                "username": "admin", "password": suite.admin_password_file.read_text().strip()}) as r:
+            auth = {"Authorization": "Bearer " + (await r.json())["token"]}
+
+        async def listed() -> dict | None:
+            async with http.get(base + "/login-bans", headers=auth) as r:
+                return next((b for b in (await r.json())["items"] if b["address"] == address), None)
+        ban = await wait_until(listed, BOUND, "the ban in the admin API")
+        assert ban["by"].startswith("connector") and ban["until_ms"] > time.time() * 1000
+
+        async def banned_on_both() -> bool:
+            return all([await run(connack, p, True, good, address) == RC.BANNED for p in (first, second)])
+        await wait_until(banned_on_both, BAN_S, "the ban in force on both connectors")
+        async with http.delete(base + "/login-bans/" + address, headers=auth) as r:
+            assert r.status == 202, await r.text()
+        async with http.delete(base + "/login-bans/" + address, headers=auth) as r:
+            assert r.status == 404  # lifted: none in force any more
+
+    async def lifted_on_both() -> bool:
+        return all([value(await scrape(h), "tbmq_login_bans_lifted_total") - value(b, "tbmq_login_bans_lifted_total")
+                    == 1 for h, b in zip(health, before)])
+    await wait_until(lifted_on_both, BAN_S, "the lifting read by both connectors while the ban lasted")
+    for p in (first, second):
+        assert await run(connack, p, False, good, address) == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tbmq_auth.failures import FailedLogins
+from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, parse_ban
 
 
 def test_an_address_is_banned_at_its_budget_then_refilled():
@@ -48,3 +48,20 @@ def test_a_ban_decided_elsewhere_is_imposed_and_never_shortened():
     assert f.retry_after("a", 50.0) == 0
     assert [f.failed("a", 50.0) for _ in range(3)] == [False, False, True]  # a full budget: the ban took none
     assert f.ban("a", 200.0, 51.0) and f.retry_after("a", 100.0) == pytest.approx(100.0)  # longer: extended
+
+
+def test_a_ban_lifted_ends_at_once_and_forgets_the_failures():
+    f = FailedLogins(3, 60.0, 30.0)
+    assert [f.failed("a", 0.0) for _ in range(3)] == [False, False, True]
+    assert f.lift("a", 1.0) and f.retry_after("a", 1.0) == 0
+    assert [f.failed("a", 1.0) for _ in range(3)] == [False, False, True]  # a full budget again
+    assert not f.lift("b", 1.0)  # nothing in force: nothing lifted
+    assert f.lift("a", 2.0) and not f.lift("a", 2.0)
+
+
+def test_the_ban_records_format_round_trips_and_refuses_what_is_not_one():
+    assert parse_ban(ban_record(1_800_000_000_000, "connector-1")) == (1_800_000_000_000, "connector-1")
+    assert parse_ban(ban_record(LIFTED, "admin:ops")) == (0, "admin:ops")
+    for bad in (b"", b"[]", b"{}", b"{\"until_ms\": \"x\", \"by\": \"c\"}", b"\xff"):
+        with pytest.raises(ValueError, match="not a login ban"):
+            parse_ban(bad)

@@ -12,12 +12,30 @@ addresses costs bounded memory.
 
 `ban(address, until, now)` imposes a ban decided elsewhere (the connector: another connector's, read from
 tbmq.security.login.bans), so a guesser spreading its attempts over several connectors is banned on all of
-them once one bans it.
+them once one bans it; `lift(address, now)` ends one early (an administrator's). `ban_record` / `parse_ban`:
+the one format of that topic's values, written by the connectors and the admin API.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
+
+LIFTED = 0  # a tbmq.security.login.bans record ending at 0: the ban lifted by an administrator
+
+
+def ban_record(until_ms: int, by: str) -> bytes:
+    """A tbmq.security.login.bans value: when the ban ends (Unix ms; LIFTED: lifted) and who wrote it."""
+    return json.dumps({"until_ms": until_ms, "by": by}, separators=(",", ":")).encode()
+
+
+def parse_ban(value: bytes) -> tuple[int, str]:
+    """(until_ms, by) of a tbmq.security.login.bans value; ValueError when it is not one."""
+    try:
+        ban = json.loads(value)
+        return int(ban["until_ms"]), str(ban["by"])
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"not a login ban: {value[:80]!r}") from exc
 
 
 class FailedLogins:
@@ -58,8 +76,13 @@ class FailedLogins:
             self._addresses.popitem(last=False)
         return until > current
 
+    def lift(self, address: str, now: float) -> bool:
+        """The ban of `address` ended now, and its failures forgotten: True when a ban was in force."""
+        got = self._addresses.pop(address, None)
+        return got is not None and now < got[2]
+
     def __len__(self) -> int:
         return len(self._addresses)
 
 
-__all__ = ["FailedLogins"]
+__all__ = ["FailedLogins", "LIFTED", "ban_record", "parse_ban"]

@@ -94,6 +94,10 @@ ROUTES: tuple[Route, ...] = (
           responses={"202": "written", "400": "not valid"}),
     Route("DELETE", "/blocked/{key}", "delete_blocked", "Delete a blocked rule (its key: <kind>:<value>)",
           (Param("key", "path"),), responses={"202": "deleted", "404": "no such rule"}),
+    Route("GET", "/login-bans", "list_login_bans", "Addresses banned for failed MQTT logins "
+          "(tbmq.security.login.bans, MQTT_LOGIN_FAILURES_PER_IP) while the ban lasts", PAGING, role=VIEWER),
+    Route("DELETE", "/login-bans/{address}", "lift_login_ban", "Lift an address's login ban on every connector",
+          (Param("address", "path"),), responses={"202": "lifted", "404": "no ban of this address in force"}),
     Route("GET", "/stats", "list_stats", "Per-window usage statistics (tbmq.sys.historical.data, docs/spark.md)",
           (Param("since_ms", type="integer", doc="windows starting at or after (Unix ms)"),
            Param("limit", type="integer", doc="newest windows, 1..10080 (default 1440)")), role=VIEWER),

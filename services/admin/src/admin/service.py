@@ -22,7 +22,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
 from tbmq_auth import CLIENT_ID, BlockedRule, Credential, make_credential
-from tbmq_auth.failures import FailedLogins
+from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, parse_ban
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 READ = (topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.MSG_RETAINED, topics.SYS_HISTORICAL_DATA,
-        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED, topics.ADMIN_TOKENS_REVOKED)
+        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED, topics.ADMIN_TOKENS_REVOKED, topics.SECURITY_LOGIN_BANS)
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -97,6 +97,7 @@ class AdminService(Service):
         self.windows: dict[int, pb.UsageStats] = {}
         self.credentials: dict[str, Credential] = {}   # tbmq.security.credentials (the tbmq CLI's store)
         self.blocked: dict[str, BlockedRule] = {}      # tbmq.security.blocked
+        self.login_bans: dict[str, tuple[int, str]] = {}  # tbmq.security.login.bans: address -> (until_ms, by)
         self.views: CompactedViews | None = None
         self.producer = None
         self.kadmin = None
@@ -120,7 +121,7 @@ class AdminService(Service):
                                        _table(self.windows, pb.UsageStats.FromString, key=int),
                                        _keyed_table(self.credentials, Credential.from_json),
                                        _keyed_table(self.blocked, lambda _key, value: BlockedRule.from_json(value)),
-                                       self._revoked)):
+                                       self._revoked, self._login_ban)):
             self.views.view(topic, apply)
         await self.views.start()
         self.producer = make_producer(s.bootstrap, client_id=f"{s.instance_id}-commands")
@@ -242,6 +243,15 @@ class AdminService(Service):
             self.tokens.revoke(claims["jti"], claims["exp"])
             await self._send(topics.ADMIN_TOKENS_REVOKED, claims["jti"], str(claims["exp"]).encode(), command=False)
         return _json({"ok": True})
+
+    def _login_ban(self, key: bytes | None, value: bytes | None) -> None:
+        """tbmq.security.login.bans: the last record of an address says until when it is banned."""
+        if key is None or not value:
+            return
+        try:
+            self.login_bans[key.decode()] = parse_ban(value)
+        except ValueError as exc:
+            log.warning("tbmq.security.login.bans: %s", exc)
 
     def _revoked(self, key: bytes | None, value: bytes | None) -> None:
         """tbmq.admin.tokens.revoked: a logout on any instance."""
@@ -419,6 +429,23 @@ class AdminService(Service):
         self.blocked.pop(key, None)
         log.info("admin %r deleted the blocked rule %r", request["user"], key)
         return _json({"key": key}, 202)
+
+    async def list_login_bans(self, request: web.Request) -> web.Response:
+        now = int(time.time() * 1000)
+        items = [{"address": a, "until_ms": until, "by": by}
+                 for a, (until, by) in sorted(self.login_bans.items()) if until > now]
+        return _json(query.Page.of(request.query).apply(items))
+
+    async def lift_login_ban(self, request: web.Request) -> web.Response:
+        address = request.match_info["address"]
+        until, _ = self.login_bans.get(address, (LIFTED, ""))
+        if until <= time.time() * 1000:
+            return _error(404, f"no login ban of {address!r} in force")
+        by = f"admin:{request['user']}"
+        await self._send(topics.SECURITY_LOGIN_BANS, address, ban_record(LIFTED, by))
+        self.login_bans[address] = (LIFTED, by)
+        log.info("admin %r lifted the login ban of %s", request["user"], address)
+        return _json({"address": address}, 202)
 
     async def _send(self, topic: str, key: str, value: bytes | None, command: bool = True) -> None:
         self.counts["commands"] += command

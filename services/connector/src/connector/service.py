@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import json
 import logging
 import socket
 import time
@@ -50,7 +49,7 @@ from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.marks import MarkWriter
 from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
-from tbmq_auth.failures import FailedLogins
+from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, parse_ban
 from tbmq_auth.http import ERROR, AnswerCache
 from tbmq_platform.topics import (
     CLIENT_SESSION,
@@ -382,6 +381,8 @@ class ConnectorService(Service):
                   lambda: st["login_bans"])
         m.counter("login_bans_shared", "addresses another connector banned, banned here too (tbmq.security.login.bans)",
                   lambda: st["login_bans_shared"])
+        m.counter("login_bans_lifted", "bans an administrator lifted early (DELETE /api/v1/login-bans/<address>)",
+                  lambda: st["login_bans_lifted"])
         m.counter("connects_banned", "CONNECTs refused with 0x8A Banned: their address was banned",
                   lambda: st["connect_refused_banned"])
         m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
@@ -595,27 +596,32 @@ class ConnectorService(Service):
                 log.warning("address %s banned for %gs: %d failed logins within %gs", request.ip,
                             self.settings.login_ban_s, self.settings.login_failures_per_ip,
                             self.settings.login_failures_window_s)
-                ban = {"until_ms": int(time.time() * 1000 + self.settings.login_ban_s * 1000), "by": self.service_id}
-                self.spawn_bg(self.producer.send(SECURITY_LOGIN_BANS, json.dumps(ban).encode(),
+                until_ms = int(time.time() * 1000 + self.settings.login_ban_s * 1000)
+                self.spawn_bg(self.producer.send(SECURITY_LOGIN_BANS, ban_record(until_ms, self.service_id),
                                                  key=request.ip.encode()))
         return result
 
     def _apply_login_ban(self, key: bytes | None, value: bytes | None) -> None:
         """A ban written to tbmq.security.login.bans: CONNECTs from that address get 0x8A Banned here too until
         it ends, so a guesser spreading its attempts over the connectors behind one address is banned on all
-        once one bans it. This connector's own bans are read back too: after a restart they still hold."""
+        once one bans it. This connector's own bans are read back too: after a restart they still hold. A
+        ban an administrator lifted (until_ms LIFTED, the admin API) ends here at once."""
         if key is None or not value or not self.failed_logins:
             return
         try:
-            ban = json.loads(value)
-            until_ms, by = int(ban["until_ms"]), str(ban["by"])
-        except (ValueError, TypeError, KeyError):
-            log.warning("tbmq.security.login.bans: a record that is not a ban (%r): ignored", value[:80])
+            until_ms, by = parse_ban(value)
+        except ValueError as exc:
+            log.warning("tbmq.security.login.bans: %s: ignored", exc)
+            return
+        now = time.monotonic()
+        if until_ms == LIFTED:
+            if self.failed_logins.lift(key.decode(), now):
+                self.stats["login_bans_lifted"] += 1
+                log.info("address %s: its ban lifted by %s", key.decode(), by)
             return
         left_s = (until_ms - time.time() * 1000) / 1000
         if left_s <= 0:
             return
-        now = time.monotonic()
         if self.failed_logins.ban(key.decode(), now + left_s, now) and by != self.service_id:
             self.stats["login_bans_shared"] += 1
             log.info("address %s banned for %.0fs more: banned by %s", key.decode(), left_s, by)

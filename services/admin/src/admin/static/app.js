@@ -206,14 +206,17 @@ const pages = {
   },
 
   async blocked(el) {
-    const r = await api("/blocked");
+    const [r, bans] = await Promise.all([api("/blocked"), api("/login-bans")]);
     el.innerHTML = `<h2>Blocked clients (${r.total})</h2>
       <form class="filters" id="block-form" data-write><label>Kind <select name="kind"><option>client_id</option><option>username</option>
       <option>ip</option><option>regex</option></select></label><label>Value <input name="value" required></label>
       <label>Expires in (s) <input name="expires_in_s" type="number" min="1"></label>
       <label>Reason <input name="reason"></label><button type="submit">Block</button> <span class="error" id="block-error"></span></form>` +
       table([["key", "Rule"], ["reason", "Reason"], [(b) => b.expires_at_ms ? new Date(b.expires_at_ms).toLocaleString() : "never", "Expires"],
-        [(b) => b.active ? "active" : "expired", "State"]], r.items, (b) => `<button data-write data-delete="${esc(b.key)}">Unblock</button>`);
+        [(b) => b.active ? "active" : "expired", "State"]], r.items, (b) => `<button data-write data-delete="${esc(b.key)}">Unblock</button>`) +
+      `<h2>Login bans (${bans.total})</h2><p>Addresses past MQTT_LOGIN_FAILURES_PER_IP, refused by every connector until the ban ends.</p>` +
+      table([["address", "Address"], [(b) => new Date(b.until_ms).toLocaleString(), "Until"], ["by", "Banned by"]], bans.items,
+        (b) => `<button data-write data-lift="${esc(b.address)}">Lift</button>`);
     el.querySelector("#block-form").addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const f = ev.target;
@@ -224,6 +227,9 @@ const pages = {
     });
     el.querySelectorAll("[data-delete]").forEach((b) => b.addEventListener("click", async () => {
       await api("/blocked/" + encodeURIComponent(b.dataset.delete), { method: "DELETE" }); route();
+    }));
+    el.querySelectorAll("[data-lift]").forEach((b) => b.addEventListener("click", async () => {
+      await api("/login-bans/" + encodeURIComponent(b.dataset.lift), { method: "DELETE" }); route();
     }));
   },
 
