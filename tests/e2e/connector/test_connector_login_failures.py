@@ -6,12 +6,14 @@ connects meanwhile; the ban ends by itself. A ban on one connector applies on th
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 
 import aiohttp
 import jwt
 import pytest
-from connector_helpers import connector_health
+from connector_helpers import TBMQ, connector_health, tbmq
 from mqtt_clients import BOUND, Client, run, wait_until
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
@@ -89,6 +91,8 @@ async def test_a_ban_on_one_connector_applies_on_the_other(suite):
         return await run(connack, second, True, good, address) == RC.BANNED
     await wait_until(banned_on_second, BAN_S, "the ban read by connector 2 while it lasts")
     assert await run(connack, second, False, good, "127.0.0.6") == 0
+    listed = [json.loads(line) for line in (await run(tbmq, suite, "login-bans", "list")).splitlines()]
+    assert any(b["address"] == address and b["by"].startswith("connector") for b in listed), listed
 
     async def ban_over() -> bool:
         return await run(connack, second, False, good, address) == 0
@@ -133,3 +137,29 @@ async def test_an_administrator_lifts_a_ban_on_every_connector(suite):
     await wait_until(lifted_on_both, BAN_S, "the lifting read by both connectors while the ban lasted")
     for p in (first, second):
         assert await run(connack, p, False, good, address) == 0
+
+
+async def test_the_command_line_lifts_a_ban(suite):
+    """`tbmq login-bans lift ADDRESS`, as the admin API's DELETE: the connector takes the address again while
+    the ban would still last; lifting it again fails (none in force)."""
+    address, bad, good = "127.0.0.8", token("another-secret-of-an-attacker-0123456789"), token()
+    port = suite.mqtt_ports[1]
+    health = suite.health_port("connector", 2)
+    before = await scrape(health)
+    for _ in range(FAILURES):
+        assert await run(connack, port, True, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
+    assert await run(connack, port, True, good, address) == RC.BANNED
+
+    async def listed() -> bool:
+        return address in await run(tbmq, suite, "login-bans", "list")
+    await wait_until(listed, BOUND, "the ban on the topic")
+    assert "lifted" in await run(tbmq, suite, "login-bans", "lift", address)
+
+    async def lifted() -> bool:
+        got = value(await scrape(health), "tbmq_login_bans_lifted_total")
+        return got - value(before, "tbmq_login_bans_lifted_total") == 1
+    await wait_until(lifted, BAN_S, "the lifting read while the ban lasted")
+    assert await run(connack, port, True, good, address) == 0
+    again = await run(subprocess.run, [TBMQ, "login-bans", "lift", address, "--bootstrap-servers",
+                                       suite.bootstrap_servers], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "no login ban" in again.stderr

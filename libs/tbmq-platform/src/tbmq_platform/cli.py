@@ -7,12 +7,16 @@
                      [--expires-in SECONDS] [--reason TEXT]
     tbmq blocked list
     tbmq blocked delete KEY
+    tbmq login-bans list
+    tbmq login-bans lift ADDRESS
     tbmq dead-letters list [--client-id ID]
     tbmq dead-letters replay [--client-id ID] [--after-offset N]
 
 Writes the compacted topics tbmq.security.credentials (key = the username) and tbmq.security.blocked
 (key = "<kind>:<value>") that every connector follows: a change applies within a second, to new CONNECTs and
-to the next PUBLISH / SUBSCRIBE of connected clients (docs/security.md). `credentials add` of an existing
+to the next PUBLISH / SUBSCRIBE of connected clients (docs/security.md). `login-bans` lists the addresses the
+connectors banned for failed logins (tbmq.security.login.bans) and lifts one on every connector, as the admin
+API does. `credentials add` of an existing
 name replaces it. Passwords are read from stdin and stored only as argon2id hashes; `credentials list`
 never prints a hash.
 
@@ -35,9 +39,10 @@ import sys
 import time
 
 from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
+from tbmq_auth.failures import LIFTED, ban_record, parse_ban
 
 from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, DEAD_LETTER_ORIGIN_PARTITION, MSG_PERSISTED,
-                     MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, spec)
+                     MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, SECURITY_LOGIN_BANS, spec)
 
 
 class CliError(Exception):
@@ -150,6 +155,31 @@ async def blocked(args) -> int:
             d["key"] = key
             d["active"] = d.get("expires_at_ms") is None or now < d["expires_at_ms"]
             print(json.dumps(d, sort_keys=True))
+    return 0
+
+
+async def login_bans(args) -> int:
+    """`list`: one JSON line per ban in force; `lift ADDRESS`: a record ending at LIFTED (every connector takes the
+    address's CONNECTs again); exit code 1 when no ban of it is in force."""
+    table = await read_table(args.bootstrap_servers, SECURITY_LOGIN_BANS)
+    now = int(time.time() * 1000)
+    bans = {}
+    for address, value in table.items():
+        try:
+            until, by = parse_ban(value)
+        except ValueError:
+            continue
+        if until > now:
+            bans[address] = {"address": address, "until_ms": until, "by": by}
+    if args.action == "list":
+        for address in sorted(bans):
+            print(json.dumps(bans[address], sort_keys=True))
+        return 0
+    if args.address not in bans:
+        print(f"no login ban of {args.address!r} in force", file=sys.stderr)
+        return 1
+    await write(args.bootstrap_servers, SECURITY_LOGIN_BANS, args.address, ban_record(LIFTED, "tbmq-cli"))
+    print(f"login ban of {args.address!r} lifted")
     return 0
 
 
@@ -274,6 +304,12 @@ def parser() -> argparse.ArgumentParser:
     bd = b.add_parser("delete", parents=[kafka], help="delete a blocked rule by its key (see list)")
     bd.add_argument("key")
 
+    lb = top.add_parser("login-bans", help="addresses banned for failed logins (tbmq.security.login.bans)")
+    lba = lb.add_subparsers(dest="action", required=True)
+    lba.add_parser("list", parents=[kafka], help="one JSON line per ban in force")
+    lift = lba.add_parser("lift", parents=[kafka], help="lift an address's ban on every connector")
+    lift.add_argument("address")
+
     dl = top.add_parser("dead-letters", help="stored copies Redis refused (tbmq.msg.persisted.dead)").add_subparsers(
         dest="action", required=True)
     for action, text in (("list", "one JSON line per dead letter (never the payload)"),
@@ -288,7 +324,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        command = {"credentials": credentials, "blocked": blocked, "dead-letters": dead_letters}[args.command]
+        command = {"credentials": credentials, "blocked": blocked, "login-bans": login_bans,
+                   "dead-letters": dead_letters}[args.command]
         return asyncio.run(command(args))
     except CliError as exc:
         print(f"tbmq: {exc}", file=sys.stderr)

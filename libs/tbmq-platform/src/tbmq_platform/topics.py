@@ -156,7 +156,7 @@ CATALOGUE: tuple[TopicSpec, ...] = (
                "`tbmq blocked`", "connector (every instance, from the beginning)"),
     TopicSpec(SECURITY_LOGIN_BANS, "client address (IP)",
               "JSON {\"until_ms\": the ban's end, Unix ms, \"by\": the banning connector's id}", 1,
-              "connector (an address past MQTT_LOGIN_FAILURES_PER_IP), admin (a ban lifted: until_ms 0)",
+              "connector (an address past MQTT_LOGIN_FAILURES_PER_IP), admin and `tbmq login-bans lift` (until_ms 0)",
               "connector (every instance, from the beginning), admin",
               retention_ms=DAY_MS),
     TopicSpec(ADMIN_TOKENS_REVOKED, "token id (jti)", "the token's expiry, Unix seconds (decimal text)", 1,
