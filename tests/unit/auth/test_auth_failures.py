@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, parse_ban
+from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, parse_ban
 
 
 def test_an_address_is_banned_at_its_budget_then_refilled():
@@ -65,3 +65,12 @@ def test_the_ban_records_format_round_trips_and_refuses_what_is_not_one():
     for bad in (b"", b"[]", b"{}", b"{\"until_ms\": \"x\", \"by\": \"c\"}", b"\xff"):
         with pytest.raises(ValueError, match="not a login ban"):
             parse_ban(bad)
+
+
+def test_bans_in_force_are_those_not_ended_nor_lifted_in_address_order():
+    bans = {"10.0.0.9": (2_000, "connector-2"), "10.0.0.1": (1_500, "connector-1"), "10.0.0.5": (999, "connector-1"),
+            "10.0.0.7": (LIFTED, "admin:ops")}
+    got = bans_in_force(bans, 1_000)
+    assert list(got) == ["10.0.0.1", "10.0.0.9"]
+    assert got["10.0.0.1"] == {"address": "10.0.0.1", "until_ms": 1_500, "by": "connector-1"}
+    assert bans_in_force(bans, 2_000) == {}  # a ban ending now has ended

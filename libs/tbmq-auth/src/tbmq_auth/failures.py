@@ -13,13 +13,15 @@ addresses costs bounded memory.
 `ban(address, until, now)` imposes a ban decided elsewhere (the connector: another connector's, read from
 tbmq.security.login.bans), so a guesser spreading its attempts over several connectors is banned on all of
 them once one bans it; `lift(address, now)` ends one early (an administrator's). `ban_record` / `parse_ban`:
-the one format of that topic's values, written by the connectors and the admin API.
+the one format of that topic's values, written by the connectors, the admin API and `tbmq login-bans`;
+`bans_in_force`: which of them still ban (the admin API's list and lift, the command line's).
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Mapping
 
 LIFTED = 0  # a tbmq.security.login.bans record ending at 0: the ban lifted by an administrator
 
@@ -36,6 +38,13 @@ def parse_ban(value: bytes) -> tuple[int, str]:
         return int(ban["until_ms"]), str(ban["by"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"not a login ban: {value[:80]!r}") from exc
+
+
+def bans_in_force(bans: Mapping[str, tuple[int, str]], now_ms: int) -> dict[str, dict]:
+    """{address: {"address", "until_ms", "by"}} of the parsed records `bans` (address -> (until_ms, by)) whose
+    ban has not ended at `now_ms` (a lifted one has: it ends at LIFTED), in address order."""
+    return {a: {"address": a, "until_ms": until, "by": by}
+            for a, (until, by) in sorted(bans.items()) if until > now_ms}
 
 
 class FailedLogins:
@@ -85,4 +94,4 @@ class FailedLogins:
         return len(self._addresses)
 
 
-__all__ = ["FailedLogins", "LIFTED", "ban_record", "parse_ban"]
+__all__ = ["FailedLogins", "LIFTED", "ban_record", "bans_in_force", "parse_ban"]

@@ -16,9 +16,8 @@ Writes the compacted topics tbmq.security.credentials (key = the username) and t
 (key = "<kind>:<value>") that every connector follows: a change applies within a second, to new CONNECTs and
 to the next PUBLISH / SUBSCRIBE of connected clients (docs/security.md). `login-bans` lists the addresses the
 connectors banned for failed logins (tbmq.security.login.bans) and lifts one on every connector, as the admin
-API does. `credentials add` of an existing
-name replaces it. Passwords are read from stdin and stored only as argon2id hashes; `credentials list`
-never prints a hash.
+API does. `credentials add` of an existing name replaces it. Passwords are read from stdin and stored only as
+argon2id hashes; `credentials list` never prints a hash.
 
 `dead-letters` reads tbmq.msg.persisted.dead: the stored copies for persistent DEVICE clients that Redis refused
 for the client's data (device-persistence, docs/device-persistence.md "Dead letters"). `list` prints one JSON line
@@ -39,7 +38,7 @@ import sys
 import time
 
 from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
-from tbmq_auth.failures import LIFTED, ban_record, parse_ban
+from tbmq_auth.failures import LIFTED, ban_record, bans_in_force, parse_ban
 
 from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, DEAD_LETTER_ORIGIN_PARTITION, MSG_PERSISTED,
                      MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, SECURITY_LOGIN_BANS, spec)
@@ -161,19 +160,16 @@ async def blocked(args) -> int:
 async def login_bans(args) -> int:
     """`list`: one JSON line per ban in force; `lift ADDRESS`: a record ending at LIFTED (every connector takes the
     address's CONNECTs again); exit code 1 when no ban of it is in force."""
-    table = await read_table(args.bootstrap_servers, SECURITY_LOGIN_BANS)
-    now = int(time.time() * 1000)
-    bans = {}
-    for address, value in table.items():
+    parsed = {}
+    for address, value in (await read_table(args.bootstrap_servers, SECURITY_LOGIN_BANS)).items():
         try:
-            until, by = parse_ban(value)
+            parsed[address] = parse_ban(value)
         except ValueError:
-            continue
-        if until > now:
-            bans[address] = {"address": address, "until_ms": until, "by": by}
+            continue  # not a ban: no connector applies it either
+    bans = bans_in_force(parsed, int(time.time() * 1000))
     if args.action == "list":
-        for address in sorted(bans):
-            print(json.dumps(bans[address], sort_keys=True))
+        for ban in bans.values():
+            print(json.dumps(ban, sort_keys=True))
         return 0
     if args.address not in bans:
         print(f"no login ban of {args.address!r} in force", file=sys.stderr)

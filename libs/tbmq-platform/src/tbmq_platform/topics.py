@@ -155,7 +155,8 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     _compacted(SECURITY_BLOCKED, "<kind>:<value>", "JSON tbmq_auth.BlockedRule (null value = deleted)",
                "`tbmq blocked`", "connector (every instance, from the beginning)"),
     TopicSpec(SECURITY_LOGIN_BANS, "client address (IP)",
-              "JSON {\"until_ms\": the ban's end, Unix ms, \"by\": the banning connector's id}", 1,
+              "JSON {\"until_ms\": the ban's end, Unix ms (0: lifted), \"by\": the banning connector's id, or who "
+              "lifted it}", 1,
               "connector (an address past MQTT_LOGIN_FAILURES_PER_IP), admin and `tbmq login-bans lift` (until_ms 0)",
               "connector (every instance, from the beginning), admin",
               retention_ms=DAY_MS),

@@ -22,7 +22,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
 from tbmq_auth import CLIENT_ID, BlockedRule, Credential, make_credential
-from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, parse_ban
+from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, parse_ban
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
@@ -431,15 +431,12 @@ class AdminService(Service):
         return _json({"key": key}, 202)
 
     async def list_login_bans(self, request: web.Request) -> web.Response:
-        now = int(time.time() * 1000)
-        items = [{"address": a, "until_ms": until, "by": by}
-                 for a, (until, by) in sorted(self.login_bans.items()) if until > now]
+        items = list(bans_in_force(self.login_bans, int(time.time() * 1000)).values())
         return _json(query.Page.of(request.query).apply(items))
 
     async def lift_login_ban(self, request: web.Request) -> web.Response:
         address = request.match_info["address"]
-        until, _ = self.login_bans.get(address, (LIFTED, ""))
-        if until <= time.time() * 1000:
+        if address not in bans_in_force(self.login_bans, int(time.time() * 1000)):
             return _error(404, f"no login ban of {address!r} in force")
         by = f"admin:{request['user']}"
         await self._send(topics.SECURITY_LOGIN_BANS, address, ban_record(LIFTED, by))

@@ -186,8 +186,9 @@ class ConnectorService(Service):
             max_subscriptions=settings.max_subscriptions, max_user_properties=settings.max_user_properties,
             max_queued_bytes=settings.max_queued_bytes, max_publish_rate=settings.max_publish_rate,
             max_publish_bytes_rate=settings.max_publish_bytes_rate)
-        # every connection's PUBLISHes spend it too (MQTT_MAX_TOTAL_PUBLISH_RATE / _BYTES_RATE; None: unlimited)
-        self.total_rate = PublishRate(settings.max_total_publish_rate, settings.max_total_publish_bytes_rate) or None
+        # every connection's PUBLISHes spend it too (MQTT_MAX_TOTAL_PUBLISH_RATE / _BYTES_RATE; the machine
+        # ignores it when both are unlimited)
+        self.total_rate = PublishRate(settings.max_total_publish_rate, settings.max_total_publish_bytes_rate)
         self.retained_bytes = 0  # payload + topic bytes of the retained messages held (MQTT_MAX_RETAINED_BYTES)
         self._topics = {
             "response": response_topic(self.service_id),
@@ -221,7 +222,7 @@ class ConnectorService(Service):
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
         self.views.view(SECURITY_BLOCKED, self._apply_blocked)
-        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_ban)  # other connectors' bans
+        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_ban)  # every connector's bans, its own too
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
@@ -613,18 +614,18 @@ class ConnectorService(Service):
         except ValueError as exc:
             log.warning("tbmq.security.login.bans: %s: ignored", exc)
             return
-        now = time.monotonic()
+        address, now = key.decode(), time.monotonic()
         if until_ms == LIFTED:
-            if self.failed_logins.lift(key.decode(), now):
+            if self.failed_logins.lift(address, now):
                 self.stats["login_bans_lifted"] += 1
-                log.info("address %s: its ban lifted by %s", key.decode(), by)
+                log.info("address %s: its ban lifted by %s", address, by)
             return
         left_s = (until_ms - time.time() * 1000) / 1000
         if left_s <= 0:
             return
-        if self.failed_logins.ban(key.decode(), now + left_s, now) and by != self.service_id:
+        if self.failed_logins.ban(address, now + left_s, now) and by != self.service_id:
             self.stats["login_bans_shared"] += 1
-            log.info("address %s banned for %.0fs more: banned by %s", key.decode(), left_s, by)
+            log.info("address %s banned for %.0fs more: banned by %s", address, left_s, by)
 
     async def _ask_http(self, body: dict, client_id: str) -> HttpAnswer:
         """The `http` provider's answer to `body`: a kept one (MQTT_AUTH_HTTP_CACHE_S, tbmq_auth.http.AnswerCache)
