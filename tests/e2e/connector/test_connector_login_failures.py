@@ -1,8 +1,9 @@
 """Failed logins per address (MQTT_LOGIN_FAILURES_PER_IP, docs/security.md "Limits"), end to end with paho-mqtt
 3.1.1 and 5.0 and the `jwt` provider: an address that sends bad tokens faster than the limit is banned, and
 while it is, even a good token from it gets CONNACK 0x8A Banned (3.1.1: 5, Not authorized); another address
-connects meanwhile; the ban ends by itself. A ban on one connector applies on the other too
-(tbmq.security.login.bans), and an administrator lifts it on both (the admin API)."""
+connects meanwhile; the ban ends by itself. The budget is one across the connectors and a ban on one applies on
+the other too, after the other's restart as well (tbmq.security.login.bans); an administrator lifts it on both
+(the admin API)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.e2e]
 
 SECRET = "e2e-login-failures-secret-0123456789abcdef"
 FAILURES = 3
-BAN_S = 10  # long enough for the other connector to read a ban (or its lifting) while it lasts
+BAN_S = 20  # long enough for the other connector to read a ban (or its lifting), or to restart, while it lasts
 
 
 def token(secret: str = SECRET) -> str:
@@ -100,6 +101,38 @@ async def test_a_ban_on_one_connector_applies_on_the_other(suite):
     after = await scrape(suite.health_port("connector", 2))
     assert value(after, "tbmq_login_bans_shared_total") - value(before, "tbmq_login_bans_shared_total") == 1
     assert value(after, "tbmq_login_bans_total") == value(before, "tbmq_login_bans_total")  # none of its own
+
+
+async def test_a_guesser_spreading_over_the_connectors_gets_one_budget(suite):
+    """MQTT_LOGIN_FAILURES_PER_IP is one budget per address across the connectors: failed logins on connector 1
+    and then one on connector 2, the limit in all, ban the address on both though neither had it alone; the
+    ban is connector 2's (its failure used the budget up), and it still holds there after a restart."""
+    address, bad, good = "127.0.0.9", token("another-secret-of-an-attacker-0123456789"), token()
+    first, second = suite.mqtt_ports
+    health = suite.health_port("connector", 2)
+    before = await scrape(health)
+    for _ in range(FAILURES - 1):
+        assert await run(connack, first, True, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
+
+    async def spent_on_second() -> bool:
+        got = value(await scrape(health), "tbmq_login_failures_shared_total")
+        return got - value(before, "tbmq_login_failures_shared_total") >= FAILURES - 1
+    await wait_until(spent_on_second, BOUND, "connector 1's failed logins read by connector 2")
+    assert await run(connack, second, True, good, address) == 0  # one failure left: not banned yet
+    assert await run(connack, second, True, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
+
+    async def banned_on_both() -> bool:
+        return all([await run(connack, p, True, good, address) == RC.BANNED for p in (first, second)])
+    await wait_until(banned_on_both, BAN_S, "the one budget used up, on both connectors")
+    assert await run(connack, second, False, good, "127.0.0.10") == 0
+    after = await scrape(health)
+    assert value(after, "tbmq_login_bans_total") - value(before, "tbmq_login_bans_total") == 1
+    listed = [json.loads(line) for line in (await run(tbmq, suite, "login-bans", "list")).splitlines()]
+    assert [b["by"] for b in listed if b["address"] == address] == [suite.service_id("connector", 2)], listed
+
+    await suite.restart_service("connector", 2)  # its failures and its ban read back: still banned
+    assert await run(connack, second, True, good, address) == RC.BANNED
+    assert await run(connack, second, True, good, "127.0.0.10") == 0
 
 
 async def test_an_administrator_lifts_a_ban_on_every_connector(suite):

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+from tbmq_auth.buckets import refilled
+
 TOO_MANY_CONNECTIONS = "max_connections"
 CONNECT_RATE = "connect_rate"
 
@@ -53,11 +55,6 @@ class Admission:
 
     def __len__(self) -> int:
         return len(self._buckets)
-
-
-def refilled(tokens: float, elapsed_s: float, rate: float, burst: float) -> float:
-    """A token bucket's balance after `elapsed_s` at `rate` tokens a second, capped at `burst`."""
-    return min(burst, tokens + elapsed_s * rate)
 
 
 class PublishRate:
@@ -98,4 +95,4 @@ def topic_problem(topic: str, max_bytes: int, max_levels: int) -> str | None:
     return None
 
 
-__all__ = ["Admission", "CONNECT_RATE", "PublishRate", "TOO_MANY_CONNECTIONS", "refilled", "topic_problem"]
+__all__ = ["Admission", "CONNECT_RATE", "PublishRate", "TOO_MANY_CONNECTIONS", "topic_problem"]

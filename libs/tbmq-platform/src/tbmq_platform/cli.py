@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
 
 from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
-from tbmq_auth.failures import LIFTED, ban_record, bans_in_force, parse_ban
+from tbmq_auth.failures import LIFTED, ban_record, bans_in_force, keep_ban
 
 from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, DEAD_LETTER_ORIGIN_PARTITION, MSG_PERSISTED,
                      MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, SECURITY_LOGIN_BANS, spec)
@@ -70,11 +71,18 @@ async def write(bootstrap: str, topic: str, key: str, value: bytes | None) -> No
         await producer.stop()
 
 
-async def read_table(bootstrap: str, topic: str) -> dict[str, bytes]:
-    """The compacted topic as a table (key -> value), read to its end."""
+async def read_topic(bootstrap: str, topic: str, apply) -> None:
+    """Every record of `topic`, from its beginning to its end, handed to apply(key, value)."""
     from .compacted import CompactedTopicView
 
     await _ensure(bootstrap, topic)
+    view = CompactedTopicView(bootstrap, topic, apply, client_id="tbmq-cli")
+    await view.start()
+    await view.stop()
+
+
+async def read_table(bootstrap: str, topic: str) -> dict[str, bytes]:
+    """The compacted topic as a table (key -> value), read to its end."""
     table: dict[str, bytes] = {}
 
     def apply(key: bytes, value: bytes | None) -> None:
@@ -83,9 +91,7 @@ async def read_table(bootstrap: str, topic: str) -> dict[str, bytes]:
         else:
             table[key.decode()] = value
 
-    view = CompactedTopicView(bootstrap, topic, apply, client_id="tbmq-cli")
-    await view.start()
-    await view.stop()
+    await read_topic(bootstrap, topic, apply)
     return table
 
 
@@ -161,11 +167,12 @@ async def login_bans(args) -> int:
     """`list`: one JSON line per ban in force; `lift ADDRESS`: a record ending at LIFTED (every connector takes the
     address's CONNECTs again); exit code 1 when no ban of it is in force."""
     parsed = {}
-    for address, value in (await read_table(args.bootstrap_servers, SECURITY_LOGIN_BANS)).items():
-        try:
-            parsed[address] = parse_ban(value)
-        except ValueError:
-            continue  # not a ban: no connector applies it either
+
+    def apply(key: bytes | None, value: bytes | None) -> None:
+        with contextlib.suppress(ValueError):  # neither a ban nor a failed login: no connector applies it either
+            keep_ban(parsed, key, value)
+
+    await read_topic(args.bootstrap_servers, SECURITY_LOGIN_BANS, apply)
     bans = bans_in_force(parsed, int(time.time() * 1000))
     if args.action == "list":
         for ban in bans.values():

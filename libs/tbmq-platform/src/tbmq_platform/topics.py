@@ -155,9 +155,10 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     _compacted(SECURITY_BLOCKED, "<kind>:<value>", "JSON tbmq_auth.BlockedRule (null value = deleted)",
                "`tbmq blocked`", "connector (every instance, from the beginning)"),
     TopicSpec(SECURITY_LOGIN_BANS, "client address (IP)",
-              "JSON {\"until_ms\": the ban's end, Unix ms (0: lifted), \"by\": the banning connector's id, or who "
-              "lifted it}", 1,
-              "connector (an address past MQTT_LOGIN_FAILURES_PER_IP), admin and `tbmq login-bans lift` (until_ms 0)",
+              "JSON, a ban {\"until_ms\": the ban's end, Unix ms (0: lifted), \"by\": the banning connector's id, or "
+              "who lifted it} or a failed login {\"failed_ms\": when, Unix ms, \"by\": the connector's id}", 1,
+              "connector (every failed login, and an address past MQTT_LOGIN_FAILURES_PER_IP), admin and "
+              "`tbmq login-bans lift` (until_ms 0)",
               "connector (every instance, from the beginning), admin",
               retention_ms=DAY_MS),
     TopicSpec(ADMIN_TOKENS_REVOKED, "token id (jti)", "the token's expiry, Unix seconds (decimal text)", 1,

@@ -22,7 +22,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
 from tbmq_auth import CLIENT_ID, BlockedRule, Credential, make_credential
-from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, parse_ban
+from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, keep_ban
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
@@ -245,11 +245,10 @@ class AdminService(Service):
         return _json({"ok": True})
 
     def _login_ban(self, key: bytes | None, value: bytes | None) -> None:
-        """tbmq.security.login.bans: the last record of an address says until when it is banned."""
-        if key is None or not value:
-            return
+        """tbmq.security.login.bans: the last ban record of an address says until when it is banned (its failed
+        logins, the topic's other records, are the connectors' to count)."""
         try:
-            self.login_bans[key.decode()] = parse_ban(value)
+            keep_ban(self.login_bans, key, value)
         except ValueError as exc:
             log.warning("tbmq.security.login.bans: %s", exc)
 

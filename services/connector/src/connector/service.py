@@ -49,7 +49,7 @@ from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.marks import MarkWriter
 from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
-from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, parse_ban
+from tbmq_auth.failures import BAN_LIFTED, BANNED, BANNED_SHARED, LoginLedger, ban_record, failure_record
 from tbmq_auth.http import ERROR, AnswerCache
 from tbmq_platform.topics import (
     CLIENT_SESSION,
@@ -159,8 +159,9 @@ class ConnectorService(Service):
         self.stats: Counter = Counter()
         self.admission = Admission(settings.max_connections, settings.connect_rate_per_ip,
                                    settings.connect_burst_per_ip)
-        self.failed_logins = FailedLogins(settings.login_failures_per_ip, settings.login_failures_window_s,
-                                          settings.login_ban_s)
+        # this connector's failed logins and every connector's (tbmq.security.login.bans): _apply_login_record
+        self.logins = LoginLedger(settings.login_failures_per_ip, settings.login_failures_window_s,
+                                  settings.login_ban_s, self.service_id)
         self.adaptive_fetch: AdaptiveFetch | None = None
         self.linger: AdaptiveLinger | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -222,7 +223,7 @@ class ConnectorService(Service):
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
         self.views.view(SECURITY_BLOCKED, self._apply_blocked)
-        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_ban)  # every connector's bans, its own too
+        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_record)  # every connector's, its own too
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
@@ -234,6 +235,7 @@ class ConnectorService(Service):
         await self.data.start()
         await assign_at_end(self.data, [self._topics["basic"]])
         await self.views.start()
+        self.logins.live = True  # what is read now was written since this run started
         self.retained_barrier = self.views.barrier([MSG_RETAINED])
         self.device = DevicePersistenceClient(s.device_persistence_grpc_targets, s.grpc_timeout_s,
                                               ack_delay_s=s.ack_delay_ms / 1000,
@@ -378,10 +380,13 @@ class ConnectorService(Service):
                                      "token_expired": "token_expired"})
         m.counter("login_failures", "CONNECTs refused for bad credentials (0x86), what MQTT_LOGIN_FAILURES_PER_IP "
                   "counts", lambda: st["login_failures"])
-        m.counter("login_bans", "addresses banned for going over MQTT_LOGIN_FAILURES_PER_IP",
+        m.counter("login_bans", "addresses this connector banned for going over MQTT_LOGIN_FAILURES_PER_IP",
                   lambda: st["login_bans"])
-        m.counter("login_bans_shared", "addresses another connector banned, banned here too (tbmq.security.login.bans)",
+        m.counter("login_bans_shared", "addresses banned here for failed logins on other connectors "
+                  "(tbmq.security.login.bans)",
                   lambda: st["login_bans_shared"])
+        m.counter("login_failures_shared", "failed logins on other connectors spent from the address's budget here",
+                  lambda: st["login_failures_shared"])
         m.counter("login_bans_lifted", "bans an administrator lifted early (DELETE /api/v1/login-bans/<address>)",
                   lambda: st["login_bans_lifted"])
         m.counter("connects_banned", "CONNECTs refused with 0x8A Banned: their address was banned",
@@ -582,7 +587,7 @@ class ConnectorService(Service):
         (connector.http_auth), then is taken again with it. An address past MQTT_LOGIN_FAILURES_PER_IP is
         refused before any of that (0x8A Banned: tbmq_auth.failures), so guessing passwords
         costs the connector no argon2 work beyond that rate."""
-        if self.failed_logins and self.failed_logins.retry_after(request.ip, time.monotonic()):
+        if self.logins and self.logins.ban_left(request.ip, time.monotonic()):
             self.stats["connect_refused_banned"] += 1
             return AuthResult(ReasonCode.BANNED, "too many failed logins from this address")
         now = int(time.time() * 1000)
@@ -592,40 +597,43 @@ class ConnectorService(Service):
             result = await self._decide(request, now, answer)
         if result.reason_code == ReasonCode.BAD_USER_NAME_OR_PASSWORD:
             self.stats["login_failures"] += 1
-            if self.failed_logins and self.failed_logins.failed(request.ip, time.monotonic()):
-                self.stats["login_bans"] += 1
-                log.warning("address %s banned for %gs: %d failed logins within %gs", request.ip,
-                            self.settings.login_ban_s, self.settings.login_failures_per_ip,
-                            self.settings.login_failures_window_s)
-                until_ms = int(time.time() * 1000 + self.settings.login_ban_s * 1000)
-                self.spawn_bg(self.producer.send(SECURITY_LOGIN_BANS, ban_record(until_ms, self.service_id),
-                                                 key=request.ip.encode()))
+            if self.logins:
+                # every connector (this one too) spends it from the address's one budget: _apply_login_record
+                record = failure_record(int(time.time() * 1000), self.service_id)
+                self.spawn_bg(self.producer.send(SECURITY_LOGIN_BANS, record, key=request.ip.encode()))
+                self._login_events(request.ip, self.logins.failed(request.ip, time.monotonic()))
         return result
 
-    def _apply_login_ban(self, key: bytes | None, value: bytes | None) -> None:
-        """A ban written to tbmq.security.login.bans: CONNECTs from that address get 0x8A Banned here too until
-        it ends, so a guesser spreading its attempts over the connectors behind one address is banned on all
-        once one bans it. This connector's own bans are read back too: after a restart they still hold. A
-        ban an administrator lifted (until_ms LIFTED, the admin API) ends here at once."""
-        if key is None or not value or not self.failed_logins:
+    def _apply_login_record(self, key: bytes | None, value: bytes | None) -> None:
+        """A record of tbmq.security.login.bans, every connector's, this one's too (tbmq_auth.failures.LoginLedger:
+        failed logins spent from the address's one budget across the connectors, bans, bans lifted)."""
+        if key is None or not value or not self.logins:
             return
+        address = key.decode()
         try:
-            until_ms, by = parse_ban(value)
+            events = self.logins.record(address, value, time.monotonic(), int(time.time() * 1000))
         except ValueError as exc:
             log.warning("tbmq.security.login.bans: %s: ignored", exc)
             return
-        address, now = key.decode(), time.monotonic()
-        if until_ms == LIFTED:
-            if self.failed_logins.lift(address, now):
-                self.stats["login_bans_lifted"] += 1
-                log.info("address %s: its ban lifted by %s", address, by)
-            return
-        left_s = (until_ms - time.time() * 1000) / 1000
-        if left_s <= 0:
-            return
-        if self.failed_logins.ban(address, now + left_s, now) and by != self.service_id:
-            self.stats["login_bans_shared"] += 1
-            log.info("address %s banned for %.0fs more: banned by %s", address, left_s, by)
+        self._login_events(address, events)
+
+    def _login_events(self, address: str, events: tuple[str, ...]) -> None:
+        """Counted (the event names are the counters'), and a ban this connector started written to
+        tbmq.security.login.bans, which the admin API lists and every connector (this one after a restart
+        too) applies."""
+        s = self.settings
+        for event in events:
+            self.stats[event] += 1
+            if event == BANNED:
+                log.warning("address %s banned for %gs: %d failed logins within %gs", address, s.login_ban_s,
+                            s.login_failures_per_ip, s.login_failures_window_s)
+                until_ms = int(time.time() * 1000 + s.login_ban_s * 1000)
+                self.spawn_bg(self.producer.send(SECURITY_LOGIN_BANS, ban_record(until_ms, self.service_id),
+                                                 key=address.encode()))
+            elif event == BANNED_SHARED:
+                log.info("address %s banned: failed logins on other connectors", address)
+            elif event == BAN_LIFTED:
+                log.info("address %s: its ban lifted by an administrator", address)
 
     async def _ask_http(self, body: dict, client_id: str) -> HttpAnswer:
         """The `http` provider's answer to `body`: a kept one (MQTT_AUTH_HTTP_CACHE_S, tbmq_auth.http.AnswerCache)
