@@ -5,6 +5,7 @@ applied, their markers do not stall a wait), and a wait that is not queued behin
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from aiokafka import TopicPartition
@@ -62,6 +63,38 @@ async def test_views_on_one_consumer_rebuild_then_follow_each_topic(kafka, uniqu
             assert table_a[b"k0"] == b"last"
         finally:
             await views.stop()
+    finally:
+        await p.stop()
+
+
+async def test_a_view_since_a_time_skips_older_records_then_follows(kafka, unique):
+    """`since_ms`: each partition is read from its first record timestamped at or after it (a partition with
+    none from its end), start() still returns caught up, and later records are followed."""
+    (t,) = await _topics(kafka, unique, 1, partitions=2)
+    p = await _producer(kafka, unique)
+    now = int(time.time() * 1000)
+    try:
+        for i in range(3):
+            await p.send_and_wait(t, key=b"old0-%d" % i, value=b"o", partition=0, timestamp_ms=now - 600_000 + i)
+            await p.send_and_wait(t, key=b"old1-%d" % i, value=b"o", partition=1, timestamp_ms=now - 600_000 + i)
+        await p.send_and_wait(t, key=b"new0", value=b"n", partition=0, timestamp_ms=now - 1_000)
+        seen: list = []
+        views = CompactedViews(kafka.bootstrap_servers, client_id=unique("views"))
+        v = views.view(t, lambda k, val: seen.append(k), since_ms=now - 300_000)
+        await views.start()
+        try:
+            assert seen == [b"new0"] and v.records == 1
+            await p.send_and_wait(t, key=b"later1", value=b"l", partition=1)
+            await views.wait_caught_up(timeout=10)
+            assert seen == [b"new0", b"later1"]
+        finally:
+            await views.stop()
+        everything: list = []
+        whole = CompactedTopicView(kafka.bootstrap_servers, t, lambda k, val: everything.append(k),
+                                   client_id=unique("whole"))
+        await whole.start()  # without since_ms: from the beginning
+        await whole.stop()
+        assert len(everything) == 8
     finally:
         await p.stop()
 

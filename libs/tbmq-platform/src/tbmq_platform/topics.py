@@ -159,7 +159,8 @@ CATALOGUE: tuple[TopicSpec, ...] = (
               "who lifted it} or a failed login {\"failed_ms\": when, Unix ms, \"by\": the connector's id}", 1,
               "connector (every failed login, and an address past MQTT_LOGIN_FAILURES_PER_IP), admin and "
               "`tbmq login-bans lift` (until_ms 0)",
-              "connector (every instance, from the beginning), admin",
+              "connector (every instance, from the records of the last window or ban length, whichever is longer, "
+              "plus a minute), admin (from the beginning)",
               retention_ms=DAY_MS),
     TopicSpec(ADMIN_TOKENS_REVOKED, "token id (jti)", "the token's expiry, Unix seconds (decimal text)", 1,
               "admin (POST /api/v1/auth/logout)", "admin (every instance, from the beginning)"),

@@ -223,7 +223,10 @@ class ConnectorService(Service):
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
         self.views.view(SECURITY_BLOCKED, self._apply_blocked)
-        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_record)  # every connector's, its own too
+        # every connector's, its own too; older than a failure's window and a ban's length (and a minute for
+        # the hosts' clocks) no longer matter, so a flood of failed logins is not read again at each start
+        horizon_s = max(s.login_failures_window_s, s.login_ban_s) + 60
+        self.views.view(SECURITY_LOGIN_BANS, self._apply_login_record, since_ms=int((time.time() - horizon_s) * 1000))
         # Responses and disconnect commands are written in the registry's transactions: never act on an
         # aborted one. Woken by data: an idle fetch long-polls (tbmq_platform.kafka.IDLE_FETCH_WAIT_MS).
         self.control = make_consumer(bootstrap, group_id=None, client_id=f"{self.service_id}-control",
