@@ -30,8 +30,10 @@ sent, so a retained PUBLISH acknowledged (on any connector) before the SUBSCRIBE
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.metadata
 import logging
+import os
 import socket
 import time
 import uuid
@@ -159,6 +161,8 @@ class ConnectorService(Service):
         self.stats: Counter = Counter()
         self.admission = Admission(settings.max_connections, settings.connect_rate_per_ip,
                                    settings.connect_burst_per_ip)
+        self._password_pool: concurrent.futures.ThreadPoolExecutor | None = None  # _decide
+        self._password_checks = 0  # CONNECTs verifying a password or waiting for a thread
         # this connector's failed logins and every connector's (tbmq.security.login.bans): _apply_login_record
         self.logins = LoginLedger(settings.login_failures_per_ip, settings.login_failures_window_s,
                                   settings.login_ban_s, self.service_id)
@@ -394,6 +398,10 @@ class ConnectorService(Service):
                   lambda: st["login_bans_lifted"])
         m.counter("connects_banned", "CONNECTs refused with 0x8A Banned: their address was banned",
                   lambda: st["connect_refused_banned"])
+        m.counter("connects_busy", "CONNECTs refused with 0x89 Server busy: MQTT_PASSWORD_CHECKS_MAX passwords were "
+                  "being verified", lambda: st["connect_refused_busy"])
+        m.gauge("password_checks", "CONNECTs verifying a password or waiting for a thread (MQTT_PASSWORD_CHECKS_MAX)",
+                lambda: self._password_checks)
         m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
                   lambda: st["publish_throttled"])
         m.counter("publish_throttled_connector", "times a client was paused for the connector going over "
@@ -539,6 +547,8 @@ class ConnectorService(Service):
             await self.http_auth.close()
         if self.producer is not None:
             await self.producer.stop()
+        if self._password_pool is not None:
+            self._password_pool.shutdown(wait=False, cancel_futures=True)
         for server in self._servers:
             await server.wait_closed()
 
@@ -657,10 +667,24 @@ class ConnectorService(Service):
         return answer
 
     async def _decide(self, request: AuthRequest, now: int, answer: HttpAnswer | None) -> AuthResult | HttpCheck:
-        if request.password is not None and request.username in self.auth_tables.credentials:
+        """The authorizer's decision; one that verifies a password (a known user name with a password) runs on
+        MQTT_PASSWORD_CHECK_THREADS threads, with at most MQTT_PASSWORD_CHECKS_MAX CONNECTs verified or waiting
+        at once: past that, 0x89 Server busy without a check, so a flood of them costs bounded CPU and memory
+        and the message path keeps the other cores."""
+        if request.password is None or request.username not in self.auth_tables.credentials:
+            return self.authorizer.authenticate(request, now, answer)
+        if self._password_checks >= self.settings.password_checks_max:
+            self.stats["connect_refused_busy"] += 1
+            return AuthResult(ReasonCode.SERVER_BUSY, "too many password checks at once")
+        if self._password_pool is None:
+            self._password_pool = concurrent.futures.ThreadPoolExecutor(
+                self.settings.password_check_threads or os.cpu_count() or 1, thread_name_prefix="password-check")
+        self._password_checks += 1
+        try:  # a connection closed meanwhile cancels its check if it has not started
             return await asyncio.get_running_loop().run_in_executor(
-                None, self.authorizer.authenticate, request, now, answer)
-        return self.authorizer.authenticate(request, now, answer)
+                self._password_pool, self.authorizer.authenticate, request, now, answer)
+        finally:
+            self._password_checks -= 1
 
     def admit(self, ip: str) -> str | None:
         return self.admission.admit(len(self.connections), ip, time.monotonic())

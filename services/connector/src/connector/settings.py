@@ -265,6 +265,14 @@ class ConnectorSettings(CommonSettings):
     login_ban_s: float = env(
         "MQTT_LOGIN_BAN_S", 60.0, parse=number(1),
         doc="how long an address past MQTT_LOGIN_FAILURES_PER_IP is refused")
+    password_check_threads: int = env(
+        "MQTT_PASSWORD_CHECK_THREADS", 0, parse=integer(0, 256),
+        doc="threads that verify passwords (argon2id, about 50 ms of CPU each): at most this many cores a "
+            "flood of CONNECTs with a known user name takes from the message path; 0 = the host's cores")
+    password_checks_max: int = env(
+        "MQTT_PASSWORD_CHECKS_MAX", 256, parse=integer(1),
+        doc="CONNECTs whose password is being verified or waits for a thread, at most; one more gets CONNACK "
+            "0x89 Server busy (3.x: 3, Server unavailable) at once, its password unchecked")
     device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
         "one forward stream to each instance; a client's stored messages are on the one its id picks")
     app_delivery_grpc_targets: tuple[str, ...] = env(
