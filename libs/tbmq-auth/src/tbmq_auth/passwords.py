@@ -5,8 +5,9 @@ from __future__ import annotations
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-# argon2-cffi's defaults (RFC 9106 "low memory": t=3, m=64 MiB, p=4): ~50 ms per hash on one core. The
-# connector verifies off its event loop (connector.service.authenticate).
+# argon2-cffi's defaults (RFC 9106 "low memory": t=3, m=64 MiB, p=4, the lanes in parallel): 110 ms and 186 ms of
+# CPU per hash on the 2-core development host (docs/security.md). The connector verifies off its event loop
+# (connector.service.authenticate).
 _HASHER = PasswordHasher()
 
 

@@ -267,8 +267,9 @@ class ConnectorSettings(CommonSettings):
         doc="how long an address past MQTT_LOGIN_FAILURES_PER_IP is refused")
     password_check_threads: int = env(
         "MQTT_PASSWORD_CHECK_THREADS", 0, parse=integer(0, 256),
-        doc="threads that verify passwords (argon2id, about 50 ms of CPU each): at most this many cores a "
-            "flood of CONNECTs with a known user name takes from the message path; 0 = the host's cores")
+        doc="password checks at once (argon2id, its 4 lanes in parallel: 186 ms of CPU a check on the 2-core "
+            "development host): at most that many checks' CPU a flood of CONNECTs with a known user name takes "
+            "from the message path; 0 = the host's cores")
     password_checks_max: int = env(
         "MQTT_PASSWORD_CHECKS_MAX", 256, parse=integer(1),
         doc="CONNECTs whose password is being verified or waits for a thread, at most; one more gets CONNACK "
