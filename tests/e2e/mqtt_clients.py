@@ -189,6 +189,19 @@ class Client:
         self.c.loop_stop()
 
 
+def connack_code(port: int, client_id: str, v5: bool = True, auth=None, *, bind_address: str = "",
+                 start: threading.Barrier | None = None) -> int:
+    """The reason code of a CONNECT's CONNACK as paho reports it (0: accepted; paho maps 3.1.1's return codes
+    onto the v5 reasons: 3 → 0x88, 4 → 0x86, 5 → 0x87; -1: no CONNACK), the client closed after it. With
+    `start`, the CONNECT is sent once every thread waiting on that barrier is ready (CONNECTs at once)."""
+    c = Client(client_id, v5=v5, auth=auth)
+    if start is not None:
+        start.wait(BOUND)
+    got = c.connect(port, expect_ok=False, bind_address=bind_address)
+    c.close()
+    return got[1].value if got is not None else -1
+
+
 def real(messages: Iterable[mqtt.MQTTMessage]) -> list[mqtt.MQTTMessage]:
     """The messages that are not routed()'s probes."""
     return [m for m in messages if not m.payload.startswith(PROBE)]

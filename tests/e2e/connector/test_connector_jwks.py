@@ -19,7 +19,7 @@ from connector_helpers import connector_health
 from cryptography.hazmat.primitives.asymmetric import ec
 from http_endpoint import Answer, HttpEndpoint, Request
 from jwt.algorithms import ECAlgorithm
-from mqtt_clients import BOUND, Client, run, wait_until
+from mqtt_clients import BOUND, Client, connack_code, run, wait_until
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.tls import DevCerts, ensure_dev_certs
@@ -67,10 +67,7 @@ class Endpoint(HttpEndpoint):
 
 def connack(port: int, client_id: str, token: str) -> int:
     """The CONNACK reason code of a v5 CONNECT with `token` as password (0: accepted, then disconnected)."""
-    c = Client(client_id, auth=("device", token))
-    got = c.connect(port, expect_ok=False)
-    c.close()
-    return got[1].value if got is not None else -1
+    return connack_code(port, client_id, True, ("device", token))
 
 
 async def until_connack(port: int, client_id: str, token: str, want: int, what: str) -> None:

@@ -15,7 +15,7 @@ import aiohttp
 import jwt
 import pytest
 from connector_helpers import TBMQ, connector_health, tbmq
-from mqtt_clients import BOUND, Client, run, wait_until
+from mqtt_clients import BOUND, connack_code, run, wait_until
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
@@ -34,10 +34,17 @@ def token(secret: str = SECRET) -> str:
 def connack(port: int, v5: bool, password: str, address: str) -> int:
     """The CONNACK code paho reports for a CONNECT from `address` (paho maps 3.1.1's return codes onto the
     v5 reason codes: 4 → 0x86, 5 → 0x87)."""
-    c = Client(f"lf-{new_tag()}", v5=v5, auth=("device", password))
-    got = c.connect(port, expect_ok=False, bind_address=address)
-    c.close()
-    return got[1].value if got is not None else -1
+    return connack_code(port, f"lf-{new_tag()}", v5, ("device", password), bind_address=address)
+
+
+async def banned_on(ports: list[int], address: str) -> bool:
+    """Whether every connector of `ports` refuses a good token from `address` (0x8A Banned)."""
+    return all([await run(connack, p, True, token(), address) == RC.BANNED for p in ports])
+
+
+async def cli_bans(suite) -> list[dict]:
+    """`tbmq login-bans list`: the bans in force, one JSON line each."""
+    return [json.loads(line) for line in (await run(tbmq, suite, "login-bans", "list")).splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +99,7 @@ async def test_a_ban_on_one_connector_applies_on_the_other(suite):
         return await run(connack, second, True, good, address) == RC.BANNED
     await wait_until(banned_on_second, BAN_S, "the ban read by connector 2 while it lasts")
     assert await run(connack, second, False, good, "127.0.0.6") == 0
-    listed = [json.loads(line) for line in (await run(tbmq, suite, "login-bans", "list")).splitlines()]
+    listed = await cli_bans(suite)
     assert any(b["address"] == address and b["by"].startswith("connector") for b in listed), listed
 
     async def ban_over() -> bool:
@@ -121,13 +128,11 @@ async def test_a_guesser_spreading_over_the_connectors_gets_one_budget(suite):
     assert await run(connack, second, True, good, address) == 0  # one failure left: not banned yet
     assert await run(connack, second, True, bad, address) == RC.BAD_USER_NAME_OR_PASSWORD
 
-    async def banned_on_both() -> bool:
-        return all([await run(connack, p, True, good, address) == RC.BANNED for p in (first, second)])
-    await wait_until(banned_on_both, BAN_S, "the one budget used up, on both connectors")
+    await wait_until(lambda: banned_on(suite.mqtt_ports, address), BAN_S, "the one budget used up, on both connectors")
     assert await run(connack, second, False, good, "127.0.0.10") == 0
     after = await scrape(health)
     assert value(after, "tbmq_login_bans_total") - value(before, "tbmq_login_bans_total") == 1
-    listed = [json.loads(line) for line in (await run(tbmq, suite, "login-bans", "list")).splitlines()]
+    listed = await cli_bans(suite)
     assert [b["by"] for b in listed if b["address"] == address] == [suite.service_id("connector", 2)], listed
 
     await suite.restart_service("connector", 2)  # its failures and its ban read back: still banned
@@ -156,9 +161,7 @@ async def test_an_administrator_lifts_a_ban_on_every_connector(suite):
         ban = await wait_until(listed, BOUND, "the ban in the admin API")
         assert ban["by"].startswith("connector") and ban["until_ms"] > time.time() * 1000
 
-        async def banned_on_both() -> bool:
-            return all([await run(connack, p, True, good, address) == RC.BANNED for p in (first, second)])
-        await wait_until(banned_on_both, BAN_S, "the ban in force on both connectors")
+        await wait_until(lambda: banned_on(suite.mqtt_ports, address), BAN_S, "the ban in force on both connectors")
         async with http.delete(base + "/login-bans/" + address, headers=auth) as r:
             assert r.status == 202, await r.text()
         async with http.delete(base + "/login-bans/" + address, headers=auth) as r:

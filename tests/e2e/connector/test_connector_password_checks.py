@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from connector_helpers import tbmq
-from mqtt_clients import BOUND, Client, run, wait_until
+from mqtt_clients import BOUND, connack_code, run, wait_until
 from scraped import scrape, value
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
@@ -31,17 +31,6 @@ async def suite(kafka, tmp_path_factory):
         yield s
 
 
-def connack(port: int, v5: bool, auth: tuple[str, str], start: threading.Barrier | None = None) -> int:
-    """The CONNACK's reason code as paho reports it (3.1.1's return codes mapped onto v5 names: 3 → 0x88,
-    4 → 0x86); with `start`, the CONNECT is sent once every thread of the flood is ready."""
-    c = Client(f"pc-{new_tag()}", v5=v5, auth=auth)
-    if start is not None:
-        start.wait(BOUND)
-    got = c.connect(port, expect_ok=False)
-    c.close()
-    return got[1].value if got is not None else -1
-
-
 def flood(port: int, user: str) -> list[tuple[bool, int]]:
     """FLOOD CONNECTs with a wrong password, half 5.0 and half 3.1.1, sent at once: (v5, code) each."""
     start = threading.Barrier(FLOOD)
@@ -49,7 +38,7 @@ def flood(port: int, user: str) -> list[tuple[bool, int]]:
     lock = threading.Lock()
 
     def one(v5: bool) -> None:
-        rc = connack(port, v5, (user, "a-wrong-guess"), start)
+        rc = connack_code(port, f"pc-{new_tag()}", v5, (user, "a-wrong-guess"), start=start)
         with lock:
             got.append((v5, rc))
     threads = [threading.Thread(target=one, args=(i % 2 == 0,)) for i in range(FLOOD)]
@@ -66,7 +55,7 @@ async def test_a_flood_of_password_checks_is_bounded_and_the_rest_get_server_bus
     await run(tbmq, suite, "credentials", "add", "--username", user, "--password-stdin", stdin=password + "\n")
 
     async def accepted() -> bool:
-        return await run(connack, port, True, (user, password)) == 0
+        return await run(connack_code, port, f"pc-{new_tag()}", True, (user, password)) == 0
     await wait_until(accepted, BOUND, "the credential on the connector")
     before = await scrape(suite.health_port("connector"))
     got = await run(flood, port, user)
@@ -81,4 +70,4 @@ async def test_a_flood_of_password_checks_is_bounded_and_the_rest_get_server_bus
     assert value(after, "tbmq_login_failures_total") - value(before, "tbmq_login_failures_total") == len(checked)
     assert value(after, "tbmq_password_checks") == 0
     for v5 in (True, False):  # the flood over: the right password connects
-        assert await run(connack, port, v5, (user, password)) == 0
+        assert await run(connack_code, port, f"pc-{new_tag()}", v5, (user, password)) == 0
