@@ -2,7 +2,9 @@
 
 * ``tbmq_auth.rules``     -- ``Credential``, ``BlockedRule``, ``AuthTables`` (the compacted topics as tables),
   ``Authorizer`` (authenticate a CONNECT, ``may_publish`` / ``may_subscribe``), ``anonymous_default``
-* ``tbmq_auth.passwords`` -- argon2id ``hash_password`` / ``verify_password``
+* ``tbmq_auth.passwords`` -- argon2id ``hash_password`` / ``verify_password``, ``VerifiedPasswords`` (recent
+  successes kept, so a reconnect is not verified again)
+* ``tbmq_auth.kept``      -- ``Kept``: values kept for a while by key, bounded (the caches' one rule)
 * ``tbmq_auth.tokens``    -- ``JwtVerifier``: JSON Web Tokens as passwords (provider ``jwt``)
 * ``tbmq_auth.http``      -- provider ``http``: what is asked of the operator's service, how its answer reads
 * ``tbmq_auth.patterns``  -- the client-id, topic-pattern and acl rules credentials, tokens and answers share

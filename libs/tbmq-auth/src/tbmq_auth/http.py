@@ -29,9 +29,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections import OrderedDict
 from dataclasses import dataclass
 
+from .kept import Kept
 from .patterns import parse_acl
 
 HTTP = "http"
@@ -105,40 +105,20 @@ def parse_answer(status: int, body: bytes) -> HttpAnswer:
     return HttpAnswer(ALLOW, pub, sub, username, _ms(expire_at))
 
 
-class AnswerCache:
+class AnswerCache(Kept[HttpAnswer]):
     """Answers by question for `ttl_s` (seconds on the clock passed in), at most `max_entries` (the oldest
-    dropped first: about 200 bytes each)."""
+    dropped first: about 200 bytes each); an error is never kept (tbmq_auth.kept.Kept)."""
 
     def __init__(self, ttl_s: float, max_entries: int = 100_000) -> None:
-        self.ttl_s, self.max_entries = ttl_s, max_entries
-        self._answers: OrderedDict[bytes, tuple[HttpAnswer, float]] = OrderedDict()
-
-    def __bool__(self) -> bool:
-        return self.ttl_s > 0
-
-    def __len__(self) -> int:
-        return len(self._answers)
+        super().__init__(ttl_s, max_entries)
 
     @staticmethod
     def key(body: dict) -> bytes:
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).digest()
 
-    def get(self, key: bytes, now: float) -> HttpAnswer | None:
-        got = self._answers.get(key)
-        if got is None:
-            return None
-        if now >= got[1]:
-            del self._answers[key]
-            return None
-        return got[0]
-
     def put(self, key: bytes, answer: HttpAnswer, now: float) -> None:
-        if answer.result == ERROR or not self:
-            return
-        self._answers.pop(key, None)
-        self._answers[key] = (answer, now + self.ttl_s)
-        while len(self._answers) > self.max_entries:
-            self._answers.popitem(last=False)
+        if answer.result != ERROR:
+            super().put(key, answer, now)
 
 
 def _ms(seconds: float | None) -> int | None:

@@ -35,6 +35,7 @@ import importlib.metadata
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -53,6 +54,7 @@ from tbmq_platform.marks import MarkWriter
 from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
 from tbmq_auth.failures import BAN_LIFTED, BANNED, BANNED_SHARED, LoginLedger, ban_record, failure_record
 from tbmq_auth.http import ERROR, AnswerCache
+from tbmq_auth.passwords import VerifiedPasswords, verify_password
 from tbmq_platform.topics import (
     CLIENT_SESSION,
     CLIENT_SUBSCRIPTIONS,
@@ -137,8 +139,12 @@ class ConnectorService(Service):
         # credentials and blocked clients (tbmq.security.*), followed as tables: a change applies to the
         # next CONNECT, PUBLISH and SUBSCRIBE (docs/security.md)
         self.auth_tables = AuthTables()
+        # passwords verified recently, so a reconnect storm is not verified again (MQTT_PASSWORD_CACHE_S)
+        self.passwords = VerifiedPasswords(settings.password_cache_s, settings.password_cache_max)
+        self._passwords_lock = threading.Lock()  # _verify_password runs on the password-check threads too
         self.authorizer = Authorizer(self.auth_tables, providers=settings.auth_providers,
-                                     allow_anonymous=settings.allow_anonymous, tokens=settings.token_verifier())
+                                     allow_anonymous=settings.allow_anonymous, tokens=settings.token_verifier(),
+                                     verify=self._verify_password)
         self.http_answers = AnswerCache(settings.http_auth_cache_s, settings.http_auth_cache_max)
         self.http_auth = HttpAuthClient(settings.http_auth_url, settings.http_auth_timeout_s,
                                         settings.http_auth_authorization, settings.http_auth_ca_file) \
@@ -402,6 +408,11 @@ class ConnectorService(Service):
                   "being verified", lambda: st["connect_refused_busy"])
         m.gauge("password_checks", "CONNECTs verifying a password or waiting for a thread (MQTT_PASSWORD_CHECKS_MAX)",
                 lambda: self._password_checks)
+        m.counter("password_cache_hits", "passwords found verified in the last MQTT_PASSWORD_CACHE_S: no check run",
+                  lambda: st["password_cache_hits"])
+        m.counter("password_verifications", "passwords verified with argon2id", lambda: st["password_verifications"])
+        m.gauge("password_cache_entries", "passwords kept as verified (MQTT_PASSWORD_CACHE_MAX)",
+                lambda: len(self.passwords))
         m.counter("publish_throttled", "times a client was paused for going over MQTT_MAX_PUBLISH_RATE / _BYTES_RATE",
                   lambda: st["publish_throttled"])
         m.counter("publish_throttled_connector", "times a client was paused for the connector going over "
@@ -671,8 +682,9 @@ class ConnectorService(Service):
         MQTT_PASSWORD_CHECK_THREADS threads, with at most MQTT_PASSWORD_CHECKS_MAX CONNECTs verified or waiting
         at once: past that, 0x89 Server busy without a check, so a flood of them costs bounded CPU and memory
         and the message path keeps the other cores."""
-        if request.password is None or request.username not in self.auth_tables.credentials:
-            return self.authorizer.authenticate(request, now, answer)
+        cred = self.auth_tables.credentials.get(request.username) if request.password is not None else None
+        if cred is None or cred.password_hash is None or self._password_kept(cred.password_hash, request.password):
+            return self.authorizer.authenticate(request, now, answer)  # no argon2 check: on the event loop
         if self._password_checks >= self.settings.password_checks_max:
             self.stats["connect_refused_busy"] += 1
             return AuthResult(ReasonCode.SERVER_BUSY, "too many password checks at once")
@@ -685,6 +697,25 @@ class ConnectorService(Service):
                 self._password_pool, self.authorizer.authenticate, request, now, answer)
         finally:
             self._password_checks -= 1
+
+    def _password_kept(self, stored_hash: str, password: bytes) -> bool:
+        with self._passwords_lock:
+            return self.passwords.known(stored_hash, password, time.monotonic())
+
+    def _verify_password(self, stored_hash: str, password: bytes) -> bool:
+        """The authorizer's password check: answered from the passwords verified in the last
+        MQTT_PASSWORD_CACHE_S (on the event loop: _decide), else argon2id (on a password-check thread), a
+        success kept."""
+        with self._passwords_lock:
+            if self.passwords.known(stored_hash, password, time.monotonic()):
+                self.stats["password_cache_hits"] += 1
+                return True
+        ok = verify_password(stored_hash, password)
+        with self._passwords_lock:
+            self.stats["password_verifications"] += 1
+            if ok:
+                self.passwords.verified(stored_hash, password, time.monotonic())
+        return ok
 
     def admit(self, ip: str) -> str | None:
         return self.admission.admit(len(self.connections), ip, time.monotonic())

@@ -274,6 +274,16 @@ class ConnectorSettings(CommonSettings):
         "MQTT_PASSWORD_CHECKS_MAX", 256, parse=integer(1),
         doc="CONNECTs whose password is being verified or waits for a thread, at most; one more gets CONNACK "
             "0x89 Server busy (3.x: 3, Server unavailable) at once, its password unchecked")
+    password_cache_s: float = env(
+        "MQTT_PASSWORD_CACHE_S", 3600.0, parse=number(0),
+        doc="a password verified is kept this long (a keyed BLAKE2b of it and its stored hash, successes only): a "
+            "reconnect with the same password within it is not verified again, so a fleet reconnecting after an "
+            "outage costs one check per device; a changed or deleted credential is never answered from it; "
+            "0 = every CONNECT is verified")
+    password_cache_max: int = env(
+        "MQTT_PASSWORD_CACHE_MAX", 100_000, parse=integer(1),
+        doc="passwords kept at most (MQTT_PASSWORD_CACHE_S; about 250 bytes each, the one verified longest ago "
+            "dropped first)")
     device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
         "one forward stream to each instance; a client's stored messages are on the one its id picks")
     app_delivery_grpc_targets: tuple[str, ...] = env(
