@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
+from pathlib import Path
 from urllib.parse import quote
 
 import aiohttp
+import jwt
 import pytest
 from admin_users import write_users
 from argon2 import PasswordHasher
@@ -221,6 +225,42 @@ async def test_credentials_and_blocked_clients_through_the_api(suite, api, uniqu
     await wait_until(unbanned, BOUND, "the client id accepted again once unblocked")
     assert (await api.call("DELETE", f"/credentials/{user}"))[0] == 202
     assert (await api.call("DELETE", f"/credentials/{user}"))[0] == 404
+
+
+def tbmq_cli(suite: Suite, *args: str) -> str:
+    """The `tbmq` command line against the suite's Kafka; its stdout (asserted to succeed)."""
+    done = subprocess.run([str(Path(sys.executable).with_name("tbmq")), *args, "--bootstrap-servers",
+                           suite.bootstrap_servers], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_mqtt_tokens_revoked_through_the_api(suite, api, unique):
+    """POST /revoked-tokens writes the record every connector applies (tbmq.security.tokens.revoked, the one
+    `tbmq tokens` writes and reads: tests/e2e/connector/test_connector_auth.py has the connectors' side) from the
+    token itself or its jti and exp; what is not a valid revocation, or a token already expired, is 400 and
+    writes nothing; the list shows the revocations in force; DELETE withdraws one (404 when none is in force)."""
+    jti, other = unique("jti"), unique("jti")
+    exp = int(time.time()) + 3600
+    token = jwt.encode({"jti": jti, "exp": exp, "sub": "dev"}, "k" * 32, algorithm="HS256")
+    status, body = await api.call("POST", "/revoked-tokens", json={"token": token})
+    assert (status, body) == (202, {"jti": jti, "exp": exp})
+    assert (await api.call("POST", "/revoked-tokens", json={"jti": other, "exp": exp}))[0] == 202
+    for bad in ({"jti": unique("jti")}, {"token": "not-a-token"}, {"token": token, "jti": other},
+                {"token": jwt.encode({"exp": exp}, "k" * 32, algorithm="HS256")},  # no jti
+                {"jti": unique("jti"), "exp": int(time.time()) - 1}, [jti]):
+        status, body = await api.call("POST", "/revoked-tokens", json=bad)
+        assert status == 400 and body["error"], (bad, status, body)
+    listed = {e["jti"]: e["exp"] for e in (await api.get("/revoked-tokens"))["items"]}
+    assert listed.get(jti) == exp and listed.get(other) == exp and len(listed) == 2
+
+    def cli_revoked() -> dict[str, int]:
+        return {e["jti"]: e["exp"] for e in map(json.loads, tbmq_cli(suite, "tokens", "list").splitlines())}
+    assert await run(cli_revoked) == {jti: exp, other: exp}  # on the topic, in the connectors' form
+    assert (await api.call("DELETE", f"/revoked-tokens/{other}"))[0] == 202
+    assert (await api.call("DELETE", f"/revoked-tokens/{other}"))[0] == 404
+    assert await run(cli_revoked) == {jti: exp}
+    assert [e["jti"] for e in (await api.get("/revoked-tokens"))["items"]] == [jti]
 
 
 async def test_application_client_backlog_is_its_kafka_lag(suite, api, unique):

@@ -11,6 +11,7 @@ here are unique per test, so no other module's clients are affected.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -347,3 +348,38 @@ async def test_a_jwt_password_authenticates_with_its_acl_until_it_expires(sec, u
         assert c.disconnects[0].value == RC.NOT_AUTHORIZED
     for x in (c, w):
         await run(x.close)
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["311", "5"])
+async def test_a_revoked_jwt_closes_its_connections_and_is_refused_until_withdrawn(sec, unique, jwt_key, v5):
+    """`tbmq tokens revoke --token-stdin` (tbmq.security.tokens.revoked): the connections the token opened, on
+    both connectors, end (v5 DISCONNECT 0x98 Administrative action; 3.1.1 the socket closed); a connection of
+    another token of the same device stays; the token's CONNECTs are refused (0x86 / 4) on both connectors;
+    `tbmq tokens list` shows it; withdrawn (`tbmq tokens delete`), it connects again."""
+    key, _ = jwt_key
+    cid, jti = unique("rev"), unique("jti")
+    acl = {"all": [f"rev/{cid}/#"]}
+    revoked = sign(key, 3600, client_id=f"{cid}-*", acl=acl, jti=jti)
+    other_token = sign(key, 3600, client_id=f"{cid}-*", acl=acl, jti=unique("jti"))
+    opened = [await accepted_on(port, f"{cid}-{i}", v5, ("device", revoked))
+              for i, port in enumerate(sec.mqtt_ports)]
+    other = await accepted_on(sec.mqtt_ports[0], f"{cid}-other", v5, ("device", other_token))
+    out = await run(tbmq, sec, "tokens", "revoke", "--token-stdin", stdin=revoked + "\n")
+    assert jti in out
+    for c in opened:
+        assert await run(c.wait, lambda c=c: c.disconnects, BOUND), "a connection of the revoked token stayed"
+        if v5:
+            assert c.disconnects[0].value == RC.ADMINISTRATIVE_ACTION
+    bad = RC.BAD_USER_NAME_OR_PASSWORD if v5 else V3.BAD_USER_NAME_OR_PASSWORD
+    for port in sec.mqtt_ports:
+        rc, _ = await run(try_connect, port, f"{cid}-again", v5, ("device", revoked))
+        assert rc == bad, (port, rc)
+    assert other.disconnects == [] and other.disconnected is None  # another token of the same device
+    listed = [json.loads(line) for line in (await run(tbmq, sec, "tokens", "list")).splitlines()]
+    exp = jwt.decode(revoked, options={"verify_signature": False})["exp"]
+    assert [e["exp"] for e in listed if e["jti"] == jti] == [exp]
+    await run(tbmq, sec, "tokens", "delete", jti)
+    for port in sec.mqtt_ports:
+        back = await accepted_on(port, f"{cid}-back", v5, ("device", revoked))
+        await run(back.close)
+    await run(other.close)

@@ -23,6 +23,10 @@ from tbmq_auth import (
     jwk_thumbprint,
     looks_like_jwt,
     parse_providers,
+    revocation,
+    revocation_of,
+    revocation_value,
+    revoked_until_ms,
 )
 from tbmq_mqtt import ReasonCode as RC
 
@@ -269,3 +273,46 @@ def test_until_a_key_set_is_loaded_tokens_get_server_unavailable():
 
     res = connect(authorizer(PendingKeys(), providers=(JWT,)), token())
     assert res.reason_code == RC.SERVER_UNAVAILABLE and res.identity is None
+
+
+def test_a_revoked_token_is_refused_until_its_exp_and_others_are_not():
+    """tbmq.security.tokens.revoked as AuthTables applies it: a revoked jti gets 0x86 "token revoked"; another
+    token, or the same claims under another jti, still connects; a revocation withdrawn (null) or one whose token
+    has expired is not kept; an unreadable record is ignored."""
+    auth = authorizer(JwtVerifier(secret=SECRET))
+    tables = auth.tables
+    ok = connect(auth, token(jti="t-1", acl={"all": ["#"]}))
+    assert ok.reason_code == RC.SUCCESS and ok.identity.token_id == "t-1"
+    exp_s = NOW // 1000 + 60
+    assert tables.apply_revoked_token(b"t-1", revocation_value(exp_s), NOW)
+    refused = connect(auth, token(jti="t-1"))
+    assert (refused.reason_code, refused.reason) == (RC.BAD_USER_NAME_OR_PASSWORD, "token revoked")
+    assert connect(auth, token(jti="t-2")).reason_code == RC.SUCCESS
+    assert connect(auth, token()).identity.token_id is None  # no jti: nothing to revoke it by
+    assert not tables.apply_revoked_token(b"t-1", None, NOW)  # withdrawn
+    assert connect(auth, token(jti="t-1")).reason_code == RC.SUCCESS
+    assert not tables.apply_revoked_token(b"t-3", revocation_value(NOW // 1000), NOW)  # expired: not kept
+    assert not tables.apply_revoked_token(b"t-4", b"soon", NOW) and tables.revoked_tokens == {}
+    assert revoked_until_ms(b"1800000060") == 1_800_000_060_000
+    for bad in (b"", b"-1", b"nan", b"inf", b"x"):
+        with pytest.raises(ValueError):
+            revoked_until_ms(bad)
+
+
+def test_what_a_revocation_of_a_token_names():
+    assert revocation_of(token(jti="t-1", exp=1_900_000_000)) == ("t-1", 1_900_000_000.0)
+    assert revocation_of(token(key=b"k" * 32, jti="t-1").decode())[0] == "t-1"  # any key: not verified
+    for bad, why in ((token(), "no jti"), (jwt.encode({"jti": "t"}, SECRET, algorithm="HS256"), "no exp"),
+                     (b"not.a.token", "not a JSON Web Token")):
+        with pytest.raises(ValueError, match=why):
+            revocation_of(bad)
+
+
+def test_a_revocation_asked_for_by_the_token_or_by_its_jti_and_exp():
+    assert revocation(token(jti="t-1", exp=1_900_000_000)) == ("t-1", 1_900_000_000.0)
+    assert revocation(None, "t-2", 1_900_000_000) == ("t-2", 1_900_000_000.0)
+    for args, why in (((None, None, None), "either"), ((token(jti="t"), "t", 1), "either"),
+                      ((None, "t", None), "exp"), ((None, "t", "soon"), "exp"), ((None, "", 1), "jti"),
+                      ((None, 7, 1), "jti")):
+        with pytest.raises(ValueError, match=why):
+            revocation(*args)

@@ -11,7 +11,7 @@ import pytest
 from connector.connection import certificate_names
 from connector.settings import ConnectorSettings
 from tbmq_auth import Credential
-from tbmq_platform.cli import CliError, credential_from_args, parser, read_password, rule_from_args
+from tbmq_platform.cli import CliError, credential_from_args, main, parser, read_password, rule_from_args
 from tbmq_mqtt import ReasonCode
 from tbmq_platform.settings import SettingsError, load
 
@@ -115,6 +115,17 @@ def test_cli_blocked_rule():
     with pytest.raises(CliError):
         rule_from_args(SimpleNamespace(client_id="a", username="b", ip=None, regex=None, target="client_id",
                                        expires_in=None, reason=""), 0)
+
+
+def test_cli_token_revocation_refuses_what_it_cannot_write(capsys):
+    """`tbmq tokens revoke`: a token already expired writes nothing (refused anyway: no Kafka is reached here),
+    a request without both jti and exp, or with both forms, is an error naming the options."""
+    assert main(["tokens", "revoke", "--jti", "t-1", "--exp", "1000", "--bootstrap-servers", "nowhere:1"]) == 0
+    assert "nothing written" in capsys.readouterr().out
+    for argv in (["tokens", "revoke", "--jti", "t-1"], ["tokens", "revoke"],
+                 ["tokens", "revoke", "--jti", "t-1", "--exp", "1", "--token-stdin"]):
+        assert main([*argv, "--bootstrap-servers", "nowhere:1"]) == 2, argv
+        assert "--jti with --exp" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ the adapter

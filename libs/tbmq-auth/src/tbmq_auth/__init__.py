@@ -48,6 +48,10 @@ from .tokens import (
     jwks_keys,
     looks_like_jwt,
     public_key_algorithms,
+    revocation,
+    revocation_of,
+    revocation_value,
+    revoked_until_ms,
 )
 
 __all__ = [
@@ -55,6 +59,6 @@ __all__ = [
     "REGEX", "REGEX_TARGETS", "USERNAME", "X509", "AuthRequest", "AuthResult", "AuthTables", "Authorizer",
     "BlockedRule", "Credential", "HttpAnswer", "HttpCheck", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant",
     "TokenRefused", "anonymous_default", "hash_password", "jwk_thumbprint", "jwks_keys", "looks_like_jwt",
-    "make_credential", "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "substitute",
-    "verify_password",
+    "make_credential", "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "revocation",
+    "revocation_of", "revocation_value", "revoked_until_ms", "substitute", "verify_password",
 ]

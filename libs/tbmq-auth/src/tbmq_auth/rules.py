@@ -30,7 +30,7 @@ from tbmq_routing import TopicError, filter_covers, topic_matches
 from .passwords import hash_password, verify_password
 from .patterns import check_pattern, client_id_allowed
 from .http import ALLOW, DENY, HTTP, IGNORE, HttpAnswer, HttpCheck, request_body
-from .tokens import JWT, JwtVerifier, PendingKeys, TokenRefused, looks_like_jwt
+from .tokens import JWT, JwtVerifier, PendingKeys, TokenRefused, looks_like_jwt, revoked_until_ms
 
 log = logging.getLogger("tbmq_auth")
 
@@ -176,6 +176,7 @@ class AuthTables:
         self.credentials: dict[str, Credential] = {}
         self.by_cert_name: dict[str, str] = {}   # cert CN / SAN -> credential name
         self.blocked: dict[str, BlockedRule] = {}
+        self.revoked_tokens: dict[str, int] = {}  # jti -> until when it matters (the token's exp), ms
 
     def apply_credential(self, key: bytes, value: bytes | None) -> None:
         name = key.decode()
@@ -203,6 +204,28 @@ class AuthTables:
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("blocked rule %r: unreadable record ignored (%s)", k, exc)
         self.blocked = table
+
+    def apply_revoked_token(self, key: bytes, value: bytes | None, now_ms: int) -> bool:
+        """A record of tbmq.security.tokens.revoked (key: the token's jti; value: its exp, tokens.revocation_value;
+        null: the revocation withdrawn). One whose token has expired is not kept (the token is refused as
+        expired anyway), so the table holds only revocations that still matter. Whether the token is now
+        revoked."""
+        jti = key.decode()
+        self.revoked_tokens.pop(jti, None)
+        if value is None:
+            return False
+        try:
+            until = revoked_until_ms(value)
+        except ValueError as exc:
+            log.warning("revoked token %r: unreadable record ignored (%s)", jti, exc)
+            return False
+        if until <= now_ms:
+            return False
+        self.revoked_tokens[jti] = until
+        return True
+
+    def token_revoked(self, jti: str | None) -> bool:
+        return jti is not None and jti in self.revoked_tokens
 
     def blocked_by(self, client_id: str, username: str | None, ip: str, now_ms: int) -> BlockedRule | None:
         for rule in self.blocked.values():
@@ -241,6 +264,7 @@ class Identity:
     expires_at_ms: int | None = None
     carries_patterns: bool = False
     key_thumbprint: str | None = None
+    token_id: str | None = None  # a token's jti: its connection ends when the token is revoked
 
     @property
     def restricted(self) -> bool:
@@ -339,8 +363,10 @@ class Authorizer:
                     grant = self.tokens.verify(req.password, req.client_id, req.username, now_ms)
                 except TokenRefused as exc:
                     return AuthResult(exc.reason_code, exc.reason)
+                if self.tables.token_revoked(grant.token_id):
+                    return AuthResult(ReasonCode.BAD_USER_NAME_OR_PASSWORD, "token revoked")
                 identity = Identity(JWT, None, grant.username, grant.pub, grant.sub, grant.expires_at_ms, True,
-                                    grant.key_thumbprint)
+                                    grant.key_thumbprint, grant.token_id)
             elif provider == HTTP:
                 if http is None:
                     return HttpCheck(request_body(req.client_id, req.username, req.password, req.ip, req.cert_names))

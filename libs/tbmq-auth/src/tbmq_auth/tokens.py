@@ -16,6 +16,9 @@ Claims:
   for is that user name (the claim's, or the CONNECT's when the token has none).
 * `acl` (optional): `{"pub": [...], "sub": [...], "all": [...]}`, MQTT topic filters with `%c` / `%u`, as a
   credential's patterns (tbmq_auth.rules); `all` counts for both. No `acl`: nothing is allowed.
+* `jti` (optional): the token's id. A token with one can be revoked before its `exp` (`tbmq tokens revoke`:
+  tbmq.security.tokens.revoked, `revocation_value` / `revoked_until_ms`; the authorizer refuses it, 0x86, and
+  the connectors close the connections it opened).
 
 `JwtVerifier.verify` returns a `TokenGrant` or raises `TokenRefused` with the CONNACK reason code: a bad or
 expired token is 0x86 (bad user name or password), one that does not fit the client 0x87 (not authorized).
@@ -67,6 +70,56 @@ class TokenGrant:
     sub: tuple[str, ...]
     expires_at_ms: int
     key_thumbprint: str | None = None
+    token_id: str | None = None  # the jti claim (a string), what a revocation names
+
+
+def revocation_value(exp_s: float) -> bytes:
+    """A tbmq.security.tokens.revoked record's value: until when the revocation matters, the token's `exp`
+    (Unix seconds, decimal text; after it the token is refused as expired anyway). tbmq.admin.tokens.revoked
+    has the same form."""
+    return str(int(exp_s)).encode()
+
+
+def revoked_until_ms(value: bytes) -> int:
+    """The end of a revocation record's relevance (ms since the epoch); ValueError when it is not one."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a token expiry (Unix seconds): {value[:40]!r}") from None
+    if not seconds == seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError(f"not a token expiry (Unix seconds): {value[:40]!r}")
+    return int(seconds * 1000)
+
+
+def revocation_of(token: bytes | str) -> tuple[str, float]:
+    """The (jti, exp) a revocation of this token names, read without checking its signature (an operator
+    revoking a token it holds: revoking a forged one costs nothing); ValueError when it is not a token with
+    both claims (a token without a jti cannot be revoked alone: block its client id or user name)."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError as exc:
+        raise ValueError(f"not a JSON Web Token: {exc}") from None
+    jti, exp = claims.get("jti"), claims.get("exp")
+    if not isinstance(jti, str) or not jti:
+        raise ValueError("the token has no jti claim: it cannot be revoked alone (block its client id or user "
+                         "name instead)")
+    if not _number(exp):
+        raise ValueError("the token has no exp claim")
+    return jti, float(exp)
+
+
+def revocation(token: bytes | str | None = None, jti: object = None, exp: object = None) -> tuple[str, float]:
+    """The (jti, exp) of a revocation an operator asks for (`tbmq tokens revoke`, the admin API): the token
+    itself (`revocation_of`), or its jti with its exp (Unix seconds); ValueError naming what is wrong."""
+    if (token is None) == (jti is None):
+        raise ValueError("give either the token or its jti with its exp")
+    if token is not None:
+        return revocation_of(token)
+    if not isinstance(jti, str) or not jti:
+        raise ValueError("jti: a non-empty string")
+    if not _number(exp):
+        raise ValueError("a jti needs the token's exp (its exp claim, Unix seconds): until when it is refused")
+    return jti, float(exp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +281,8 @@ class JwtVerifier:
         if pattern is not None and (not isinstance(pattern, str) or not client_id_allowed(pattern, client_id, user)):
             raise TokenRefused(denied, "client id not allowed by the token")
         pub, sub = _acl(claims.get("acl"))
-        return TokenGrant(user, pub, sub, int(exp * 1000), chosen.thumbprint)
+        jti = claims.get("jti")
+        return TokenGrant(user, pub, sub, int(exp * 1000), chosen.thumbprint, jti if isinstance(jti, str) else None)
 
 
 class PendingKeys:

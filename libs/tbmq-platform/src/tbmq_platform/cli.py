@@ -7,6 +7,9 @@
                      [--expires-in SECONDS] [--reason TEXT]
     tbmq blocked list
     tbmq blocked delete KEY
+    tbmq tokens revoke (--token-stdin | --jti ID --exp UNIX_SECONDS)
+    tbmq tokens list
+    tbmq tokens delete JTI
     tbmq login-bans list
     tbmq login-bans lift ADDRESS
     tbmq dead-letters list [--client-id ID]
@@ -16,7 +19,10 @@ Writes the compacted topics tbmq.security.credentials (key = the username) and t
 (key = "<kind>:<value>") that every connector follows: a change applies within a second, to new CONNECTs and
 to the next PUBLISH / SUBSCRIBE of connected clients (docs/security.md). `login-bans` lists the addresses the
 connectors banned for failed logins (tbmq.security.login.bans) and lifts one on every connector, as the admin
-API does. `credentials add` of an existing name replaces it. Passwords are read from stdin and stored only as
+API does. `tokens` revokes MQTT JSON Web Tokens (provider jwt) by their jti before their exp
+(tbmq.security.tokens.revoked): every connector refuses them (0x86) and closes the connections they opened;
+`tokens revoke --token-stdin` reads the jti and exp from the token itself. `credentials add` of an existing name
+replaces it. Passwords are read from stdin and stored only as
 argon2id hashes; `credentials list` never prints a hash.
 
 `dead-letters` reads tbmq.msg.persisted.dead: the stored copies for persistent DEVICE clients that Redis refused
@@ -38,11 +44,13 @@ import json
 import sys
 import time
 
-from tbmq_auth import CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential
+from tbmq_auth import (CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential,
+                       revocation, revocation_value, revoked_until_ms)
 from tbmq_auth.failures import LIFTED, ban_record, bans_in_force, keep_ban
 
 from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, DEAD_LETTER_ORIGIN_PARTITION, MSG_PERSISTED,
-                     MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, SECURITY_LOGIN_BANS, spec)
+                     MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, SECURITY_LOGIN_BANS,
+                     SECURITY_TOKENS_REVOKED, spec)
 
 
 class CliError(Exception):
@@ -160,6 +168,40 @@ async def blocked(args) -> int:
             d["key"] = key
             d["active"] = d.get("expires_at_ms") is None or now < d["expires_at_ms"]
             print(json.dumps(d, sort_keys=True))
+    return 0
+
+
+def _iso(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+async def tokens(args) -> int:
+    """`revoke`: the token's jti written with its exp (every connector refuses it and closes its connections
+    until then); `list`: one JSON line per revocation whose token has not expired; `delete JTI`: the revocation
+    withdrawn."""
+    if args.action == "revoke":
+        if args.token_stdin and args.jti is not None:
+            raise CliError("give either --token-stdin or --jti with --exp")
+        try:
+            jti, exp = revocation(sys.stdin.readline().strip() if args.token_stdin else None, args.jti, args.exp)
+        except ValueError as exc:
+            raise CliError(f"{exc} (--token-stdin, or --jti with --exp)") from None
+        if exp <= time.time():
+            print(f"token {jti!r} expired at {_iso(exp)}: refused anyway, nothing written")
+            return 0
+        await write(args.bootstrap_servers, SECURITY_TOKENS_REVOKED, jti, revocation_value(exp))
+        print(f"token {jti!r} revoked until its expiry, {_iso(exp)}")
+    elif args.action == "delete":
+        await write(args.bootstrap_servers, SECURITY_TOKENS_REVOKED, args.jti, None)
+        print(f"revocation of token {args.jti!r} withdrawn")
+    else:
+        table = await read_table(args.bootstrap_servers, SECURITY_TOKENS_REVOKED)
+        now_ms = time.time() * 1000
+        for jti in sorted(table):
+            with contextlib.suppress(ValueError):  # unreadable: no connector applies it either
+                until = revoked_until_ms(table[jti])
+                if until > now_ms:
+                    print(json.dumps({"jti": jti, "exp": until // 1000, "until": _iso(until / 1000)}, sort_keys=True))
     return 0
 
 
@@ -307,6 +349,16 @@ def parser() -> argparse.ArgumentParser:
     bd = b.add_parser("delete", parents=[kafka], help="delete a blocked rule by its key (see list)")
     bd.add_argument("key")
 
+    t = top.add_parser("tokens", help="revoked MQTT tokens, provider jwt (tbmq.security.tokens.revoked)")
+    t = t.add_subparsers(dest="action", required=True)
+    rv = t.add_parser("revoke", parents=[kafka], help="refuse a token before its exp and close its connections")
+    rv.add_argument("--token-stdin", action="store_true", help="read the token from stdin: its jti and exp are used")
+    rv.add_argument("--jti", help="the token's id (its jti claim)")
+    rv.add_argument("--exp", type=float, metavar="UNIX_SECONDS", help="the token's exp claim, with --jti")
+    t.add_parser("list", parents=[kafka], help="one JSON line per revoked token not yet expired")
+    td = t.add_parser("delete", parents=[kafka], help="withdraw a token's revocation")
+    td.add_argument("jti")
+
     lb = top.add_parser("login-bans", help="addresses banned for failed logins (tbmq.security.login.bans)")
     lba = lb.add_subparsers(dest="action", required=True)
     lba.add_parser("list", parents=[kafka], help="one JSON line per ban in force")
@@ -327,7 +379,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        command = {"credentials": credentials, "blocked": blocked, "login-bans": login_bans,
+        command = {"credentials": credentials, "blocked": blocked, "tokens": tokens, "login-bans": login_bans,
                    "dead-letters": dead_letters}[args.command]
         return asyncio.run(command(args))
     except CliError as exc:

@@ -74,6 +74,7 @@ CONNECTOR_HEARTBEAT = "tbmq.connector.heartbeat"
 SECURITY_CREDENTIALS = "tbmq.security.credentials"
 SECURITY_BLOCKED = "tbmq.security.blocked"
 SECURITY_LOGIN_BANS = "tbmq.security.login.bans"
+SECURITY_TOKENS_REVOKED = "tbmq.security.tokens.revoked"
 ADMIN_TOKENS_REVOKED = "tbmq.admin.tokens.revoked"
 SYS_APP_REMOVED = "tbmq.sys.app.removed"
 SYS_HISTORICAL_DATA = "tbmq.sys.historical.data"
@@ -154,6 +155,9 @@ CATALOGUE: tuple[TopicSpec, ...] = (
                "(null value = deleted)", "`tbmq credentials`", "connector (every instance, from the beginning)"),
     _compacted(SECURITY_BLOCKED, "<kind>:<value>", "JSON tbmq_auth.BlockedRule (null value = deleted)",
                "`tbmq blocked`", "connector (every instance, from the beginning)"),
+    _compacted(SECURITY_TOKENS_REVOKED, "an MQTT token's id (its jti claim)",
+               "the token's expiry (exp), Unix seconds, decimal text (null value = the revocation withdrawn)",
+               "`tbmq tokens revoke`", "connector (every instance, from the beginning)"),
     TopicSpec(SECURITY_LOGIN_BANS, "client address (IP)",
               "JSON, a ban {\"until_ms\": the ban's end, Unix ms (0: lifted), \"by\": the banning connector's id, or "
               "who lifted it} or a failed login {\"failed_ms\": when, Unix ms, \"by\": the connector's id}", 1,

@@ -94,6 +94,16 @@ ROUTES: tuple[Route, ...] = (
           responses={"202": "written", "400": "not valid"}),
     Route("DELETE", "/blocked/{key}", "delete_blocked", "Delete a blocked rule (its key: <kind>:<value>)",
           (Param("key", "path"),), responses={"202": "deleted", "404": "no such rule"}),
+    Route("GET", "/revoked-tokens", "list_revoked_tokens", "MQTT JSON Web Tokens revoked before their exp "
+          "(tbmq.security.tokens.revoked), those not expired yet", PAGING, role=VIEWER),
+    Route("POST", "/revoked-tokens", "revoke_token", "Revoke an MQTT token (provider jwt) by its jti: every connector "
+          "refuses it and closes its connections until its exp. The token itself, or its jti with its exp",
+          body={"type": "object", "properties": {
+              "token": {"type": "string"}, "jti": {"type": "string"},
+              "exp": {"type": "number", "description": "the token's exp claim, Unix seconds"}}},
+          responses={"202": "written", "400": "not valid, or the token has expired"}),
+    Route("DELETE", "/revoked-tokens/{jti}", "withdraw_token_revocation", "Withdraw a token's revocation",
+          (Param("jti", "path"),), responses={"202": "withdrawn", "404": "no revocation of this token in force"}),
     Route("GET", "/login-bans", "list_login_bans", "Addresses banned for failed MQTT logins "
           "(tbmq.security.login.bans, MQTT_LOGIN_FAILURES_PER_IP) while the ban lasts", PAGING, role=VIEWER),
     Route("DELETE", "/login-bans/{address}", "lift_login_ban", "Lift an address's login ban on every connector",

@@ -21,7 +21,8 @@ from aiohttp import ClientSession, ClientTimeout, web
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
-from tbmq_auth import CLIENT_ID, BlockedRule, Credential, make_credential
+from tbmq_auth import (CLIENT_ID, BlockedRule, Credential, make_credential, revocation, revocation_value,
+                       revoked_until_ms)
 from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, keep_ban
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
 from tbmq_platform.lifecycle import Service
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 READ = (topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS, topics.MSG_RETAINED, topics.SYS_HISTORICAL_DATA,
-        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED, topics.ADMIN_TOKENS_REVOKED, topics.SECURITY_LOGIN_BANS)
+        topics.SECURITY_CREDENTIALS, topics.SECURITY_BLOCKED, topics.ADMIN_TOKENS_REVOKED, topics.SECURITY_LOGIN_BANS,
+        topics.SECURITY_TOKENS_REVOKED)
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -98,6 +100,7 @@ class AdminService(Service):
         self.credentials: dict[str, Credential] = {}   # tbmq.security.credentials (the tbmq CLI's store)
         self.blocked: dict[str, BlockedRule] = {}      # tbmq.security.blocked
         self.login_bans: dict[str, tuple[int, str]] = {}  # tbmq.security.login.bans: address -> (until_ms, by)
+        self.revoked_tokens: dict[str, int] = {}  # tbmq.security.tokens.revoked: jti -> the token's exp, ms
         self.views: CompactedViews | None = None
         self.producer = None
         self.kadmin = None
@@ -121,7 +124,8 @@ class AdminService(Service):
                                        _table(self.windows, pb.UsageStats.FromString, key=int),
                                        _keyed_table(self.credentials, Credential.from_json),
                                        _keyed_table(self.blocked, lambda _key, value: BlockedRule.from_json(value)),
-                                       self._revoked, self._login_ban)):
+                                       self._revoked, self._login_ban,
+                                       _keyed_table(self.revoked_tokens, lambda _key, value: revoked_until_ms(value)))):
             self.views.view(topic, apply)
         await self.views.start()
         self.producer = make_producer(s.bootstrap, client_id=f"{s.instance_id}-commands")
@@ -428,6 +432,38 @@ class AdminService(Service):
         self.blocked.pop(key, None)
         log.info("admin %r deleted the blocked rule %r", request["user"], key)
         return _json({"key": key}, 202)
+
+    def _revocations_in_force(self) -> dict[str, int]:
+        now = time.time() * 1000
+        return {jti: until for jti, until in self.revoked_tokens.items() if until > now}
+
+    async def list_revoked_tokens(self, request: web.Request) -> web.Response:
+        items = [{"jti": jti, "exp": until // 1000} for jti, until in sorted(self._revocations_in_force().items())]
+        return _json(query.Page.of(request.query).apply(items))
+
+    async def revoke_token(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("a JSON object")
+            jti, exp = revocation(body.get("token"), body.get("jti"), body.get("exp"))
+        except ValueError as exc:
+            return _error(400, f"revocation not valid: {exc}")
+        if exp <= time.time():
+            return _error(400, f"token {jti!r} has expired: refused anyway, nothing written")
+        await self._send(topics.SECURITY_TOKENS_REVOKED, jti, revocation_value(exp))
+        self.revoked_tokens[jti] = int(exp) * 1000
+        log.info("admin %r revoked the MQTT token %r", request["user"], jti)
+        return _json({"jti": jti, "exp": int(exp)}, 202)
+
+    async def withdraw_token_revocation(self, request: web.Request) -> web.Response:
+        jti = request.match_info["jti"]
+        if jti not in self._revocations_in_force():
+            return _error(404, f"no revocation of token {jti!r} in force")
+        await self._send(topics.SECURITY_TOKENS_REVOKED, jti, None)
+        self.revoked_tokens.pop(jti, None)
+        log.info("admin %r withdrew the revocation of the MQTT token %r", request["user"], jti)
+        return _json({"jti": jti}, 202)
 
     async def list_login_bans(self, request: web.Request) -> web.Response:
         items = list(bans_in_force(self.login_bans, int(time.time() * 1000)).values())

@@ -64,6 +64,7 @@ from tbmq_platform.topics import (
     SECURITY_BLOCKED,
     SECURITY_CREDENTIALS,
     SECURITY_LOGIN_BANS,
+    SECURITY_TOKENS_REVOKED,
     disconnect_topic,
     downlink_basic_topic,
     response_topic,
@@ -233,6 +234,7 @@ class ConnectorService(Service):
         self.session_view = self.views.view(CLIENT_SESSION, self.wills.on_session_record)
         self.views.view(SECURITY_CREDENTIALS, self._apply_credential)
         self.views.view(SECURITY_BLOCKED, self._apply_blocked)
+        self.views.view(SECURITY_TOKENS_REVOKED, self._apply_revoked_token)
         # every connector's, its own too; older than a failure's window and a ban's length (and a minute for
         # the hosts' clocks) no longer matter, so a flood of failed logins is not read again at each start
         horizon_s = max(s.login_failures_window_s, s.login_ban_s) + 60
@@ -390,7 +392,7 @@ class ConnectorService(Service):
                       st, "reason", {"blocked": "revoked_blocked", "credential_deleted": "revoked_credential_deleted",
                                      "certificate_revoked": "connections_certificate_revoked",
                                      "ca_removed": "connections_ca_removed", "key_retired": "connections_key_retired",
-                                     "token_expired": "token_expired"})
+                                     "token_expired": "token_expired", "token_revoked": "connections_token_revoked"})
         m.counter("login_failures", "CONNECTs refused for bad credentials (0x86), what MQTT_LOGIN_FAILURES_PER_IP "
                   "counts", lambda: st["login_failures"])
         m.counter("login_bans", "addresses this connector banned for going over MQTT_LOGIN_FAILURES_PER_IP",
@@ -937,6 +939,20 @@ class ConnectorService(Service):
             if m is not None and m.client_id is not None and rule.matches(m.client_id, m.username, m.peer_ip, now):
                 self.stats["revoked_blocked"] += 1
                 conn.revoke("blocked by an administrator")
+
+    def _apply_revoked_token(self, key: bytes | None, value: bytes | None) -> None:
+        """A token revoked (tbmq.security.tokens.revoked, `tbmq tokens revoke`; or withdrawn): the table, then
+        every connection that token opened is closed (ConnectionMachine.revoke: v5 DISCONNECT 0x98 "token
+        revoked"; 3.x the socket closed; the Will sent). Its reconnect is refused at CONNECT (0x86) until the
+        token's exp."""
+        if key is None or not self.auth_tables.apply_revoked_token(key, value, int(time.time() * 1000)):
+            return
+        jti = key.decode()
+        for conn in list(self.connections):
+            identity = conn.m.identity if conn.m is not None else None
+            if identity is not None and identity.token_id == jti:
+                self.stats["connections_token_revoked"] += 1
+                conn.revoke("token revoked")
 
     def _apply_subscriptions(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
