@@ -206,7 +206,7 @@ const pages = {
   },
 
   async blocked(el) {
-    const [r, bans] = await Promise.all([api("/blocked"), api("/login-bans")]);
+    const [r, bans, tokens] = await Promise.all([api("/blocked"), api("/login-bans"), api("/revoked-tokens")]);
     el.innerHTML = `<h2>Blocked clients (${r.total})</h2>
       <form class="filters" id="block-form" data-write><label>Kind <select name="kind"><option>client_id</option><option>username</option>
       <option>ip</option><option>regex</option></select></label><label>Value <input name="value" required></label>
@@ -216,7 +216,23 @@ const pages = {
         [(b) => b.active ? "active" : "expired", "State"]], r.items, (b) => `<button data-write data-delete="${esc(b.key)}">Unblock</button>`) +
       `<h2>Login bans (${bans.total})</h2><p>Addresses past MQTT_LOGIN_FAILURES_PER_IP, refused by every connector until the ban ends.</p>` +
       table([["address", "Address"], [(b) => new Date(b.until_ms).toLocaleString(), "Until"], ["by", "Banned by"]], bans.items,
-        (b) => `<button data-write data-lift="${esc(b.address)}">Lift</button>`);
+        (b) => `<button data-write data-lift="${esc(b.address)}">Lift</button>`) +
+      `<h2>Revoked tokens (${tokens.total})</h2><p>MQTT JSON Web Tokens (provider jwt) refused by every connector, their connections closed, until their exp.</p>
+      <form class="filters" id="revoke-form" data-write><label>Token <input name="token" placeholder="the JWT, or its jti and exp"></label>
+      <label>jti <input name="jti"></label><label>exp (Unix s) <input name="exp" type="number" min="1"></label>
+      <button type="submit">Revoke</button> <span class="error" id="revoke-error"></span></form>` +
+      table([["jti", "Token id (jti)"], [(t) => new Date(t.exp * 1000).toLocaleString(), "Until (its exp)"]], tokens.items,
+        (t) => `<button data-write data-withdraw="${esc(t.jti)}">Withdraw</button>`);
+    el.querySelector("#revoke-form").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const f = ev.target;
+      const body = f.token.value ? { token: f.token.value.trim() } : { jti: f.jti.value, exp: Number(f.exp.value) };
+      try { await api("/revoked-tokens", { method: "POST", body: JSON.stringify(body) }); route(); }
+      catch (e) { el.querySelector("#revoke-error").textContent = e.message; }
+    });
+    el.querySelectorAll("[data-withdraw]").forEach((b) => b.addEventListener("click", async () => {
+      await api("/revoked-tokens/" + encodeURIComponent(b.dataset.withdraw), { method: "DELETE" }); route();
+    }));
     el.querySelector("#block-form").addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const f = ev.target;
