@@ -118,3 +118,18 @@ async def test_a_reconnect_storm_with_a_verified_password_is_not_verified_again(
     for v5 in (True, False):
         assert await run(connack_code, port, f"pc-{new_tag()}", v5, (user, new_password)) == 0
         assert await run(connack_code, port, f"pc-{new_tag()}", v5, (user, password)) == RC.BAD_USER_NAME_OR_PASSWORD
+
+
+async def test_a_password_at_the_low_cost_is_verified_like_any_other(suite, unique):
+    """`tbmq credentials add --hash-cost low` (OWASP's minimum for argon2id, a stored hash naming its own
+    parameters): the connector accepts the right password and refuses another, with 5.0 and 3.1.1."""
+    port = suite.mqtt_ports[0]
+    user, password = unique("u"), "pw-" + unique("p")
+    await run(tbmq, suite, "credentials", "add", "--username", user, "--password-stdin", "--hash-cost", "low",
+              stdin=password + "\n")
+
+    async def accepted() -> bool:
+        return await run(connack_code, port, f"pc-{new_tag()}", True, (user, password)) == 0
+    await wait_until(accepted, BOUND, "the credential on the connector")
+    for v5 in (True, False):
+        assert await run(connack_code, port, f"pc-{new_tag()}", v5, (user, "wrong")) == RC.BAD_USER_NAME_OR_PASSWORD

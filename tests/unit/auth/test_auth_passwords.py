@@ -4,7 +4,8 @@ and other stored hashes are not; bounded; off at 0; the password itself is not w
 from __future__ import annotations
 
 import pytest
-from tbmq_auth.passwords import VerifiedPasswords, hash_password, verify_password
+from tbmq_auth import make_credential
+from tbmq_auth.passwords import HASH_COSTS, LOW, STANDARD, VerifiedPasswords, hash_password, verify_password
 
 pytestmark = pytest.mark.unit
 
@@ -55,3 +56,23 @@ def test_the_hash_itself():
     stored = hash_password("s3cret")
     assert verify_password(stored, b"s3cret") and verify_password(stored, "s3cret")
     assert not verify_password(stored, b"wrong") and not verify_password("not-argon2", b"s3cret")
+
+
+def test_a_hash_names_its_cost_and_verifies_whatever_its_cost():
+    """STANDARD (RFC 9106 low memory) and LOW (OWASP's minimum for argon2id): the parameters are in the stored
+    hash, so one verifier checks both; another cost is refused by name."""
+    standard, low = hash_password("pw"), hash_password("pw", LOW)
+    assert "$m=65536,t=3,p=4$" in standard and "$m=19456,t=2,p=1$" in low
+    for stored in (standard, low):
+        assert verify_password(stored, b"pw") and not verify_password(stored, b"other")
+    assert HASH_COSTS == (STANDARD, LOW)
+    with pytest.raises(ValueError, match="standard, low"):
+        hash_password("pw", "none")
+
+
+def test_a_credential_is_written_at_the_cost_asked_for():
+    assert "$m=19456,t=2,p=1$" in make_credential("u", "pw", hash_cost=LOW).password_hash
+    assert "$m=65536,t=3,p=4$" in make_credential("u", "pw").password_hash
+    with pytest.raises(ValueError):
+        make_credential("u", "pw", hash_cost="cheap")
+    assert make_credential("u", None, cert_cn="dev", hash_cost="cheap").password_hash is None  # nothing hashed

@@ -106,6 +106,15 @@ def test_cli_credential_record_has_only_the_hash():
         credential_from_args(parser().parse_args(["credentials", "add", "--username", "u"]), None)
 
 
+def test_cli_credential_hash_cost():
+    args = parser().parse_args(["credentials", "add", "--username", "u", "--password-stdin", "--hash-cost", "low"])
+    assert "$m=19456,t=2,p=1$" in credential_from_args(args, "pw").password_hash
+    default = parser().parse_args(["credentials", "add", "--username", "u", "--password-stdin"])
+    assert "$m=65536,t=3,p=4$" in credential_from_args(default, "pw").password_hash
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        parser().parse_args(["credentials", "add", "--username", "u", "--hash-cost", "none"])
+
+
 def test_cli_blocked_rule():
     args = parser().parse_args(["blocked", "add", "--client-id", "bad", "--expires-in", "60"])
     rule = rule_from_args(args, 1000)

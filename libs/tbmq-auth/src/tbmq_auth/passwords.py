@@ -24,15 +24,25 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from .kept import Kept
 
-# argon2-cffi's defaults (RFC 9106 "low memory": t=3, m=64 MiB, p=4, the lanes in parallel): 110 ms and 186 ms of
-# CPU per hash on the 2-core development host (docs/security.md). The connector verifies off its event loop
-# (connector.service.authenticate).
-_HASHER = PasswordHasher()
+# What a hash costs, chosen per credential when it is written (`tbmq credentials add --hash-cost`, the admin API's
+# "hash_cost"); a stored hash names its own parameters, so verifying needs no choice. Measured on the 2-core
+# development host (docs/security.md): STANDARD, argon2-cffi's defaults (RFC 9106 "low memory": t=3, m=64 MiB,
+# p=4, the lanes in parallel), 110 ms and 186 ms of CPU a check; LOW, OWASP's minimum for argon2id (t=2,
+# m=19 MiB, p=1), for fleets that must verify many devices at once after a connector restarts. The connector
+# verifies off its event loop (connector.service.authenticate).
+STANDARD, LOW = "standard", "low"
+_HASHERS = {STANDARD: PasswordHasher(), LOW: PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)}
+HASH_COSTS = tuple(_HASHERS)
+_HASHER = _HASHERS[STANDARD]  # verifies a hash of any parameters
 
 
-def hash_password(password: str | bytes) -> str:
-    """An argon2id PHC string ("$argon2id$v=19$m=...,t=...,p=...$salt$hash"), with a fresh random salt."""
-    return _HASHER.hash(password)
+def hash_password(password: str | bytes, cost: str = STANDARD) -> str:
+    """An argon2id PHC string ("$argon2id$v=19$m=...,t=...,p=...$salt$hash"), with a fresh random salt, at one
+    of HASH_COSTS; ValueError for another."""
+    hasher = _HASHERS.get(cost)
+    if hasher is None:
+        raise ValueError(f"hash cost {cost!r}: one of {', '.join(HASH_COSTS)}")
+    return hasher.hash(password)
 
 
 def verify_password(stored_hash: str, password: str | bytes) -> bool:
@@ -78,4 +88,4 @@ class VerifiedPasswords:
             self._kept.put(self._key(stored_hash, password), True, now)
 
 
-__all__ = ["VerifiedPasswords", "hash_password", "verify_password"]
+__all__ = ["HASH_COSTS", "LOW", "STANDARD", "VerifiedPasswords", "hash_password", "verify_password"]

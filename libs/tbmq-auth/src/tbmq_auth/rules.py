@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from tbmq_mqtt import ReasonCode
 from tbmq_routing import TopicError, filter_covers, topic_matches
 
-from .passwords import hash_password, verify_password
+from .passwords import STANDARD, hash_password, verify_password
 from .patterns import check_pattern, client_id_allowed
 from .http import ALLOW, DENY, HTTP, IGNORE, HttpAnswer, HttpCheck, request_body
 from .tokens import JWT, JwtVerifier, PendingKeys, TokenRefused, looks_like_jwt, revoked_until_ms
@@ -82,10 +82,10 @@ class Credential:
 
 def make_credential(username: str, password: str | None, *, client_id: str | None = None,
                     cert_cn: str | None = None, pub: Iterable[str] = (), sub: Iterable[str] = (),
-                    hasher: Callable[[str], str] = hash_password) -> Credential:
+                    hash_cost: str = STANDARD, hasher: Callable[[str, str], str] = hash_password) -> Credential:
     """A new credential as an operator asks for it (the `tbmq` command line and the admin API both): every
-    pattern a topic filter (with `%c` / `%u`), a password or a certificate name, the password hashed (argon2id).
-    ValueError says what is wrong."""
+    pattern a topic filter (with `%c` / `%u`), a password or a certificate name, the password hashed (argon2id,
+    at `hash_cost`: tbmq_auth.passwords.HASH_COSTS). ValueError says what is wrong."""
     pub, sub = tuple(pub), tuple(sub)
     if not username:
         raise ValueError("a credential needs a username")
@@ -98,7 +98,7 @@ def make_credential(username: str, password: str | None, *, client_id: str | Non
         raise ValueError("a credential needs a password or a certificate name (or both)")
     if password is not None and not password:
         raise ValueError("empty password")
-    return Credential(name=username, password_hash=hasher(password) if password is not None else None,
+    return Credential(name=username, password_hash=hasher(password, hash_cost) if password is not None else None,
                       client_id=client_id or None, cert_cn=cert_cn or None, pub=pub, sub=sub)
 
 

@@ -1,6 +1,7 @@
 """`tbmq`: the operator's command line (installed by the bootstrap in .venv/bin).
 
-    tbmq credentials add --username U --password-stdin [--client-id PATTERN] [--cert-cn CN] [--pub F]... [--sub F]...
+    tbmq credentials add --username U --password-stdin [--hash-cost standard|low] [--client-id PATTERN] [--cert-cn CN]
+                         [--pub F]... [--sub F]...
     tbmq credentials list
     tbmq credentials delete NAME
     tbmq blocked add (--client-id ID | --username U | --ip IP[/BITS] | --regex RE [--target T])
@@ -47,6 +48,7 @@ import time
 from tbmq_auth import (CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential,
                        revocation, revocation_value, revoked_until_ms)
 from tbmq_auth.failures import LIFTED, ban_record, bans_in_force, keep_ban
+from tbmq_auth.passwords import HASH_COSTS, STANDARD
 
 from .topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, DEAD_LETTER_ORIGIN_PARTITION, MSG_PERSISTED,
                      MSG_PERSISTED_DEAD, SECURITY_BLOCKED, SECURITY_CREDENTIALS, SECURITY_LOGIN_BANS,
@@ -107,7 +109,7 @@ async def read_table(bootstrap: str, topic: str) -> dict[str, bytes]:
 def credential_from_args(args, password: str | None) -> Credential:
     try:
         return make_credential(args.username, password, client_id=args.client_id, cert_cn=args.cert_cn,
-                               pub=args.pub, sub=args.sub)
+                               pub=args.pub, sub=args.sub, hash_cost=args.hash_cost)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -325,6 +327,9 @@ def parser() -> argparse.ArgumentParser:
     add = c.add_parser("add", parents=[kafka], help="add or replace a credential")
     add.add_argument("--username", required=True, help="the MQTT user name (also the credential's name)")
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin (one line)")
+    add.add_argument("--hash-cost", choices=HASH_COSTS, default=STANDARD,
+                     help="argon2id parameters: standard (RFC 9106 low memory, the default) or low (OWASP's minimum: "
+                          "about a tenth of the CPU a check, for fleets that reconnect at once; docs/security.md)")
     add.add_argument("--client-id", help="client ids this credential may use (shell pattern: *, ?, [..]; %%u = username)")
     add.add_argument("--cert-cn", help="a client certificate whose CN or SAN is this authenticates as this credential")
     add.add_argument("--pub", action="append", default=[], metavar="FILTER",

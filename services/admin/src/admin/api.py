@@ -80,6 +80,8 @@ ROUTES: tuple[Route, ...] = (
           "password is hashed (argon2id) and never stored or logged", (Param("username", "path"),),
           body={"type": "object", "properties": {
               "password": {"type": "string"}, "client_id": {"type": "string", "description": "client-id pattern"},
+              "hash_cost": {"type": "string", "enum": ["standard", "low"],
+                            "description": "argon2id parameters of the password's hash (default standard)"},
               "cert_cn": {"type": "string"}, "pub": {"type": "array", "items": {"type": "string"}},
               "sub": {"type": "array", "items": {"type": "string"}}}},
           responses={"202": "written", "400": "not valid"}),
