@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 from urllib.parse import quote
 
 import aiohttp
@@ -20,6 +18,7 @@ from argon2 import PasswordHasher
 from headless import Browser, chromium
 from mqtt_clients import Client, run, wait_until
 from suites import module_suite
+from tbmq_command import tbmq
 from tbmq_launcher.launcher import Suite
 from tbmq_launcher.services import ORDER
 
@@ -230,14 +229,6 @@ async def test_credentials_and_blocked_clients_through_the_api(suite, api, uniqu
     assert (await api.call("DELETE", f"/credentials/{user}"))[0] == 404
 
 
-def tbmq_cli(suite: Suite, *args: str) -> str:
-    """The `tbmq` command line against the suite's Kafka; its stdout (asserted to succeed)."""
-    done = subprocess.run([str(Path(sys.executable).with_name("tbmq")), *args, "--bootstrap-servers",
-                           suite.bootstrap_servers], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 async def test_mqtt_tokens_revoked_through_the_api(suite, api, unique):
     """POST /revoked-tokens writes the record every connector applies (tbmq.security.tokens.revoked, the one
     `tbmq tokens` writes and reads: tests/e2e/connector/test_connector_auth.py has the connectors' side) from the
@@ -259,7 +250,7 @@ async def test_mqtt_tokens_revoked_through_the_api(suite, api, unique):
 
     def cli_revoked() -> dict[str, int]:
         mine = (jti, other)
-        return {e["jti"]: e["exp"] for e in map(json.loads, tbmq_cli(suite, "tokens", "list").splitlines())
+        return {e["jti"]: e["exp"] for e in map(json.loads, tbmq(suite, "tokens", "list").splitlines())
                 if e["jti"] in mine}
     assert await run(cli_revoked) == {jti: exp, other: exp}  # on the topic, in the connectors' form
     assert (await api.call("DELETE", f"/revoked-tokens/{other}"))[0] == 202

@@ -1,6 +1,6 @@
 """Helpers of the connector's end-to-end tests: Kafka tails, a fake session registry, fake device-persistence
-and app-delivery gRPC servers, raw MQTT sockets, the `tbmq` command line (the paho client wrapper is
-tests/e2e/mqtt_clients.py).
+and app-delivery gRPC servers, raw MQTT sockets (the `tbmq` command line is tests/e2e/tbmq_command.py, the paho client
+wrapper tests/e2e/mqtt_clients.py).
 
 Imported by the test modules of this folder (pytest puts the folder on sys.path).
 """
@@ -11,13 +11,10 @@ import asyncio
 import contextlib
 import importlib.util
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -32,15 +29,6 @@ from waits import wait_until
 
 
 RULES = Rules()  # the registry's defaults
-TBMQ = str(Path(sys.executable).with_name("tbmq"))
-
-
-def tbmq(s, *args: str, stdin: str | None = None) -> str:
-    """The `tbmq` command line against the suite's Kafka; its stdout (asserted to succeed)."""
-    done = subprocess.run([TBMQ, *args, "--bootstrap-servers", s.bootstrap_servers], input=stdin,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 # modules whose suite runs device-persistence are skipped (with this reason) while it has no entry point
 needs_device_persistence = pytest.mark.skipif(

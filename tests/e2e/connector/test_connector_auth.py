@@ -20,8 +20,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from connector_helpers import tbmq, two_connector_suite
+from connector_helpers import two_connector_suite
 from mqtt_clients import BOUND, Client, payloads, poll, run, wait_until
+from tbmq_command import tbmq
 from tbmq_launcher.tls import issue_client_cert
 from tbmq_mqtt import ConnackReturnCode, ReasonCode
 

@@ -14,9 +14,10 @@ import time
 import aiohttp
 import jwt
 import pytest
-from connector_helpers import TBMQ, connector_health, tbmq
+from connector_helpers import connector_health
 from mqtt_clients import BOUND, connack_code, run, wait_until
 from scraped import scrape, value
+from tbmq_command import TBMQ, tbmq
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
 

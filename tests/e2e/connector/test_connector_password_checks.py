@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from connector_helpers import tbmq
 from mqtt_clients import BOUND, connack_code, run, wait_until
 from scraped import scrape, value
+from tbmq_command import tbmq
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_mqtt import ReasonCode as RC
 

@@ -15,8 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from connector_helpers import recv_until_closed, tbmq
+from connector_helpers import recv_until_closed
 from mqtt_clients import BOUND, Client, routed, run, wait_until
+from tbmq_command import tbmq
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.redis import find_free_port
 from tbmq_launcher.services import readyz

@@ -26,6 +26,7 @@ from tbmq_auth import (
     revocation,
     revocation_of,
     revocation_value,
+    revocations_in_force,
     revoked_until_ms,
 )
 from tbmq_mqtt import ReasonCode as RC
@@ -294,6 +295,8 @@ def test_a_revoked_token_is_refused_until_its_exp_and_others_are_not():
     assert not tables.apply_revoked_token(b"t-3", revocation_value(NOW // 1000), NOW)  # expired: not kept
     assert not tables.apply_revoked_token(b"t-4", b"soon", NOW) and tables.revoked_tokens == {}
     assert revoked_until_ms(b"1800000060") == 1_800_000_060_000
+    assert list(revocations_in_force({"b": NOW + 1, "a": NOW + 2, "gone": NOW}, NOW).items()) == [
+        ("a", NOW + 2), ("b", NOW + 1)]  # sorted by jti, the expired one left out
     for bad in (b"", b"-1", b"nan", b"inf", b"x"):
         with pytest.raises(ValueError):
             revoked_until_ms(bad)

@@ -51,6 +51,7 @@ from .tokens import (
     revocation,
     revocation_of,
     revocation_value,
+    revocations_in_force,
     revoked_until_ms,
 )
 
@@ -60,5 +61,5 @@ __all__ = [
     "BlockedRule", "Credential", "HttpAnswer", "HttpCheck", "Identity", "JwtVerifier", "PendingKeys", "TokenGrant",
     "TokenRefused", "anonymous_default", "hash_password", "jwk_thumbprint", "jwks_keys", "looks_like_jwt",
     "make_credential", "parse_answer", "parse_providers", "public_key_algorithms", "request_body", "revocation",
-    "revocation_of", "revocation_value", "revoked_until_ms", "substitute", "verify_password",
+    "revocation_of", "revocation_value", "revocations_in_force", "revoked_until_ms", "substitute", "verify_password",
 ]

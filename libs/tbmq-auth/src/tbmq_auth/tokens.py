@@ -31,6 +31,7 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import jwt
@@ -89,6 +90,13 @@ def revoked_until_ms(value: bytes) -> int:
     if not seconds == seconds or seconds < 0 or seconds == float("inf"):
         raise ValueError(f"not a token expiry (Unix seconds): {value[:40]!r}")
     return int(seconds * 1000)
+
+
+def revocations_in_force(until_by_jti: Mapping[str, int], now_ms: float) -> dict[str, int]:
+    """The revocations whose token has not expired (jti -> its exp, ms), sorted by jti: what the admin API and
+    `tbmq tokens list` show and what the admin API withdraws (the connectors keep only these:
+    AuthTables.apply_revoked_token)."""
+    return {jti: until for jti, until in sorted(until_by_jti.items()) if until > now_ms}
 
 
 def revocation_of(token: bytes | str) -> tuple[str, float]:

@@ -46,7 +46,7 @@ import sys
 import time
 
 from tbmq_auth import (CLIENT_ID, IP, REGEX, REGEX_TARGETS, USERNAME, BlockedRule, Credential, make_credential,
-                       revocation, revocation_value, revoked_until_ms)
+                       revocation, revocation_value, revocations_in_force, revoked_until_ms)
 from tbmq_auth.failures import LIFTED, ban_record, bans_in_force, keep_ban
 from tbmq_auth.passwords import HASH_COSTS, STANDARD
 
@@ -197,13 +197,12 @@ async def tokens(args) -> int:
         await write(args.bootstrap_servers, SECURITY_TOKENS_REVOKED, args.jti, None)
         print(f"revocation of token {args.jti!r} withdrawn")
     else:
-        table = await read_table(args.bootstrap_servers, SECURITY_TOKENS_REVOKED)
-        now_ms = time.time() * 1000
-        for jti in sorted(table):
+        until_by_jti = {}
+        for jti, value in (await read_table(args.bootstrap_servers, SECURITY_TOKENS_REVOKED)).items():
             with contextlib.suppress(ValueError):  # unreadable: no connector applies it either
-                until = revoked_until_ms(table[jti])
-                if until > now_ms:
-                    print(json.dumps({"jti": jti, "exp": until // 1000, "until": _iso(until / 1000)}, sort_keys=True))
+                until_by_jti[jti] = revoked_until_ms(value)
+        for jti, until in revocations_in_force(until_by_jti, time.time() * 1000).items():
+            print(json.dumps({"jti": jti, "exp": until // 1000, "until": _iso(until / 1000)}, sort_keys=True))
     return 0
 
 

@@ -22,7 +22,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_platform.compacted import CompactedViews
 from tbmq_auth import (CLIENT_ID, BlockedRule, Credential, make_credential, revocation, revocation_value,
-                       revoked_until_ms)
+                       revocations_in_force, revoked_until_ms)
 from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, keep_ban
 from tbmq_auth.passwords import STANDARD
 from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
@@ -436,11 +436,10 @@ class AdminService(Service):
         return _json({"key": key}, 202)
 
     def _revocations_in_force(self) -> dict[str, int]:
-        now = time.time() * 1000
-        return {jti: until for jti, until in self.revoked_tokens.items() if until > now}
+        return revocations_in_force(self.revoked_tokens, time.time() * 1000)
 
     async def list_revoked_tokens(self, request: web.Request) -> web.Response:
-        items = [{"jti": jti, "exp": until // 1000} for jti, until in sorted(self._revocations_in_force().items())]
+        items = [{"jti": jti, "exp": until // 1000} for jti, until in self._revocations_in_force().items()]
         return _json(query.Page.of(request.query).apply(items))
 
     async def revoke_token(self, request: web.Request) -> web.Response:

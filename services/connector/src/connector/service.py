@@ -708,10 +708,9 @@ class ConnectorService(Service):
         """The authorizer's password check: answered from the passwords verified in the last
         MQTT_PASSWORD_CACHE_S (on the event loop: _decide), else argon2id (on a password-check thread), a
         success kept."""
-        with self._passwords_lock:
-            if self.passwords.known(stored_hash, password, time.monotonic()):
-                self.stats["password_cache_hits"] += 1
-                return True
+        if self._password_kept(stored_hash, password):
+            self.stats["password_cache_hits"] += 1
+            return True
         ok = verify_password(stored_hash, password)
         with self._passwords_lock:
             self.stats["password_verifications"] += 1
