@@ -72,7 +72,8 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--brokers", default="tbmq,mosquitto,amqtt", help="comma list of tbmq,mosquitto,amqtt")
     ap.add_argument("--scenarios", default="all",
                     help="p2p, fan-in (= fan-in-app,fan-in-dev), fan-out (= fan-out-q0,fan-out-q1), backlog, "
-                         "backlog-100k, backlog-app (backlogs = the three), connect, or all")
+                         "backlog-100k, backlog-app (backlogs = the three), connect, connections (memory and CPU "
+                         "per held connection; always run first), faults, or all")
     ap.add_argument("--layout", default="both",
                     help="whole (nothing pinned: broker and generator share every cpu, as under `make run`), "
                          "one-core (broker on cpu0, generator on cpu1), or both (default; whole first)")
@@ -82,6 +83,9 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pairs", type=int, help="p2p pairs")
     ap.add_argument("--fanin-pubs", type=int)
     ap.add_argument("--fanout-subs", type=int)
+    ap.add_argument("--connections", dest="held_connections", type=int,
+                    help="clients held by 'connections' (default 10000, --quick 200)")
+    ap.add_argument("--hold-window", type=float, help="seconds the CPU with them held is measured over (default 10)")
     ap.add_argument("--backlog", type=int, help="messages queued for the offline DEVICE subscriber ('backlog')")
     ap.add_argument("--backlog-big", type=int, help="the same for 'backlog-100k' (default 100000)")
     ap.add_argument("--backlog-app", type=int, help="messages queued for the offline APPLICATION subscriber "
@@ -119,7 +123,7 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
 
 _PROFILE_ARGS = ("duration", "warmup", "pairs", "fanin_pubs", "fanout_subs", "backlog", "backlog_big", "backlog_app",
                  "search_steps", "broker_warmup", "broker_warmup_rate", "jit_settle_max", "idle_warmup", "idle_window",
-                 "cooldown_max", "cooldown_margin")
+                 "cooldown_max", "cooldown_margin", "held_connections", "hold_window")
 
 
 def profile_from(args) -> Profile:

@@ -77,6 +77,16 @@ def rows_for(scenario: str, res_by_broker: dict) -> list[tuple[str, tuple, bool 
         return [
             ("max connects/s (p99≤1s, 0 refused)", ("best_rate",), True),
         ]
+    if scenario == "connections":
+        n = next((r["params"].get("connections") for r in res_by_broker.values() if r and "params" in r), None)
+        return [
+            (f"{_num(n)} held: connected", ("connected",), True),
+            ("still open at the end", ("open_at_end",), True),
+            ("connect + SUBSCRIBE all s", ("connect_s",), False),
+            ("broker RSS growth MB", ("rss_growth_mb",), False),
+            ("broker bytes per connection", ("bytes_per_conn", "total"), False),
+            ("broker CPU % with them held (1 core=100)", ("held_cpu_pct", "total"), False),
+        ]
     return []
 
 
@@ -238,6 +248,24 @@ def per_process_tables(results: dict, brokers: list[str], fmt: str = "text") -> 
             if len(process_kinds([st for _, _, st in _process_items(results, b)])) > 1]
 
 
+def held_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
+    """Per broker process: RSS before, with the "connections" scenario's clients held and after they closed,
+    bytes per connection and CPU % while held."""
+    rows = []
+    for b in brokers:
+        r = (results.get("connections") or {}).get(b)
+        if not isinstance(r, dict) or "error" in r:
+            continue
+        for label in r["rss_held_mb"]:
+            rows.append([b, label, _num(r["rss_before_mb"].get(label)), _num(r["rss_held_mb"][label]),
+                         _num(r["rss_released_mb"].get(label)), _num(r["bytes_per_conn"].get(label), 0),
+                         _num(r["held_cpu_pct"].get(label))])
+        rows.append([b, "**total**" if fmt == "md" else "total", "", "", "", _num(r["bytes_per_conn"]["total"], 0),
+                     _num(r["held_cpu_pct"]["total"])])
+    return _render(["broker", "process", "RSS before MB", "RSS held MB", "RSS after closing MB", "bytes per connection",
+                    "CPU % held"], rows, fmt) if rows else ""
+
+
 def idle_table(meta: dict, brokers: list[str], fmt: str = "text") -> str:
     """Idle CPU (% of one core) and RSS of every broker process, and the total per broker."""
     rows = []
@@ -310,6 +338,9 @@ def layout_text(run: dict, brokers: list[str]) -> str:
         parts.append("fixed-rate steps:\n" + fs)
     for b, pt in per_process_tables(res, brokers):
         parts.append(f"{b}: CPU µs per delivered message, per process:\n" + pt)
+    ht = held_table(res, brokers)
+    if ht:
+        parts.append("held connections, per process:\n" + ht)
     it = idle_table(meta, brokers)
     if it:
         parts.append("idle (no clients):\n" + it)
@@ -412,6 +443,9 @@ def chart(path: Path, results: dict, brokers: list[str], title: str = "") -> Non
                            {b: _get(r, ("drain_s",)) for b, r in ok.items()}, "bar"))
         elif scen == "connect":
             panels.append(("connect storm: max connects/s", {b: _get(r, ("best_rate",)) for b, r in ok.items()}, "bar"))
+        elif scen == "connections":
+            panels.append(("held connections: broker bytes per connection (lower=better)",
+                           {b: _get(r, ("bytes_per_conn", "total")) for b, r in ok.items()}, "bar"))
         elif scen in RATE_SCENARIOS:
             if any("search" in r for r in ok.values()):
                 def best(r):
@@ -577,7 +611,8 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         f"clean-session subscribers; backlogs of {_num(prof.get('backlog'))} and {_num(prof.get('backlog_big'))} "
         f"QoS 1 messages to an offline persistent DEVICE subscriber and {_num(prof.get('backlog_app'))} to an "
         f"offline APPLICATION subscriber, drained on reconnect; connect storm for {prof.get('storm_step')} s per "
-        f"rate; {prof.get('payload')}-byte payloads. Fixed-rate steps: {rates or '?'} msg/s in, each "
+        f"rate; {_num(prof.get('held_connections'))} held connections (table below); "
+        f"{prof.get('payload')}-byte payloads. Fixed-rate steps: {rates or '?'} msg/s in, each "
         f"{prof.get('warmup')} s warm-up + {prof.get('duration')} s measured; \"lost\" = not delivered within "
         f"{prof.get('drain')} s after publishing stopped. Max rate = highest step with p99 ≤ "
         f"{prof.get('p99_limit_ms')} ms, nothing lost and ≥ 95 % of the target really sent (×2 steps, then "
@@ -628,6 +663,14 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         for b, pt in per_process_tables(res, brokers, "md"):
             lines += [f"{b}: CPU µs per delivered message of each process (instances of a service summed), "
                       "fixed-rate steps and backlog drains:", "", pt, ""]
+        ht = held_table(res, brokers, "md")
+        if ht:
+            hp = next((r["params"] for r in (res.get("connections") or {}).values()
+                       if isinstance(r, dict) and "params" in r), {})
+            lines += [f"Held connections ({_num(hp.get('connections'))} clean-session MQTT 3.1.1 clients, each "
+                      f"subscribed at QoS 1 to its own command topic, keep alive 60 s, pinged every 20 s; RSS before "
+                      "the first CONNECT, once the broker is back near its idle CPU with all of them held, and after "
+                      f"they closed; CPU over {_num(hp.get('window_s'))} s held):", "", ht, ""]
         ft = faults_table(res, brokers, "md")
         if ft:
             fp = prof.get("faults") or {}

@@ -17,14 +17,18 @@ from .stats import expand_names, judge, latency_summary, merge_ranges, merge_us,
 RATE_SCENARIOS = ("p2p", "fan-in-app", "fan-in-dev", "fan-out-q0", "fan-out-q1")
 BACKLOG_SCENARIOS = ("backlog", "backlog-100k", "backlog-app")
 # "faults" kills and restarts parts of the broker: always the last scenario of a run
-SCENARIOS = (*RATE_SCENARIOS, *BACKLOG_SCENARIOS, "connect", "faults")
+SCENARIOS = (*RATE_SCENARIOS, *BACKLOG_SCENARIOS, "connect", "connections", "faults")
 ALIASES = {"fan-out": ("fan-out-q0", "fan-out-q1"), "fanout": ("fan-out-q0", "fan-out-q1"),
            "fan-in": ("fan-in-app", "fan-in-dev"), "fanin": ("fan-in-app", "fan-in-dev"),
-           "backlogs": BACKLOG_SCENARIOS, "storm": ("connect",), "connect-storm": ("connect",), "all": SCENARIOS}
+           "backlogs": BACKLOG_SCENARIOS, "storm": ("connect",), "connect-storm": ("connect",),
+           "held": ("connections",), "all": SCENARIOS}
 
 
 def expand(names: str) -> list[str]:
-    return expand_names(names, SCENARIOS, ALIASES, "scenario")
+    """The scenarios named, in the order given, except "connections" first: its bytes per connection are the
+    RSS growth, which memory freed by an earlier scenario (and kept by the allocator) would hide."""
+    out = expand_names(names, SCENARIOS, ALIASES, "scenario")
+    return sorted(out, key=lambda s: s != "connections")
 
 
 @dataclass
@@ -50,6 +54,11 @@ class Profile:
     p99_limit_ms: float = 100.0
     storm_rates: tuple = (250, 500, 1000, 2000, 4000, 8000)
     storm_step: float = 1.0
+    # "connections": held_connections clean-session clients, each subscribed to its own command topic, held
+    # (pinged every 20 s) while the broker's memory and CPU are measured over hold_window s
+    held_connections: int = 10_000
+    hold_concurrency: int = 64     # CONNECTs in flight per generator worker
+    hold_window: float = 10.0
     mqtt_version: int = 4
     # after a broker starts: an unmeasured p2p load of broker_warmup s; then, while a JVM of the broker (Kafka)
     # is still JIT-compiling (its compiler threads above jit_settled_pct % of one core over any of the last
@@ -77,7 +86,7 @@ class Profile:
                    rates={"p2p": [100.0, 500.0], "fan-in-app": [500.0], "fan-in-dev": [500.0], "fan-out-q0": [10.0],
                           "fan-out-q1": [10.0]},
                    search_start={"p2p": 500.0}, search=("p2p",),
-                   search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0,
+                   search_steps=3, storm_rates=(100, 300, 1000), storm_step=1.0, held_connections=200, hold_window=2.0,
                    broker_warmup=5.0, broker_warmup_rate=200.0, jit_settle_max=0.0, idle_warmup=5.0, idle_window=2.0,
                    cooldown_max=5.0, faults=FaultProfile.quick())
 
@@ -449,6 +458,62 @@ class Runner:
         return {"params": {"step_s": p.storm_step, "rates": list(p.storm_rates)}, "best_rate": best,
                 "steps": steps}
 
+    def _rss_now(self) -> dict[str, int]:
+        """The broker's processes' RSS in bytes now (label → bytes)."""
+        return {k: rss for k, (_, rss) in self.mon.sample().items() if not k.startswith("generator-")}
+
+    def held_connections(self) -> dict:
+        """Memory and CPU per connection held: `held_connections` clean-session clients, each subscribed at
+        QoS 1 to its own command topic, connected (at most `hold_concurrency` CONNECTs in flight per worker)
+        and held. RSS of every broker process before the first CONNECT, once the broker is back near its idle
+        CPU with all of them held, and after they are closed; CPU over `hold_window` s while they are held
+        (the generator pings each every 20 s). Bytes per connection = RSS growth ÷ connections held: run it
+        before scenarios that leave freed memory behind for the allocator to reuse (the bench runs it first)."""
+        p = self.prof
+        self.gen.call("setup", {"cfg": self.cfg, "subs": [], "pubs": []}, timeout=30)
+        n, workers = p.held_connections, len(self.gen)
+        counts = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
+        try:
+            self.cooldown()
+            before = self._rss_now()
+            rs = self.gen.call("hold", [{"count": k, "prefix": f"bench-{self.token}-h{w}",
+                                         "concurrency": p.hold_concurrency} for w, k in enumerate(counts)],
+                               timeout=120 + n / 20)
+            connected = sum(r["ok_count"] for r in rs)
+            errors = sum(r["errors"] for r in rs)
+            connect_s = max(r["seconds"] for r in rs)
+            settle = self.cooldown()
+            held_rss = self._rss_now()
+            win = self.mon.window_start()
+            time.sleep(p.hold_window)
+            procs = {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
+            still = sum(r["open"] for r in self.gen.call("held", {}, timeout=30))
+            self.gen.call("release", {}, timeout=60)
+            self.cooldown()
+            released = self._rss_now()
+        finally:
+            self._cleanup()
+        mb = lambda b: round(b / 2**20, 1)  # noqa: E731
+        per = {k: round((held_rss.get(k, 0) - before.get(k, 0)) / max(connected, 1)) for k in held_rss}
+        per["total"] = sum(per.values())
+        cpu = {k: v["cpu_pct"] for k, v in procs.items()}
+        cpu["total"] = round(sum(cpu.values()), 1)
+        res = {"params": {"connections": n, "concurrency": p.hold_concurrency, "window_s": p.hold_window},
+               "connected": connected, "errors": errors,
+               "error_samples": [e for r in rs for e in r["error_samples"]][:3],
+               "connect_s": round(connect_s, 2), "connects_per_s": round(connected / max(connect_s, 1e-6), 1),
+               "open_at_end": still, "settle": settle,
+               "rss_before_mb": {k: mb(v) for k, v in before.items()},
+               "rss_held_mb": {k: mb(v) for k, v in held_rss.items()},
+               "rss_released_mb": {k: mb(v) for k, v in released.items()},
+               "rss_growth_mb": mb(sum(held_rss.values()) - sum(before.values())),
+               "bytes_per_conn": per, "held_cpu_pct": cpu, "idle_pct": self.idle_pct,
+               "ok": errors == 0 and still == connected}
+        self.log(f"    held {connected}/{n} connections (connected in {connect_s:.1f}s, errors {errors}), still open "
+                 f"{still}; broker RSS +{res['rss_growth_mb']} MB = {per['total']} B per connection; CPU held "
+                 f"{cpu['total']}% of a core  {'PASS' if res['ok'] else 'FAIL'}")
+        return res
+
     def run(self, scenario: str, search: bool) -> dict:
         if scenario == "p2p":
             return self.p2p(search)
@@ -464,6 +529,8 @@ class Runner:
             return self.backlog(self.prof.backlog_app, kind="app", tag="backlog-app")
         if scenario == "connect":
             return self.connect_storm()
+        if scenario == "connections":
+            return self.held_connections()
         if scenario == "faults":
             self.cooldown()
             return run_faults(self.broker, self.prof.faults, self.log)

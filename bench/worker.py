@@ -7,6 +7,8 @@ Commands (tuple (name, args) → reply dict):
     collect    wait until the subscribers saw the expected ranges (or a deadline); report and reset stats
     disconnect / reconnect   close / reopen the subscribers (backlog scenario)
     storm      open clean-session connections at a rate; report connect latencies and failures
+    hold       open clean-session connections, each subscribed to its own command topic, and keep them
+               (pinged like every other connection); `held` counts those still open, `release` closes them
     cleanup    close everything; reconnect persistent subscribers with a clean session to drop their state
     stop       exit
 """
@@ -54,6 +56,7 @@ class Worker:
         self.subs: list[SubState] = []
         self.pubs: list[Publisher] = []
         self.storm_conns: list[MqttConn] = []
+        self.held_conns: list[MqttConn] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pinger: asyncio.Task | None = None
 
@@ -102,6 +105,7 @@ class Worker:
             if p.conn is not None:
                 yield p.conn
         yield from self.storm_conns
+        yield from self.held_conns
 
     # -- setup -----------------------------------------------------------------------------------------
     async def _connect_sub(self, st: SubState, clean: bool | None = None, timeout: float = 10.0) -> tuple[bool, int]:
@@ -367,8 +371,46 @@ class Worker:
         return {"started": started, "ok_count": len(lat_us), "errors": len(errors), "error_samples": errors[:3],
                 "lat_us": lat_us, "elapsed": elapsed}
 
+    # -- held connections ------------------------------------------------------------------------------
+    async def cmd_hold(self, count: int, prefix: str, concurrency: int = 64, timeout: float = 30.0) -> dict:
+        """Open `count` clean-session connections (`<prefix>-<i>`), each subscribed at QoS 1 to
+        `<prefix>/<i>/cmd` (a device waiting for its commands), at most `concurrency` connecting at a time,
+        and keep them."""
+        c = self.cfg
+        rec = Recorder()
+
+        async def one(i: int) -> MqttConn:
+            conn, _ = await mc.open_conn(self.loop, c["host"], c["port"], f"{prefix}-{i}", rec,
+                                         version=c["version"], clean=True, username=c.get("username"),
+                                         timeout=timeout)
+            try:
+                await mc.subscribe(conn, f"{prefix}/{i}/cmd", 1, timeout=timeout)
+            except BaseException:
+                conn.abort()
+                raise
+            return conn
+
+        t0 = _ns()
+        res = await self._gather_limited([one(i) for i in range(count)], concurrency)
+        errors = [f"{type(r).__name__}: {r}" for r in res if isinstance(r, BaseException)]
+        self.held_conns.extend(r for r in res if isinstance(r, MqttConn))
+        return {"ok_count": count - len(errors), "errors": len(errors), "error_samples": errors[:3],
+                "seconds": (_ns() - t0) / 1e9}
+
+    async def cmd_held(self) -> dict:
+        return {"open": sum(1 for c in self.held_conns if not c.closed), "held": len(self.held_conns)}
+
+    async def cmd_release(self) -> dict:
+        for conn in self.held_conns:
+            conn.close()
+        n = len(self.held_conns)
+        self.held_conns = []
+        await asyncio.sleep(0.05)
+        return {"released": n}
+
     # -- teardown --------------------------------------------------------------------------------------
     async def cmd_cleanup(self, drop_sessions: bool = True) -> dict:
+        await self.cmd_release()
         for p in self.pubs:
             if p.conn is not None:
                 p.conn.close()

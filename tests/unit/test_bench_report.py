@@ -52,7 +52,9 @@ def test_summarize_collapsed():
 
 def test_expand_scenarios():
     assert expand("fan-out,p2p") == ["fan-out-q0", "fan-out-q1", "p2p"]
-    assert len(expand("all")) == 10 and expand("all")[-1] == "faults"  # faults kills things: always last
+    assert len(expand("all")) == 11 and expand("all")[-1] == "faults"  # faults kills things: always last
+    # memory freed by another scenario would hide the held connections' growth: "connections" runs first
+    assert expand("all")[0] == "connections" and expand("p2p,held") == ["connections", "p2p"]
     assert expand("fan-in") == ["fan-in-app", "fan-in-dev"]
     assert expand("backlogs") == ["backlog", "backlog-100k", "backlog-app"]
     with pytest.raises(ValueError):
@@ -66,3 +68,26 @@ def test_table_marks_a_search_where_nothing_passed():
     text = report.table(results, ["tbmq"])
     assert "<250" in next(ln for ln in text.splitlines() if "max in msg/s" in ln)
     assert "<500" in next(ln for ln in text.splitlines() if "max in+out" in ln)
+
+
+def _held(per_conn: dict[str, int], growth_mb: float) -> dict:
+    return {"params": {"connections": 1000, "window_s": 2.0}, "connected": 1000, "open_at_end": 1000,
+            "connect_s": 1.5, "rss_growth_mb": growth_mb,
+            "bytes_per_conn": {**per_conn, "total": sum(per_conn.values())},
+            "held_cpu_pct": {k: 1.0 for k in per_conn} | {"total": float(len(per_conn))},
+            "rss_before_mb": {k: 10.0 for k in per_conn}, "rss_held_mb": {k: 12.0 for k in per_conn},
+            "rss_released_mb": {k: 11.0 for k in per_conn}}
+
+
+def test_held_connections_rows_and_per_process_table():
+    results = {"connections": {"tbmq": _held({"connector-1": 7000, "router": 500}, 7.2),
+                               "mosquitto": _held({"mosquitto": 1750}, 1.7)}}
+    text = report.table(results, ["tbmq", "mosquitto"])
+    line = next(ln for ln in text.splitlines() if "bytes per connection" in ln)
+    assert "7,500" in line and "1,750" in line and "4.29×" in line  # tbmq ÷ mosquitto, lower is better
+    assert "1,000 held: connected" in text
+    per = report.held_table(results, ["tbmq", "mosquitto"])
+    rows = [ln.split() for ln in per.splitlines()[1:]]
+    assert ["tbmq", "connector-1", "10.0", "12.0", "11.0", "7,000", "1.00"] in rows
+    assert ["tbmq", "total", "7,500", "2.00"] in rows and ["mosquitto", "total", "1,750", "1.00"] in rows
+    assert report.held_table({"connections": {"tbmq": {"error": "x"}}}, ["tbmq"]) == ""

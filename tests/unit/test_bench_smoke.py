@@ -51,3 +51,21 @@ def test_p2p_smoke_against_mosquitto(tmp_path, capsys):
     assert r["fixed_steps"] == [f]
     out = capsys.readouterr().out
     assert "e2e p99 ms" in out and "mosquitto" in out
+
+
+@pytest.mark.timeout(120)
+def test_held_connections_smoke_against_mosquitto(tmp_path, capsys):
+    rc = main(["--brokers", "mosquitto", "--scenarios", "connections", "--quick", "--search", "none", "--layout",
+               "whole", "--broker-warmup", "0", "--idle-warmup", "0", "--idle-window", "0.5", "--cooldown-max", "2",
+               "--connections", "300", "--hold-window", "0.5", "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads(sorted(tmp_path.glob("*.json"))[0].read_text())
+    r = doc["layouts"]["whole"]["results"]["connections"]["mosquitto"]
+    assert "error" not in r, r
+    assert r["connected"] == r["open_at_end"] == 300 and r["errors"] == 0 and r["ok"]
+    # each of the 300 holds a socket, a session and a subscription: the broker's RSS grew, and the bytes per
+    # connection are that growth shared out
+    growth = r["rss_held_mb"]["mosquitto"] - r["rss_before_mb"]["mosquitto"]
+    assert growth > 0 and r["bytes_per_conn"]["mosquitto"] == r["bytes_per_conn"]["total"] > 0
+    assert abs(r["bytes_per_conn"]["total"] * 300 / 2**20 - growth) < 0.11  # MB figures are rounded to 0.1
+    assert "held connections, per process" in capsys.readouterr().out
