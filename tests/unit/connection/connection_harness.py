@@ -62,7 +62,7 @@ class Client:
     # ---------------------------------------------------------------------------------- running effects
     def run(self, effects) -> None:
         while effects:
-            e = effects.popleft()
+            e = effects.pop(0)
             if isinstance(e, Send):
                 if self.closed is None:
                     self.received.extend(self.decoder.feed(e.data))

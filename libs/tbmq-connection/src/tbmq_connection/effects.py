@@ -1,7 +1,7 @@
 """What a `ConnectionMachine` asks its runner to do: one dataclass per kind of effect.
 
 The machine never performs I/O. Each of its input methods appends the effects it causes, in order, to
-`machine.effects` (a deque the runner drains). The runner (the connector's asyncio adapter, or a test) must
+`machine.effects` (a list the runner drains in order). The runner (the connector's asyncio adapter, or a test) must
 run them in that order: a `Send` queued before a `Close` goes out before the connection closes.
 
 Effects the runner answers with an input call (the machine waits for that answer before it goes on):
