@@ -177,7 +177,7 @@ async def test_will_on_ungraceful_close(mq, unique):
     u = unique("will")
     watcher, prober = await watcher_and_prober(u, mq.mqtt_ports, 1)
 
-    from tbmq_mqtt import Connect, Properties, Will, encode
+    from tbmq_mqtt import Connect, Will, encode
     # 3.1.1, no delay: published at once on a dropped connection
     s = await run(raw_socket, mq.mqtt_ports[0])
     s.sendall(encode(Connect(protocol_level=4, client_id=u + "a", keep_alive=30,
