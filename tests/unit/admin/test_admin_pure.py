@@ -19,9 +19,26 @@ pytestmark = pytest.mark.unit
 APP, DEV = pb.CLIENT_TYPE_APPLICATION, pb.CLIENT_TYPE_DEVICE
 
 
-def sessions() -> dict[str, pb.SessionInfo]:
+def sessions() -> dict[str, query.SessionRow]:
+    """The table as the service keeps it: records of tbmq.client.session parsed into rows."""
     rows = [("dev-1", DEV, True), ("dev-2", DEV, False), ("app-1", APP, True), ("dev-3", DEV, True)]
-    return {cid: pb.SessionInfo(client_id=cid, client_type=t, connected=c) for cid, t, c in rows}
+    return {cid: query.SessionRow.parse(pb.SessionInfo(client_id=cid, client_type=t, connected=c).SerializeToString())
+            for cid, t, c in rows}
+
+
+def test_a_session_row_keeps_what_the_api_shows_and_the_writes_need():
+    info = pb.SessionInfo(client_id="dev-9", service_id="connector-2", session_id="s-1", client_type=APP,
+                          connected=True, clean_start=True, persistent=True, session_expiry_interval=3600,
+                          mqtt_version=5, keep_alive=30, connected_at_ms=1_796_000_000_123,
+                          disconnected_at_ms=1_796_000_000_999, client_address="10.0.0.7:40001", username="fleet",
+                          connector_incarnation="inc-7", last_request_id="r-1", awaiting_pubrel=[3, 4])
+    row = query.SessionRow.parse(info.SerializeToString())
+    assert query.session_json(row) == query.session_json(info)
+    shown = query.session_json(row)
+    assert shown["client_address"] == "10.0.0.7:40001" and shown["username"] == "fleet"
+    # the disconnect and clear commands name the session by these
+    assert (row.service_id, row.session_id, row.connector_incarnation) == ("connector-2", "s-1", "inc-7")
+    assert not hasattr(row, "__dict__")  # slots: what keeps a row small
 
 
 def test_sessions_filter_by_prefix_connected_and_type_sorted():

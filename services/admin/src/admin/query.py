@@ -6,6 +6,7 @@ dicts back.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,30 @@ CLIENT_TYPES = {pb.CLIENT_TYPE_DEVICE: "DEVICE", pb.CLIENT_TYPE_APPLICATION: "AP
 
 class BadQuery(ValueError):
     """A bad query parameter (the API answers 400 with its message)."""
+
+
+class SessionRow:
+    """What the admin service keeps of a tbmq.client.session record: the fields its API shows and its writes
+    need, in slots. A parsed SessionInfo costs about 1,350 bytes of memory, this about 500 (the service holds
+    one per session of the cluster: a million devices are a million rows); connector and incarnation names,
+    shared by many sessions, are interned."""
+
+    __slots__ = ("client_id", "client_type", "connected", "persistent", "service_id", "session_id", "clean_start",
+                 "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms",
+                 "client_address", "username", "connector_incarnation")
+
+    @classmethod
+    def of(cls, s: pb.SessionInfo) -> "SessionRow":
+        row = cls()
+        for name in cls.__slots__:
+            setattr(row, name, getattr(s, name))
+        row.service_id = sys.intern(s.service_id)
+        row.connector_incarnation = sys.intern(s.connector_incarnation)
+        return row
+
+    @classmethod
+    def parse(cls, value: bytes) -> "SessionRow":
+        return cls.of(pb.SessionInfo.FromString(value))
 
 
 @dataclass(frozen=True)
@@ -70,7 +95,7 @@ def client_type_name(t: int) -> str:
 
 # -- records as JSON ---------------------------------------------------------------------------------------
 
-def session_json(s: pb.SessionInfo) -> dict:
+def session_json(s: SessionRow | pb.SessionInfo) -> dict:
     return {"client_id": s.client_id, "client_type": client_type_name(s.client_type), "connected": s.connected,
             "persistent": s.persistent, "service_id": s.service_id, "session_id": s.session_id,
             "clean_start": s.clean_start, "session_expiry_interval": s.session_expiry_interval,
@@ -98,7 +123,7 @@ def retained_json(m: pb.PublishMsg) -> dict:
 
 # -- filters ------------------------------------------------------------------------------------------------
 
-def filter_sessions(sessions: Mapping[str, pb.SessionInfo], params: Mapping[str, str]) -> list[dict]:
+def filter_sessions(sessions: Mapping[str, SessionRow], params: Mapping[str, str]) -> list[dict]:
     """Sessions matching `client_id` (prefix), `connected` (true/false) and `client_type` (DEVICE/APPLICATION),
     sorted by client id."""
     prefix = params.get("client_id", "")
@@ -177,7 +202,7 @@ def stats_json(windows: Mapping[int, pb.UsageStats], since_ms: int = 0, limit: i
     return out
 
 
-def overview(sessions: Mapping[str, pb.SessionInfo], subs: Mapping[str, pb.ClientSubscriptions],
+def overview(sessions: Mapping[str, SessionRow], subs: Mapping[str, pb.ClientSubscriptions],
              retained: Mapping[str, pb.PublishMsg]) -> dict:
     """Counts of the tables."""
     return {"sessions": len(sessions), "connected": sum(1 for s in sessions.values() if s.connected),

@@ -94,7 +94,7 @@ class AdminService(Service):
                              previous=tuple(s.encode() for s in settings.token_secret_previous))
         # ADMIN_LOGIN_FAILURES in a burst, refilled over the window; the last one bars the address that long
         self.failed_logins = FailedLogins(settings.login_failures, settings.login_window_s, settings.login_window_s)
-        self.sessions: dict[str, pb.SessionInfo] = {}
+        self.sessions: dict[str, query.SessionRow] = {}  # compact rows, not parsed protobufs
         self.subs: dict[str, pb.ClientSubscriptions] = {}
         self.retained: dict[str, pb.PublishMsg] = {}
         self.windows: dict[int, pb.UsageStats] = {}
@@ -119,7 +119,7 @@ class AdminService(Service):
                             layout=s.topic_layout)
         self.views = CompactedViews(s.bootstrap, client_id=f"{s.instance_id}-views")
         # tbmq.sys.historical.data: key = window start (Unix ms, decimal); the last record per key wins
-        for topic, apply in zip(READ, (_table(self.sessions, pb.SessionInfo.FromString),
+        for topic, apply in zip(READ, (_table(self.sessions, query.SessionRow.parse),
                                        _table(self.subs, pb.ClientSubscriptions.FromString),
                                        _table(self.retained, pb.PublishMsg.FromString),
                                        _table(self.windows, pb.UsageStats.FromString, key=int),
