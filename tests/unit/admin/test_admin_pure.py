@@ -68,11 +68,12 @@ def test_paging_limit_offset_and_next_offset():
             query.Page.of(bad)
 
 
-def subs() -> dict[str, pb.ClientSubscriptions]:
+def subs() -> dict[str, query.SubscriptionsRow]:
     def t(f, share="", qos=0):
         return pb.TopicSubscription(topic_filter=f, share_name=share, qos=qos)
-    return {"a": pb.ClientSubscriptions(client_id="a", subscriptions=[t("s/+/temp", qos=1), t("j/#", "g1")]),
+    sets = {"a": pb.ClientSubscriptions(client_id="a", subscriptions=[t("s/+/temp", qos=1), t("j/#", "g1")]),
             "b": pb.ClientSubscriptions(client_id="b", subscriptions=[t("j/#", "g1", 2), t("x", "g2")])}
+    return {cid: query.SubscriptionsRow.parse(c.SerializeToString()) for cid, c in sets.items()}  # as kept
 
 
 def test_subscription_filter_and_shared_groups():
@@ -86,6 +87,22 @@ def test_subscription_filter_and_shared_groups():
                       {"share_name": "g2", "topic_filter": "x", "members": [{"client_id": "b", "qos": 0}]}]
     o = query.overview(sessions(), subs(), {})
     assert (o["sessions"], o["connected"], o["subscriptions"], o["shared_groups"]) == (4, 3, 4, 2)
+    # the overview counts the groups without listing them; one more member of g2 is not one more group
+    more = subs()
+    more["c"] = query.SubscriptionsRow.parse(pb.ClientSubscriptions(client_id="c", subscriptions=[
+        pb.TopicSubscription(topic_filter="x", share_name="g2"),
+        pb.TopicSubscription(topic_filter="y", share_name="g2"), pb.TopicSubscription(topic_filter="x")]
+    ).SerializeToString())
+    assert query.overview(sessions(), more, {})["shared_groups"] == len(query.shared_groups(more)) == 3
+
+
+def test_a_subscription_row_keeps_every_field_the_api_shows():
+    t = pb.TopicSubscription(topic_filter="a/+/b", qos=2, share_name="g", no_local=True, retain_as_published=True,
+                             retain_handling=pb.RETAIN_HANDLING_SEND_IF_NOT_EXISTS, subscription_id=7)
+    (row,) = query.SubscriptionsRow.parse(
+        pb.ClientSubscriptions(client_id="c", subscriptions=[t]).SerializeToString()).subscriptions
+    assert query.subscription_json("c", row) == query.subscription_json("c", t)
+    assert not hasattr(row, "__dict__")
 
 
 def test_retained_listing_text_and_binary_payloads():

@@ -95,7 +95,7 @@ class AdminService(Service):
         # ADMIN_LOGIN_FAILURES in a burst, refilled over the window; the last one bars the address that long
         self.failed_logins = FailedLogins(settings.login_failures, settings.login_window_s, settings.login_window_s)
         self.sessions: dict[str, query.SessionRow] = {}  # compact rows, not parsed protobufs
-        self.subs: dict[str, pb.ClientSubscriptions] = {}
+        self.subs: dict[str, query.SubscriptionsRow] = {}
         self.retained: dict[str, pb.PublishMsg] = {}
         self.windows: dict[int, pb.UsageStats] = {}
         self.credentials: dict[str, Credential] = {}   # tbmq.security.credentials (the tbmq CLI's store)
@@ -120,7 +120,7 @@ class AdminService(Service):
         self.views = CompactedViews(s.bootstrap, client_id=f"{s.instance_id}-views")
         # tbmq.sys.historical.data: key = window start (Unix ms, decimal); the last record per key wins
         for topic, apply in zip(READ, (_table(self.sessions, query.SessionRow.parse),
-                                       _table(self.subs, pb.ClientSubscriptions.FromString),
+                                       _table(self.subs, query.SubscriptionsRow.parse),
                                        _table(self.retained, pb.PublishMsg.FromString),
                                        _table(self.windows, pb.UsageStats.FromString, key=int),
                                        _keyed_table(self.credentials, Credential.from_json),
