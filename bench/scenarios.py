@@ -145,6 +145,10 @@ class Runner:
         return (sum(procs[k]["cpu_s"] for k in labels), sum(procs[k]["cpu_pct"] for k in labels),
                 sum(procs[k]["rss_mb"] for k in labels))
 
+    def _broker_window(self, win: dict) -> dict:
+        """The window since `win` (ProcMonitor.window_end) of the broker's processes only."""
+        return {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
+
     def measure_idle(self) -> dict:
         """Idle CPU of the broker's processes: nothing connected for `idle_warmup` s, then a window of
         `idle_window` s. → {"processes": {label: {cpu_s, cpu_pct, rss_mb}}, "total_pct", "after_s"}; also
@@ -153,7 +157,7 @@ class Runner:
         time.sleep(max(p.idle_warmup, 0.0))
         win = self.mon.window_start()
         time.sleep(max(p.idle_window, 0.5))
-        procs = {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
+        procs = self._broker_window(win)
         total = round(self._broker_cpu(procs)[1], 1)
         self.idle_pct = total
         return {"processes": procs, "total_pct": total, "after_s": p.idle_warmup, "window_s": p.idle_window}
@@ -486,7 +490,7 @@ class Runner:
             held_rss = self._rss_now()
             win = self.mon.window_start()
             time.sleep(p.hold_window)
-            procs = {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
+            procs = self._broker_window(win)
             still = sum(r["open"] for r in self.gen.call("held", {}, timeout=30))
             self.gen.call("release", {}, timeout=60)
             self.cooldown()
