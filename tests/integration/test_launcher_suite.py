@@ -219,13 +219,13 @@ async def test_port_plan_and_environment_of_the_real_services():
                   ws_port=18083, wss_port=18084)
     assert moved.tls_ports == [18883, 18884] and moved.ws_ports == [18083, 18183]
     assert moved.wss_ports == [18084, 18184]
-    assert env["DEVICE_PERSISTENCE_GRPC_TARGET"] == "localhost:50061"
-    assert env["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:50061"
+    assert env["DEVICE_PERSISTENCE_GRPC_TARGET"] == "localhost:9061"
+    assert env["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:9061"
     assert Suite(instances={"device-persistence": 2}, run_dir="/tmp/unused").service_environment(
-        "connector")["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:50061,localhost:50161"
-    assert env["APP_DELIVERY_GRPC_TARGETS"] == "localhost:50062,localhost:50162"
-    assert s.service_environment("device-persistence")["DEVICE_PERSISTENCE_GRPC_PORT"] == "50061"
-    assert s.service_environment("app-delivery", 2)["APP_DELIVERY_GRPC_PORT"] == "50162"
+        "connector")["DEVICE_PERSISTENCE_GRPC_TARGETS"] == "localhost:9061,localhost:9161"
+    assert env["APP_DELIVERY_GRPC_TARGETS"] == "localhost:9062,localhost:9162"
+    assert s.service_environment("device-persistence")["DEVICE_PERSISTENCE_GRPC_PORT"] == "9061"
+    assert s.service_environment("app-delivery", 2)["APP_DELIVERY_GRPC_PORT"] == "9162"
     assert len({p.health_port for p in s.procs.values()}) == len(s.procs)
     # the admin service: API and web UI on 8080, health on 8088, every instance's health endpoint, the users file
     admin = s.service_environment("admin")

@@ -147,7 +147,7 @@ def test_shared_filters_match_and_cap():
 
 def test_settings_defaults_and_launcher_port():
     s = load_settings({})
-    assert (s.grpc_port, s.health_port, s.service_name) == (50062, 8085, "app-delivery")
+    assert (s.grpc_port, s.health_port, s.service_name) == (9062, 8085, "app-delivery")
     assert load_settings({"GRPC_PORT": "6000"}).grpc_port == 6000
     assert load_settings({"GRPC_PORT": "6000", "APP_DELIVERY_GRPC_PORT": "7000"}).grpc_port == 7000
     with pytest.raises(SettingsError) as e:

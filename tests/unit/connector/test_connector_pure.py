@@ -238,7 +238,7 @@ def test_no_expiry_means_none():
 def test_settings_defaults_and_errors(monkeypatch):
     s = load(ConnectorSettings, {})
     assert s.instance_id == "connector-1" and s.mqtt_port == 1883 and s.health_port == 8081
-    assert s.app_delivery_grpc_targets == ("localhost:50062",)
+    assert s.app_delivery_grpc_targets == ("localhost:9062",)
     s = load(ConnectorSettings, {"TBMQ_SERVICE_ID": "c-7", "APP_DELIVERY_GRPC_TARGETS": "a:1,b:2"})
     assert s.instance_id == "c-7" and s.app_delivery_grpc_targets == ("a:1", "b:2")
     import socket

@@ -18,7 +18,7 @@ def test_defaults():
     s = load_settings({})
     assert isinstance(s, DevicePersistenceSettings)
     assert (s.service_name, s.instance_id, s.health_port, s.grpc_port) == (
-        "device-persistence", "device-persistence-1", 8087, 50061)
+        "device-persistence", "device-persistence-1", 8087, 9061)
     assert s.redis_url == "redis://localhost:6380/0" and s.redis_cluster_nodes == ()
     assert (s.messages_limit, s.messages_ttl_s) == (1_000_000, 604800)
     cfg = s.store_config()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tbmq_platform.topics import PROFILES
 
-from .launcher import Suite
+from .launcher import Suite, SuiteError
 
 COMPOSE_GRPC_HOSTS = ("device-persistence", "app-delivery")  # the gRPC servers of compose.yaml
 from .services import ORDER
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),
             spark_start_timeout=args.spark_start_timeout, supervise=not args.no_restart)
-    except ValueError as e:
+    except (ValueError, SuiteError) as e:  # a bad setting or port plan: one message, nothing started
         print(f"launcher: {e}", file=sys.stderr)
         return 2
     return asyncio.run(_run(suite))

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from tbmq_platform.settings import APP_DELIVERY_GRPC_PORT, DEVICE_PERSISTENCE_GRPC_PORT
+
 from .process import death_signal_preexec, kill_group, tail
 
 
@@ -61,10 +63,10 @@ SERVICES: dict[str, ServiceDef] = {
     s.name: s
     for s in (
         ServiceDef("session-registry", "session_registry", health_port=8086),
-        ServiceDef("device-persistence", "device_persistence", health_port=8087, grpc_port=50061,
+        ServiceDef("device-persistence", "device_persistence", health_port=8087, grpc_port=DEVICE_PERSISTENCE_GRPC_PORT,
                    grpc_port_env="DEVICE_PERSISTENCE_GRPC_PORT",
                    grpc_callers=("connector", "router", "session-registry")),
-        ServiceDef("app-delivery", "app_delivery", health_port=8085, grpc_port=50062,
+        ServiceDef("app-delivery", "app_delivery", health_port=8085, grpc_port=APP_DELIVERY_GRPC_PORT,
                    grpc_port_env="APP_DELIVERY_GRPC_PORT", grpc_callers=("connector",)),
         ServiceDef("router", "router", health_port=8082),
         ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883, tls_port=8883, ws_port=8083,

@@ -3,8 +3,8 @@ connector, the router and the session registry call.
 
     tls = settings.grpc_tls                       # GRPC_TLS_CERT_FILE, _KEY_FILE, _CA_FILE, _SERVER_NAME, _PEER_NAMES
     server = grpc.aio.server(interceptors=tls.server_interceptors())
-    port = tls.add_port(server, "0.0.0.0:50061")  # a server's listening port (TLS or plaintext)
-    channel = tls.channel("dp-1:50061", options=CHANNEL_OPTIONS)   # a client's channel
+    port = tls.add_port(server, "0.0.0.0:9061")  # a server's listening port (TLS or plaintext)
+    channel = tls.channel("dp-1:9061", options=CHANNEL_OPTIONS)   # a client's channel
 
 Guarantee, when the three files are set: a server of the suite completes a handshake only with a peer that
 presents a certificate chaining to GRPC_TLS_CA_FILE (a client without one, with one of another CA, or speaking

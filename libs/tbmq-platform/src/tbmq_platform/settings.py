@@ -137,12 +137,22 @@ def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
                    "record (0 = always at once); tbmq_platform.coalesce")
 
 
+# The default ports of the gRPC listeners (instance i > 1 under the launcher: + 100 * (i - 1)). Below the
+# kernel's ephemeral range (Linux 32768-60999, IANA 49152-65535): a port in it can be the local port of any
+# outgoing connection on the host (a Kafka or Redis client, an MQTT client of a test or a fleet simulator),
+# and while that connection is open or in TIME_WAIT a listener cannot bind the port, SO_REUSEADDR or not,
+# so the service fails to start ("address already in use"): 50061/50062, the defaults until 2026-12-01, did
+# after a burst of client connections on the host (docs/architecture.md, the default ports).
+DEVICE_PERSISTENCE_GRPC_PORT = 9061
+APP_DELIVERY_GRPC_PORT = 9062
+
+
 def device_persistence_targets_env(use: str) -> Any:
     """`DEVICE_PERSISTENCE_GRPC_TARGETS`, read by every service that reaches device-persistence (the connector
     and the router). A client id picks one instance by its place in this list (tbmq_platform.peers.pick_target),
     so the list must be the same, in the same order, in every one of them. `use` says what this service does
     with it."""
-    return env("DEVICE_PERSISTENCE_GRPC_TARGETS", ("localhost:50061",), parse=targets,
+    return env("DEVICE_PERSISTENCE_GRPC_TARGETS", (f"localhost:{DEVICE_PERSISTENCE_GRPC_PORT}",), parse=targets,
                fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
                doc=f"device-persistence gRPC addresses (comma list, at least one; the same list in the same "
                    f"order in every connector and router): {use}; when unset, DEVICE_PERSISTENCE_GRPC_TARGET")

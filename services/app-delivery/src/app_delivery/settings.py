@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (CommonSettings, boolean, env, fetch_window_env, integer, load, load_or_exit,
+from tbmq_platform.settings import (APP_DELIVERY_GRPC_PORT, CommonSettings, boolean, env, fetch_window_env, integer, load, load_or_exit,
                                     number, port)
 
 
@@ -14,7 +14,7 @@ class AppDeliverySettings(CommonSettings):
     service_name: str = "app-delivery"
     health_port: int = env("HEALTH_PORT", 8085, parse=port, doc="health/readiness HTTP port (0 = any)")
 
-    grpc_port: int = env("APP_DELIVERY_GRPC_PORT", 50062, parse=port, fallback="GRPC_PORT",
+    grpc_port: int = env("APP_DELIVERY_GRPC_PORT", APP_DELIVERY_GRPC_PORT, parse=port, fallback="GRPC_PORT",
                          doc="gRPC port of the AppDelivery service (0 = any free port); when unset, the "
                              "launcher's GRPC_PORT is used")
     grpc_host: str = env("APP_DELIVERY_GRPC_HOST", "0.0.0.0", fallback="GRPC_HOST",
