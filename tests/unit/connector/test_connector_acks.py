@@ -117,6 +117,80 @@ async def test_failed_calls_are_retried_with_backoff_not_dropped():
     await b.close()
 
 
+class MarkingCall(FakeCall):
+    """Records, per attempt, the PUBRECs it carried and how many calls carrying PUBRECs were in flight; the
+    first `fail_marks` attempts that carry PUBRECs fail (device-persistence answered while Redis restarted)."""
+
+    def __init__(self, fail_marks: int, gate: asyncio.Event) -> None:
+        super().__init__(gate=gate)
+        self.fail_marks = fail_marks
+        self.marking_in_flight = 0
+        self.most_marking_in_flight = 0
+        self.carried: list[list[int]] = []
+
+    async def __call__(self, request, timeout=None, metadata=None):
+        pids = [p.packet_id for p in request.pubrecs]
+        self.carried.append(pids)
+        self.attempts += 1
+        self.marking_in_flight += bool(pids)
+        self.most_marking_in_flight = max(self.most_marking_in_flight, self.marking_in_flight)
+        try:
+            await self.gate.wait()
+            if pids and self.fail_marks > 0:
+                self.fail_marks -= 1
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                           details="Redis restarting")
+            self.requests.append(request)
+        finally:
+            self.marking_in_flight -= bool(pids)
+
+
+async def test_pubrec_marks_are_applied_in_order_one_call_at_a_time_also_across_a_failure():
+    """A later PUBREC's mark must never be applied while an earlier one's waits for a retry: a session resumed
+    meanwhile would get PUBREL for the later message before the PUBLISH of the earlier one [MQTT-4.6.0-4]
+    (tests/e2e/durability/test_supervision.py, the Redis restart with QoS 2, caught it). Removals still go
+    in parallel calls."""
+    gate = asyncio.Event()
+    call = MarkingCall(fail_marks=1, gate=gate)
+    b = AckBatcher(call, 1.0, delay_s=0.001, pubrec_delay_s=0.001, max_batch=2, max_calls=4)
+    marked: list[int] = []
+    for pid in (1, 2):
+        b.mark_pubrec("c", pid, done=lambda pid=pid: marked.append(pid))
+    await wait_until(lambda: call.attempts == 1, 2.0, "the first call carrying PUBRECs")
+    for pid in (3, 4, 5):
+        b.mark_pubrec("c", pid, done=lambda pid=pid: marked.append(pid))
+    b.acknowledge("c", 10)
+    await wait_until(lambda: call.attempts == 2, 2.0, "a call with the removal")
+    for _ in range(10):
+        await asyncio.sleep(0)  # a second call with PUBRECs would start now if they were not held
+    assert call.carried == [[1, 2], []]  # 3, 4, 5 wait behind the call carrying 1 and 2
+    gate.set()  # the first call fails (Redis restarting), then every call goes through
+    assert await b.drain(5.0)
+    assert call.most_marking_in_flight == 1
+    assert call.pubrecs() == [("c", p) for p in (1, 2, 3, 4, 5)]  # applied in PUBREC order
+    assert [pids for pids in call.carried if pids] == [[1, 2], [1, 2], [3, 4], [5]]
+    assert marked == [1, 2, 3, 4, 5]
+    assert call.acks() == [("c", 10)]
+    await b.close()
+
+
+async def test_settle_also_waits_for_the_pubrecs_held_behind_the_call_in_flight():
+    gate = asyncio.Event()
+    call = MarkingCall(fail_marks=0, gate=gate)
+    b = AckBatcher(call, 1.0, delay_s=5.0, pubrec_delay_s=0.001, max_batch=10)
+    b.mark_pubrec("c", 1)
+    await wait_until(lambda: call.attempts == 1, 2.0, "the call carrying the first PUBREC")
+    b.mark_pubrec("c", 2)  # held: the call carrying 1 is in flight
+    settling = asyncio.ensure_future(b.settle(2.0))  # e.g. before the fetch of a reconnecting client
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not settling.done() and call.carried == [[1]]
+    gate.set()
+    await settling
+    assert call.pubrecs() == [("c", 1), ("c", 2)]  # both applied before the fetch goes out
+    await b.close()
+
+
 async def test_invalid_argument_is_not_retried():
     call = FakeCall(fail=1, code=grpc.StatusCode.INVALID_ARGUMENT)
     b = AckBatcher(call, 1.0, delay_s=0.001)

@@ -78,7 +78,13 @@ class AckBatcher:
     A call goes out `delay_s` after the first ack waiting — `pubrec_delay_s` after the first PUBREC when
     that is sooner: a PUBREC's mark gates the client's PUBREL, a removal gates nothing the client sees — or
     at once when `max_batch` are waiting; at most `max_calls` calls are in flight (more acks wait and join
-    the next call, so batches grow with the load). Every call is one gRPC message up and one down, each a
+    the next call, so batches grow with the load), and of them at most ONE carries PUBRECs: the marks are
+    applied in the order the client sent its PUBRECs, also when a call fails and is retried. Otherwise a later
+    call could be applied while an earlier one waits for its retry (device-persistence answered the first
+    while Redis restarted, the second once it was back), and a session resumed meanwhile (on any connector)
+    would get PUBREL for a later message before the PUBLISH of an earlier one: its QoS 2 messages released
+    out of the order of their PUBRECs [MQTT-4.6.0-4] (a client that delivers at PUBREL, as paho does, hands
+    them to the application out of order). Every call is one gRPC message up and one down, each a
     wake-up of gRPC's poller thread on both sides: the longer removal delay is what keeps their number per
     message small at load (docs/performance.md, "The twelfth round").
     A call that fails is logged and its acks are put back and retried with backoff (tbmq_platform.backoff:
@@ -101,6 +107,7 @@ class AckBatcher:
         self._pubrecs: list[tuple[str, int, Callable[[], None] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._calls: set[asyncio.Task] = set()
+        self._marking: asyncio.Task | None = None  # the call in flight that carries PUBRECs
         self._backoff = Backoff()    # active while device-persistence fails: the delay before the next call
         self._closed = False
         self.stats = {"ack_calls": 0, "acks_sent": 0, "pubrecs_sent": 0, "ack_call_failures": 0}
@@ -147,18 +154,24 @@ class AckBatcher:
 
     def _flush(self) -> None:
         """Send what waits, in calls of at most max_batch, while fewer than max_calls are in flight (the
-        rest goes when a call finishes)."""
+        rest goes when a call finishes); PUBRECs only while no other call carries some (they keep their order)."""
         n = self.max_batch
-        while (self._acks or self._pubrecs) and len(self._calls) < self.max_calls:
+        while (self._acks or (self._pubrecs and self._marking is None)) and len(self._calls) < self.max_calls:
             acks, self._acks = self._acks[:n], self._acks[n:]
-            room = n - len(acks)
-            pubrecs, self._pubrecs = self._pubrecs[:room], self._pubrecs[room:]
+            pubrecs = []
+            if self._marking is None:
+                room = n - len(acks)
+                pubrecs, self._pubrecs = self._pubrecs[:room], self._pubrecs[room:]
             task = asyncio.get_running_loop().create_task(self._send(acks, pubrecs))
             self._calls.add(task)
+            if pubrecs:
+                self._marking = task
             task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task) -> None:
         self._calls.discard(task)
+        if task is self._marking:
+            self._marking = None
         if (self._acks or self._pubrecs) and self._timer is None:
             if self._closed:
                 return
@@ -215,13 +228,24 @@ class AckBatcher:
         before this call (not those made meanwhile). Returns at once while backing off after a failure."""
         if self._backoff.active:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._flush()
+        held = len(self._pubrecs)  # PUBRECs behind the call that carries earlier ones: they go once it is done
         waiting = set(self._calls)
         if waiting:
             await asyncio.wait(waiting, timeout=timeout)
+        left = deadline - loop.time()
+        if held and self._pubrecs and self._marking is None and not self._backoff.active and left > 0:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._flush()
+            if self._marking is not None:
+                await asyncio.wait({self._marking}, timeout=left)
         if (self._acks or self._pubrecs) and self._timer is None and not self._calls:
             self._arm()
 

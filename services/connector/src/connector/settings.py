@@ -320,7 +320,8 @@ class ConnectorSettings(CommonSettings):
         doc="acknowledgements per batch, at most (a full batch goes at once)")
     ack_max_calls: int = env(
         "DEVICE_ACK_MAX_CALLS", ACK_MAX_CALLS, parse=integer(1, 1000),
-        doc="acknowledgement batches in flight at once; more acknowledgements wait for the next one")
+        doc="acknowledgement batches in flight at once (of them at most one with PUBRECs, which keep their "
+            "order); more acknowledgements wait for the next one")
     fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
     producer_linger_ms: float = env(
         "CONNECTOR_PRODUCER_LINGER_MS", WINDOW_MS, parse=number(0),

@@ -468,25 +468,31 @@ class DeviceMsgStore:
                 if self.observe is not None:
                     self.observe(name, time.perf_counter() - t0)
 
-    async def _call_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """One EVALSHA per call, pipelined (chunks of pipeline_chunk run concurrently; in cluster mode the
-        pipeline is split per node). Calls refused with NOSCRIPT are retried after reloading the script
-        (NOSCRIPT means the script did not run, so the retry cannot apply anything twice)."""
+    async def _call_many(self, name: str, calls: list[tuple[list[str], list[Any]]], *,
+                         ordered: bool = False) -> list[Any]:
+        """One EVALSHA per call, pipelined (chunks of pipeline_chunk run concurrently, or with `ordered` one
+        after the other, none after one that failed; in cluster mode the pipeline is split per node). Calls
+        refused with NOSCRIPT are retried after reloading the script (NOSCRIPT means the script did not run,
+        so the retry cannot apply anything twice)."""
         script = self._scripts[name]
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         t0 = time.perf_counter()
         try:
-            return await self._call_many_attempts(name, script, calls, results, todo)
+            return await self._call_many_attempts(name, script, calls, results, todo, ordered)
         finally:
             if self.observe is not None:
                 self.observe(name, time.perf_counter() - t0)
 
-    async def _call_many_attempts(self, name: str, script: Any, calls, results: list[Any], todo: list[int]):
+    async def _call_many_attempts(self, name: str, script: Any, calls, results: list[Any], todo: list[int],
+                                  ordered: bool = False):
         for attempt in range(3):
             chunk = self.config.pipeline_chunk
             parts = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]
-            replies = await asyncio.gather(*(self._pipeline(script, calls, p) for p in parts))
+            if ordered:
+                replies = [await self._pipeline(script, calls, p) for p in parts]
+            else:
+                replies = await asyncio.gather(*(self._pipeline(script, calls, p) for p in parts))
             retry = []
             for part, rep in zip(parts, replies):
                 for idx, r in zip(part, rep):
@@ -824,8 +830,11 @@ class DeviceMsgStore:
             marks.append((client_id, pid))
         marked = acknowledged = 0
         if marks:
+            # in order, one pipeline after the other: when Redis fails midway, the marks applied are the first
+            # ones (the connector retries the rest), so a resumed session never finds a later PUBREC marked
+            # and an earlier one not (its PUBRELs would overtake that PUBLISH, MQTT-4.6.0-4)
             replies = await self._call_many(
-                "mark_pubrec", [(self._pubrec_keys(cid), [pid]) for cid, pid in marks])
+                "mark_pubrec", [(self._pubrec_keys(cid), [pid]) for cid, pid in marks], ordered=True)
             marked = sum(int(r) for r in replies)
         if by_client:
             items = [(self._ack_keys(cid), ",".join(map(str, pids))) for cid, pids in by_client.items()]
