@@ -154,8 +154,10 @@ def test_gone_non_persistent_session_is_removed_with_its_subscriptions(ctype):
     out = logic.decide(s, gone(s), RULES, NOW)
     assert out.kind == "connector-gone-removed" and out.write_session and out.session is None
     assert out.clear_subscriptions == pb.ClientSubscriptions(client_id="c1", client_type=ctype)
-    assert out.device_clear == ("c1" if ctype == DEVICE else "")
+    assert out.device_clear == ""   # a non-persistent session that owes no Clear stored nothing
     assert out.reset_app_offsets == ("c1" if ctype == APPLICATION else "")
+    s.clear_at_end = True           # its CONNECT had found an earlier DEVICE session
+    assert logic.decide(s, gone(s), RULES, NOW).device_clear == ("c1" if ctype == DEVICE else "")
 
 
 @pytest.mark.parametrize("sei", [0, 3600])

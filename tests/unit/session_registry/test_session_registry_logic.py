@@ -354,12 +354,36 @@ def test_disconnect_persistent_keeps_session():
 
 def test_disconnect_non_persistent_removes_session():
     prior = stored(sid="s1", sei=0, persistent=False)
+    prior.clear_at_end = True   # its CONNECT found an earlier DEVICE session: the store owes a Clear
     out = logic.decide(prior, disc_req(sid="s1"), RULES, NOW)
     assert out.write_session and out.session is None
     assert out.clear_subscriptions is not None and out.device_clear == "c1"
-    # Clear failing: a dead record stays for the expiry scan
-    assert out.fallback.session is not None and not out.fallback.session.persistent
-    assert logic.needs_cleanup(out.fallback.session, NOW)
+    # Clear failing: a dead record stays for the expiry scan, still owing the Clear
+    dead = out.fallback.session
+    assert dead is not None and not dead.persistent and dead.clear_at_end
+    assert logic.needs_cleanup(dead, NOW)
+    assert logic.decide(dead, logic.clear_request(dead, "x1", NOW + 1), RULES, NOW + 1).device_clear == "c1"
+
+
+def test_a_clean_session_that_found_no_device_session_ends_without_a_clear():
+    """The common clean-session churn: nothing was stored for it, so its removal makes no device-persistence
+    call (about a third of the stack's CPU per connect and disconnect, docs/performance.md, the 26th round)."""
+    first = logic.decide(None, conn_req(sid="s1", clean=True, sei=0), RULES, NOW)
+    assert not first.session.persistent and not first.session.clear_at_end and first.device_clear == ""
+    end = logic.decide(first.session, disc_req(sid="s1"), RULES, NOW + 5)
+    assert end.kind == "removed" and end.session is None and end.clear_subscriptions is not None
+    assert end.device_clear == ""
+    assert not end.fallback.session.clear_at_end
+    # one that followed a DEVICE session (persistent or not) clears at its CONNECT without blocking and again
+    # at its end: that Clear may have failed, and a router not up to date may have stored copies meanwhile
+    for prior in (stored(connected=False, disconnected_at=NOW - 1000), first.session):
+        again = logic.decide(prior, conn_req(sid="s2", rid="r2", clean=True, sei=0), RULES, NOW + 10)
+        assert again.device_clear == "c1" and again.device_clear_deferrable and again.session.clear_at_end
+        assert logic.decide(again.session, disc_req(sid="s2"), RULES, NOW + 20).device_clear == "c1"
+    # a persistent session is always cleared at its removal, and is not flagged (persistent says it)
+    kept = logic.decide(None, conn_req(sid="s3", clean=True, sei=60), RULES, NOW)
+    assert kept.session.persistent and not kept.session.clear_at_end
+    assert logic.decide(kept.session, disc_req(sid="s3", sei=0), RULES, NOW + 5).device_clear == "c1"
 
 
 def test_disconnect_changes_expiry():
@@ -486,6 +510,7 @@ def test_device_to_application_clear_does_not_block():
 
 def test_deferrable_only_for_connects():
     prior = stored(connected=True, persistent=False, sei=0, sid="s1")
+    prior.clear_at_end = True
     removal = logic.decide(prior, disc_req(sid="s1"), RULES, NOW)
     assert removal.device_clear == "c1" and not removal.device_clear_deferrable
     assert removal.fallback.kind == "removal-deferred"

@@ -336,6 +336,9 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
         mqtt_version=conn.mqtt_version, keep_alive=conn.keep_alive, connected_at_ms=now_ms,
         disconnected_at_ms=0, client_address=conn.client_address, username=conn.username,
         last_request_id=req.request_id, connector_incarnation=conn.connector_incarnation)
+    # a non-persistent DEVICE session whose CONNECT clears an earlier DEVICE session's store without blocking:
+    # its removal clears again (SessionInfo.clear_at_end); one that found no DEVICE session stores nothing
+    out.session.clear_at_end = bool(out.device_clear) and client_type == DEVICE and not persistent
     if conn.HasField("will"):
         out.session.will.CopyFrom(conn.will)
         out.session.will_delay = conn.will_delay
@@ -360,11 +363,16 @@ def decide_connect(stored: pb.SessionInfo | None, req: pb.SessionEventRequest, r
 
 
 def _removal(kind: str, stored: pb.SessionInfo, now_ms: int) -> Outcome:
-    """Remove a session with its subscriptions and stored messages."""
+    """Remove a session with its subscriptions and stored messages: a DEVICE session that kept messages
+    (persistent), or whose store still owes a Clear (clear_at_end), is cleared in device-persistence. A
+    non-persistent DEVICE session that found no earlier DEVICE session stored nothing: no call (the common
+    clean-session disconnect; docs/session-registry.md, "Clear that does not block"). Copies a router stored
+    after such a removal (its view of the session not read yet) expire with their TTL, and the next persistent
+    DEVICE session of the client starts with a blocking Clear anyway."""
     cid = stored.client_id
     out = Outcome(kind, write_session=True, session=None,
                   clear_subscriptions=_empty_subscriptions(cid, stored.client_type))
-    if stored.client_type == DEVICE:
+    if stored.client_type == DEVICE and (stored.persistent or stored.clear_at_end):
         out.device_clear = cid
     return out
 
@@ -461,6 +469,7 @@ def _connection_ended(stored: pb.SessionInfo, request_id: str, sei: int, pubrel:
     dead.disconnected_at_ms = now_ms
     dead.session_expiry_interval = 0
     dead.last_request_id = request_id
+    dead.clear_at_end = bool(out.device_clear)   # the Clear still owed: the expiry scan's removal makes it
     del dead.awaiting_pubrel[:]
     _without_will(dead)
     out.fallback = Outcome("removal-deferred", write_session=True, session=dead,

@@ -172,7 +172,7 @@ class DevicePublishMsg(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ..., packet_type: _Optional[_Union[DevicePacketType, str]] = ..., msg: _Optional[_Union[PublishMsg, _Mapping]] = ..., redelivery: _Optional[bool] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay", "taken_over_will")
+    __slots__ = ("client_id", "service_id", "session_id", "client_type", "connected", "clean_start", "persistent", "session_expiry_interval", "mqtt_version", "keep_alive", "connected_at_ms", "disconnected_at_ms", "client_address", "username", "last_request_id", "awaiting_pubrel", "connector_incarnation", "will", "will_delay", "taken_over_will", "clear_at_end")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class SessionInfo(_message.Message):
     WILL_FIELD_NUMBER: _ClassVar[int]
     WILL_DELAY_FIELD_NUMBER: _ClassVar[int]
     TAKEN_OVER_WILL_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_AT_END_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     service_id: str
     session_id: str
@@ -213,7 +214,8 @@ class SessionInfo(_message.Message):
     will: PublishMsg
     will_delay: int
     taken_over_will: TakenOverWill
-    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., connector_incarnation: _Optional[str] = ..., will: _Optional[_Union[PublishMsg, _Mapping]] = ..., will_delay: _Optional[int] = ..., taken_over_will: _Optional[_Union[TakenOverWill, _Mapping]] = ...) -> None: ...
+    clear_at_end: bool
+    def __init__(self, client_id: _Optional[str] = ..., service_id: _Optional[str] = ..., session_id: _Optional[str] = ..., client_type: _Optional[_Union[ClientType, str]] = ..., connected: _Optional[bool] = ..., clean_start: _Optional[bool] = ..., persistent: _Optional[bool] = ..., session_expiry_interval: _Optional[int] = ..., mqtt_version: _Optional[int] = ..., keep_alive: _Optional[int] = ..., connected_at_ms: _Optional[int] = ..., disconnected_at_ms: _Optional[int] = ..., client_address: _Optional[str] = ..., username: _Optional[str] = ..., last_request_id: _Optional[str] = ..., awaiting_pubrel: _Optional[_Iterable[int]] = ..., connector_incarnation: _Optional[str] = ..., will: _Optional[_Union[PublishMsg, _Mapping]] = ..., will_delay: _Optional[int] = ..., taken_over_will: _Optional[_Union[TakenOverWill, _Mapping]] = ..., clear_at_end: _Optional[bool] = ...) -> None: ...
 
 class TakenOverWill(_message.Message):
     __slots__ = ("will", "service_id", "connector_incarnation", "taken_over_at_ms")
