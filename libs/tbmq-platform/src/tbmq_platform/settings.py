@@ -145,6 +145,9 @@ def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
 # after a burst of client connections on the host (docs/architecture.md, the default ports).
 DEVICE_PERSISTENCE_GRPC_PORT = 9061
 APP_DELIVERY_GRPC_PORT = 9062
+# the addresses the callers reach them at by default (one instance on this host)
+DEVICE_PERSISTENCE_GRPC_TARGET = f"localhost:{DEVICE_PERSISTENCE_GRPC_PORT}"
+APP_DELIVERY_GRPC_TARGET = f"localhost:{APP_DELIVERY_GRPC_PORT}"
 
 
 def device_persistence_targets_env(use: str) -> Any:
@@ -152,7 +155,7 @@ def device_persistence_targets_env(use: str) -> Any:
     and the router). A client id picks one instance by its place in this list (tbmq_platform.peers.pick_target),
     so the list must be the same, in the same order, in every one of them. `use` says what this service does
     with it."""
-    return env("DEVICE_PERSISTENCE_GRPC_TARGETS", (f"localhost:{DEVICE_PERSISTENCE_GRPC_PORT}",), parse=targets,
+    return env("DEVICE_PERSISTENCE_GRPC_TARGETS", (DEVICE_PERSISTENCE_GRPC_TARGET,), parse=targets,
                fallback="DEVICE_PERSISTENCE_GRPC_TARGET",
                doc=f"device-persistence gRPC addresses (comma list, at least one; the same list in the same "
                    f"order in every connector and router): {use}; when unset, DEVICE_PERSISTENCE_GRPC_TARGET")

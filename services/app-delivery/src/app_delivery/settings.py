@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (APP_DELIVERY_GRPC_PORT, CommonSettings, boolean, env, fetch_window_env, integer, load, load_or_exit,
-                                    number, port)
+from tbmq_platform.settings import (APP_DELIVERY_GRPC_PORT, CommonSettings, boolean, env, fetch_window_env, integer,
+                                    load, load_or_exit, number, port)
 
 
 @dataclass(frozen=True)

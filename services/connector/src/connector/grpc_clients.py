@@ -152,6 +152,13 @@ class AckBatcher:
         self._timer = None
         self._flush()
 
+    def _send_now(self) -> None:
+        """What waits goes now, not when the armed timer fires."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._flush()
+
     def _flush(self) -> None:
         """Send what waits, in calls of at most max_batch, while fewer than max_calls are in flight (the
         rest goes when a call finishes); PUBRECs only while no other call carries some (they keep their order)."""
@@ -230,20 +237,14 @@ class AckBatcher:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._flush()
+        self._send_now()
         held = len(self._pubrecs)  # PUBRECs behind the call that carries earlier ones: they go once it is done
         waiting = set(self._calls)
         if waiting:
             await asyncio.wait(waiting, timeout=timeout)
         left = deadline - loop.time()
         if held and self._pubrecs and self._marking is None and not self._backoff.active and left > 0:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._flush()
+            self._send_now()
             if self._marking is not None:
                 await asyncio.wait({self._marking}, timeout=left)
         if (self._acks or self._pubrecs) and self._timer is None and not self._calls:
@@ -257,9 +258,7 @@ class AckBatcher:
         while self._acks or self._pubrecs or self._calls:
             if self._acks or self._pubrecs:
                 if self._timer is not None and not self._backoff.active:
-                    self._timer.cancel()
-                    self._timer = None
-                    self._flush()
+                    self._send_now()
                 elif self._timer is None:
                     self._flush()
             left = deadline - loop.time()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tbmq_auth import DEFAULT_PROVIDERS, HTTP, JWT, JwtVerifier, PendingKeys, anonymous_default, parse_providers
 from tbmq_platform.settings import (
-    APP_DELIVERY_GRPC_PORT,
+    APP_DELIVERY_GRPC_TARGET,
     WINDOW_MS,
     CommonSettings,
     boolean,
@@ -288,7 +288,7 @@ class ConnectorSettings(CommonSettings):
     device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
         "one forward stream to each instance; a client's stored messages are on the one its id picks")
     app_delivery_grpc_targets: tuple[str, ...] = env(
-        "APP_DELIVERY_GRPC_TARGETS", (f"localhost:{APP_DELIVERY_GRPC_PORT}",), parse=targets,
+        "APP_DELIVERY_GRPC_TARGETS", (APP_DELIVERY_GRPC_TARGET,), parse=targets,
         doc="app-delivery gRPC addresses (comma list); a client id is pinned to one by hash")
     stored_page_messages: int = env(
         "CONNECTOR_STORED_PAGE_MESSAGES", 2500, parse=integer(1, 65_534),

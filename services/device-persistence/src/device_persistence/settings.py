@@ -31,7 +31,8 @@ class DevicePersistenceSettings(CommonSettings):
     service_name: str = "device-persistence"
     health_port: int = env("HEALTH_PORT", 8087, parse=port, doc="health/readiness HTTP port (0 = any)")
 
-    grpc_port: int = env("DEVICE_PERSISTENCE_GRPC_PORT", DEVICE_PERSISTENCE_GRPC_PORT, parse=port, fallback="GRPC_PORT",
+    grpc_port: int = env("DEVICE_PERSISTENCE_GRPC_PORT", DEVICE_PERSISTENCE_GRPC_PORT, parse=port,
+                         fallback="GRPC_PORT",
                          doc="gRPC port of the DevicePersistence service (0 = any free port); when unset, "
                              "the launcher's GRPC_PORT is used")
     grpc_host: str = env("DEVICE_PERSISTENCE_GRPC_HOST", "0.0.0.0", fallback="GRPC_HOST",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tbmq_platform.settings import DEVICE_PERSISTENCE_GRPC_PORT, CommonSettings, env, integer, nonempty, port
+from tbmq_platform.settings import DEVICE_PERSISTENCE_GRPC_TARGET, CommonSettings, env, integer, nonempty, port
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -39,7 +39,8 @@ class SessionRegistrySettings(CommonSettings):
                               doc="maximum number of sessions (0 = unlimited)")
     application_clients_limit: int = env("MQTT_APPLICATION_CLIENTS_LIMIT", 0, parse=integer(0),
                                          doc="maximum number of APPLICATION sessions (0 = unlimited)")
-    device_persistence_target: str = env("DEVICE_PERSISTENCE_GRPC_TARGET", f"localhost:{DEVICE_PERSISTENCE_GRPC_PORT}", parse=nonempty,
+    device_persistence_target: str = env("DEVICE_PERSISTENCE_GRPC_TARGET", DEVICE_PERSISTENCE_GRPC_TARGET,
+                                         parse=nonempty,
                                          doc="gRPC address of device-persistence (DevicePersistence.Clear)")
     device_clear_timeout_ms: int = env(
         "DEVICE_PERSISTENCE_CLEAR_TIMEOUT_MS", 5000, parse=integer(100),
