@@ -9,13 +9,18 @@ KEYS: 3 per client, client c (1..N) at KEYS[3c-2 .. 3c] (in Redis Cluster the ca
   KEYS[2]  <p>{client}_pids       HASH packet id -> member (handed out, not acknowledged)
   KEYS[3]  <p>{client}_state      HASH; its `bytes` drops by the removed messages' sizes
 ARGV:
-  ARGV[c]  client c's packet ids (1..65535), comma-separated decimal ("7", "7,8,12")
+  ARGV[c]  client c's acknowledgements, comma-separated: a packet id (1..65535) in decimal, or "<id>:<serial>"
+           ("7", "7:1042,8:1043,12"). With a serial the id is applied only while it still names the message of
+           that serial: an acknowledgement retried from an earlier connection finds the id handed to a newer
+           message (freed meanwhile and handed out again) and leaves it alone (not removed, the id stays
+           handed out). Without one, whatever message holds the id is removed.
 Cost: per client and chunk of up to 4000 ids one HMGET, HDEL, ZMSCORE, ZREM and DEL (Redis >= 6.2), never a
   call per id, and one HINCRBY of the state; for a client with one id (the usual batch of a live client) no
   ZMSCORE: ZREM's count says whether it was still stored. An id listed twice counts once.
 Returns: integer, how many of them named a message that still existed (not expired, not already
-  removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired. The packet id is
-  free again either way (only handed-out ids are in KEYS[2]: an id never handed out finds nothing).
+  removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired/another serial. The
+  packet id is free again unless it names another serial (only handed-out ids are in KEYS[2]: an id never
+  handed out finds nothing).
 ]]
 if #KEYS % 3 ~= 0 or #ARGV ~= #KEYS / 3 then
   return redis.error_reply('ERR remove_message: 3 keys per client and one id list each')
@@ -25,13 +30,14 @@ for c = 1, #KEYS / 3 do
   local zkey, pkey, skey = KEYS[3 * c - 2], KEYS[3 * c - 1], KEYS[3 * c]
   local prefix = zkey .. '_'
   local freed = 0
-  local pids, seen = {}, {}
+  local pids, serials, seen = {}, {}, {}
   local n_pids = 0
-  for pid in string.gmatch(ARGV[c] or '', '%d+') do
-    if not seen[pid] then
-      seen[pid] = true
+  for item, pid, serial in string.gmatch(ARGV[c] or '', '((%d+):?(%d*))') do
+    if not seen[item] then
+      seen[item] = true
       n_pids = n_pids + 1
       pids[n_pids] = pid
+      serials[n_pids] = serial  -- '' = any
     end
   end
   -- a few calls per chunk of ids (HMGET, HDEL, ZMSCORE, ZREM, DEL), never a call per id; chunked because
@@ -39,12 +45,15 @@ for c = 1, #KEYS / 3 do
   for s = 1, #pids, 4000 do
     local part = {unpack(pids, s, math.min(s + 3999, #pids))}
     local members = redis.call('HMGET', pkey, unpack(part))
-    local found, found_members, sizes, mkeys = {}, {}, {}, {}
+    local found, found_members, sizes, mkeys, taken = {}, {}, {}, {}, {}
     local n = 0
     for i = 1, #part do
       local member = members[i]
-      if member then
-        local serial, size = member_parts(member)
+      local serial, size
+      if member then serial, size = member_parts(member) end
+      local want = serials[s + i - 1]
+      if member and (want == '' or want == serial) and not taken[member] then  -- "7" and "7:<serial>": once
+        taken[member] = true
         n = n + 1
         found[n] = part[i]
         found_members[n] = member

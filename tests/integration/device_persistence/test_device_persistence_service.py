@@ -160,7 +160,10 @@ async def test_fetch_attach_forward_ack_pubrec_clear(dp):
         for pid in range(1, 11):
             assert (await dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=pid))).found
         assert not (await dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=1))).found
-        assert (await dp.stub.MarkPubrec(spb.PacketRequest(client_id=cid, packet_id=11))).found
+        # with a serial, only the message of that serial: id 12 holds serial 12, so these leave it alone
+        assert not (await dp.stub.Acknowledge(spb.PacketRequest(client_id=cid, packet_id=12, serial=13))).found
+        assert not (await dp.stub.MarkPubrec(spb.PacketRequest(client_id=cid, packet_id=12, serial=13))).found
+        assert (await dp.stub.MarkPubrec(spb.PacketRequest(client_id=cid, packet_id=11, serial=11))).found
 
         # reconnect on connector B before A's Detach arrives
         resp = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(

@@ -118,8 +118,8 @@ async def test_apply_acks_many_clients(store_factory, client_id):
     await take(store, client_id)
     await take(store, other)
     acked, marked = await store.apply_acks(
-        [(client_id, 1), (other, 2), (client_id, 3), (client_id, 1), (other, 999), (client_id, 5)],
-        [(client_id, 4), (other, 3), (other, 77), (client_id, 5)])
+        [(client_id, 1, 0), (other, 2, 0), (client_id, 3, 0), (client_id, 1, 0), (other, 999, 0), (client_id, 5, 0)],
+        [(client_id, 4, 0), (other, 3, 0), (other, 77, 0), (client_id, 5, 0)])
     assert (acked, marked) == (4, 3)  # (client, 1) twice counts once; 999 unknown; 77 unknown
     left = await store.fetch_undelivered(client_id)
     assert [(d.packet_id, d.packet_type) for d in left] == [(2, PUBLISH), (4, PUBREL)]
@@ -127,8 +127,42 @@ async def test_apply_acks_many_clients(store_factory, client_id):
     assert [(d.packet_id, d.packet_type) for d in left] == [(1, PUBLISH), (3, PUBREL)]
     assert await store.apply_acks([], []) == (0, 0)
     with pytest.raises(ValueError):
-        await store.apply_acks([(client_id, 2), (other, 0)])
+        await store.apply_acks([(client_id, 2, 0), (other, 0, 0)])
     assert len(await store.fetch_undelivered(client_id)) == 2  # nothing applied
+
+
+async def test_a_stale_ack_leaves_the_newer_message_of_its_packet_id(store_factory, client_id):
+    """An acknowledgement or PUBREC carries the serial of the message it is for: retried from an earlier
+    connection after the packet id was freed and handed to a newer message, it leaves that message alone
+    (removed or marked, it would be lost or released unsent). Without a serial it applies to whatever holds
+    the id, as before."""
+    store = await store_factory()
+    k = client_keys(client_id)
+    await store.save_batch(client_id, [msg(0)])
+    (first,) = await take(store, client_id)
+    assert first.packet_id == 1
+    assert await store.acknowledge(client_id, 1, first.serial) is True  # acknowledged: id 1 is free again
+    await store.redis.hset(k.state, "pid", 65535)  # the cursor about to wrap: the next hand-out is id 1 again
+    await store.save_batch(client_id, [msg(1), msg(2)])
+    newer, after = await take(store, client_id)
+    assert (newer.packet_id, after.packet_id) == (1, 2) and newer.serial != first.serial
+    # the first connection's acknowledgement and PUBREC of id 1, retried late: nothing happens to the newer one
+    assert await store.acknowledge(client_id, 1, first.serial) is False
+    assert await store.mark_pubrec(client_id, 1, first.serial) is False
+    assert await store.apply_acks([(client_id, 1, first.serial)], [(client_id, 1, first.serial)]) == (0, 0)
+    left = await store.fetch_undelivered(client_id)
+    assert [(d.serial, d.packet_id, d.packet_type) for d in left] == [
+        (newer.serial, 1, PUBLISH), (after.serial, 2, PUBLISH)]
+    assert await store.redis.hget(k.pids, 1) is not None  # still handed out to the newer message
+    # its own serial applies; the same acknowledgement twice in a batch (with and without it) counts once
+    assert await store.apply_acks([(client_id, 2, after.serial), (client_id, 2, 0)],
+                                  [(client_id, 1, newer.serial)]) == (1, 1)
+    assert await store.mark_pubrec(client_id, 1, newer.serial) is True  # a repeat finds it marked already
+    left = await store.fetch_undelivered(client_id)
+    assert [(d.serial, d.packet_id, d.packet_type) for d in left] == [(newer.serial, 1, PUBREL)]
+    assert await store.acknowledge(client_id, 1) is True  # no serial: whatever holds the id
+    assert await store.fetch_undelivered(client_id) == []
+    assert int(await store.redis.hget(k.state, "bytes")) == 0
 
 
 async def test_limit_trims_oldest(store_factory, client_id):
@@ -437,8 +471,8 @@ async def test_save_many_one_call_per_group_of_clients(store_factory, redis_back
         if cid != clients[7]:
             await take(store, cid)
     # acknowledgements of many clients: one remove_message.lua call per group, grouped the same way
-    acks = [(cid, pid) for c, cid in enumerate(clients) for pid in range(1, min(1 + c % 6, 4) + 1) if pid != 2]
-    acked, _ = await store.apply_acks(acks + [(clients[0], 999)])
+    acks = [(cid, pid, 0) for c, cid in enumerate(clients) for pid in range(1, min(1 + c % 6, 4) + 1) if pid != 2]
+    acked, _ = await store.apply_acks(acks + [(clients[0], 999, 0)])
     assert acked == len(acks) and store.stats.ack_calls == expected_calls
     for c, cid in enumerate(clients[:12]):
         assert [d.packet_id for d in await store.fetch_undelivered(cid)] == ([2] if min(1 + c % 6, 4) >= 2 else [])

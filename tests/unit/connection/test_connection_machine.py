@@ -173,12 +173,12 @@ def test_qos2_outbound_live_and_stored(level):
     assert not c.m.out.inflight and c.of(AckStored) == [] and c.of(PubrecStored) == []  # live: nothing upstream
     # a stored message keeps the store's id and is acknowledged upstream at PUBREC (mark) and PUBCOMP; its
     # PUBREL waits until the mark is stored (a repeated PUBREC meanwhile gets nothing: the PUBREL follows)
-    dm = pb.DevicePublishMsg(client_id="dev", packet_id=42, serial=1, msg=msg(qos=2))
+    dm = pb.DevicePublishMsg(client_id="dev", packet_id=42, serial=9, msg=msg(qos=2))
     c.call("persisted", dm)
     (pub,) = c.take()
     assert pub.packet_id == 42
     c.send(PubRec(42))
-    assert c.take() == [] and c.take_effects(PubrecStored) == [PubrecStored("dev", 42, 42)]
+    assert c.take() == [] and c.take_effects(PubrecStored) == [PubrecStored("dev", 42, 9, 42)]
     c.send(PubRec(42))
     assert c.take() == [] and c.take_effects(PubrecStored) == []
     c.call("pubrec_stored", 42)
@@ -186,7 +186,7 @@ def test_qos2_outbound_live_and_stored(level):
     c.call("pubrec_stored", 42)  # once only
     assert c.take() == []
     c.send(PubComp(42))
-    assert c.take_effects(AckStored) == [AckStored("dev", 42)]
+    assert c.take_effects(AckStored) == [AckStored("dev", 42, 9)]
     # a PUBREC for an id we do not have: PUBREL all the same so the client can finish
     c.send(PubRec(77))
     assert c.take() == [PubRel(77, RC.PACKET_IDENTIFIER_NOT_FOUND if level == 5 else 0)]

@@ -27,6 +27,7 @@ class FakeDevice:
         self.answers: dict[str, asyncio.Future] = {}
         self.pages: list[tuple] = []  # (client id, after, max_messages, max_bytes) of every fetch
         self.marks: list = []  # the `done` of each mark_pubrec not applied yet
+        self.serials: dict[tuple, int] = {}  # ("ack" | "pubrec", client id, packet id) -> the serial sent with it
 
     async def fetch(self, client_id, service_id, session_id, *, resync=False, after=0, max_messages=0,
                     max_bytes=0):
@@ -43,11 +44,13 @@ class FakeDevice:
         fut = self.answers.setdefault(client_id, asyncio.get_running_loop().create_future())
         fut.set_result((list(messages), more))
 
-    def acknowledge(self, client_id, packet_id):
+    def acknowledge(self, client_id, packet_id, serial=0):
         self.calls.append(("ack", client_id, packet_id))
+        self.serials[("ack", client_id, packet_id)] = serial
 
-    def mark_pubrec(self, client_id, packet_id, done=None):
+    def mark_pubrec(self, client_id, packet_id, serial=0, done=None):
         self.calls.append(("pubrec", client_id, packet_id))
+        self.serials[("pubrec", client_id, packet_id)] = serial
         self.marks.append(done)
 
     def apply_marks(self) -> None:

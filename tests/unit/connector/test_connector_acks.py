@@ -58,6 +58,23 @@ async def test_acks_are_coalesced_within_the_delay():
     await b.close()
 
 
+async def test_each_ack_and_mark_carries_its_message_serial():
+    """The serial of the acknowledged message goes with its packet id (device-persistence applies it only to
+    that message: a retried ack of an earlier connection cannot remove a newer message given the same id);
+    0 when the caller has none. A retried call sends the same serials."""
+    call = FakeCall(fail=1)
+    b = AckBatcher(call, 1.0, delay_s=0.01)
+    b.acknowledge("c", 7, 1042)
+    b.acknowledge("c", 8)
+    b.mark_pubrec("d", 9, 77)
+    await wait_until(lambda: call.requests, 5.0, "the retried call")
+    (request,) = call.requests
+    assert call.attempts == 2
+    assert [(a.client_id, a.packet_id, a.serial) for a in request.acks] == [("c", 7, 1042), ("c", 8, 0)]
+    assert [(p.client_id, p.packet_id, p.serial) for p in request.pubrecs] == [("d", 9, 77)]
+    await b.close()
+
+
 async def test_a_pubrec_brings_the_batch_forward():
     """Removals wait the long delay; a PUBREC (its mark gates the client's PUBREL) sends them all sooner."""
     call = FakeCall()

@@ -38,7 +38,7 @@ def test_group_stores_attach_hold_dedupe_detach():
 
 def test_group_messages_get_live_ids_and_map_back_to_the_store():
     """The group store's packet ids (1, 2) collide with the member's own stored ids (1, 2): group messages
-    take ids of the live allocator and their acks map back to (store id, store packet id)."""
+    take ids of the live allocator and their acks map back to (store id, store packet id, serial)."""
     w = OutboundWindow(window=10, max_queued=10)
     w.offer(OutMsg(qos=1, kind=DEVICE, fixed_id=1, ref=10), force=True)
     w.offer(OutMsg(qos=1, kind=GROUP, ref=GroupRef(STORE, 1, 100)), force=True)
@@ -49,10 +49,10 @@ def test_group_messages_get_live_ids_and_map_back_to_the_store():
     ids = [m.packet_id for m in sent]
     assert ids[0] == 1 and ids[3] == 2 and len(set(ids)) == 4 and not {ids[1], ids[2]} & {1, 2}
     own, g1, g2, own2 = sent
-    assert upstream_ack(own, "member") == ("member", 1)
-    assert upstream_ack(own2, "member") == ("member", 2)
-    assert w.on_puback(g1.packet_id) is g1 and upstream_ack(g1, "member") == (STORE, 1)
-    assert w.on_pubrec(g2.packet_id) is g2 and upstream_ack(g2, "member") == (STORE, 2)
+    assert upstream_ack(own, "member") == ("member", 1, 10)
+    assert upstream_ack(own2, "member") == ("member", 2, 11)
+    assert w.on_puback(g1.packet_id) is g1 and upstream_ack(g1, "member") == (STORE, 1, 100)
+    assert w.on_pubrec(g2.packet_id) is g2 and upstream_ack(g2, "member") == (STORE, 2, 101)
     assert w.on_pubcomp(g2.packet_id) is g2
     assert upstream_ack(OutMsg(qos=1), "member") is None  # live: nothing upstream
 
@@ -145,6 +145,8 @@ async def test_qos_capping_qos2_flow_and_pubrel_owed_entries():
     client_sends(conn, PubComp(m.packet_id))
     assert svc.device.of("ack") == [(STORE, 8), (STORE, 7)]
     assert not conn.m.out.inflight
+    # each went with its message's serial: the store applies it to that message only
+    assert svc.device.serials == {("ack", STORE, 8): 2, ("pubrec", STORE, 7): 1, ("ack", STORE, 7): 1}
 
     # a member granted QoS 0: sent at QoS 0 once and acknowledged for the store at once
     svc, conn = await member(qos=0)

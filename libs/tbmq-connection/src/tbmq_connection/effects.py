@@ -155,19 +155,21 @@ class DetachStore:
 @dataclass(slots=True)
 class AckStored:
     """The client acknowledged a stored message (PUBACK / PUBCOMP, or it was discarded for the client):
-    Acknowledge(store_id, packet_id) to device-persistence."""
+    Acknowledge(store_id, packet_id, serial) to device-persistence."""
 
     store_id: str
     packet_id: int
+    serial: int
 
 
 @dataclass(slots=True)
 class PubrecStored:
-    """The client sent PUBREC for a stored QoS 2 message: MarkPubrec(store_id, packet_id), then
+    """The client sent PUBREC for a stored QoS 2 message: MarkPubrec(store_id, packet_id, serial), then
     `pubrec_stored(client_packet_id)` once device-persistence applied it (the machine sends PUBREL then)."""
 
     store_id: str
     packet_id: int
+    serial: int
     client_packet_id: int
 
 

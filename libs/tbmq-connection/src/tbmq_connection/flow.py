@@ -54,14 +54,16 @@ class GroupRef:
     serial: int
 
 
-def upstream_ack(msg: "OutMsg", client_id: str) -> tuple[str, int] | None:
-    """The (store client id, store packet id) a client's PUBACK/PUBCOMP/PUBREC of `msg` acknowledges in
-    device-persistence: the member's own store for DEVICE (fixed id), the group store for GROUP (the local
-    packet id is mapped back through the ref); None for anything else."""
+def upstream_ack(msg: "OutMsg", client_id: str) -> tuple[str, int, int] | None:
+    """The (store client id, store packet id, store serial) a client's PUBACK/PUBCOMP/PUBREC of `msg`
+    acknowledges in device-persistence: the member's own store for DEVICE (fixed id; the ref is the serial),
+    the group store for GROUP (the local packet id is mapped back through the ref); None for anything else.
+    The serial lets the store apply it only to that message (services.proto PacketRequest.serial)."""
     if msg.kind == DEVICE:
-        return client_id, msg.packet_id or msg.fixed_id
+        return client_id, msg.packet_id or msg.fixed_id, msg.ref
     if msg.kind == GROUP:
-        return msg.ref.store_id, msg.ref.packet_id
+        ref = msg.ref
+        return ref.store_id, ref.packet_id, ref.serial
     return None
 
 

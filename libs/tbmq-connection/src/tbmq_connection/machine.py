@@ -1232,7 +1232,7 @@ class ConnectionMachine:
         if dm.packet_type == pb.DEVICE_PACKET_TYPE_PUBREL:
             # a member's PUBREC was received on an earlier connection: the group got the message (QoS 2,
             # exactly once); another member has no use for a PUBREL of an id it never saw. Done.
-            self.effects.append(AckStored(store_id, dm.packet_id))
+            self.effects.append(AckStored(store_id, dm.packet_id, dm.serial))
             return
         m = dm.msg
         qos = min(m.qos, sub.qos)
@@ -1241,7 +1241,7 @@ class ConnectionMachine:
         if qos == 0:
             # the group's copy is QoS > 0 but this member was granted QoS 0: sent once, done for the store
             self.deliver(m, 0, retain, ids, now)
-            self.effects.append(AckStored(store_id, dm.packet_id))
+            self.effects.append(AckStored(store_id, dm.packet_id, dm.serial))
             return
         self.groups.holding(store_id, dm.serial, len(m.payload))  # until acknowledged: bounds the next page
         self.deliver(m, qos, retain, ids, now, kind=GROUP, ref=GroupRef(store_id, dm.packet_id, dm.serial),

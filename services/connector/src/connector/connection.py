@@ -532,11 +532,11 @@ class Connection(asyncio.Protocol):
 
     def _ack_stored(self, e: AckStored) -> None:
         if self.port.device is not None:
-            self.port.device.acknowledge(e.store_id, e.packet_id)
+            self.port.device.acknowledge(e.store_id, e.packet_id, e.serial)
 
     def _pubrec_stored(self, e: PubrecStored) -> None:
         if self.port.device is not None:
-            self.port.device.mark_pubrec(e.store_id, e.packet_id,
+            self.port.device.mark_pubrec(e.store_id, e.packet_id, e.serial,
                                          done=lambda pid=e.client_packet_id: self._pubrec_marked(pid))
         else:
             self._pubrec_marked(e.client_packet_id)

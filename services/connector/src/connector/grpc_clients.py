@@ -103,8 +103,8 @@ class AckBatcher:
         self.pubrec_delay_s = min(pubrec_delay_s, delay_s)
         self.max_batch = max_batch
         self.max_calls = max_calls
-        self._acks: list[tuple[str, int]] = []
-        self._pubrecs: list[tuple[str, int, Callable[[], None] | None]] = []
+        self._acks: list[tuple[str, int, int]] = []  # (store id, packet id, serial)
+        self._pubrecs: list[tuple[str, int, int, Callable[[], None] | None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._calls: set[asyncio.Task] = set()
         self._marking: asyncio.Task | None = None  # the call in flight that carries PUBRECs
@@ -115,12 +115,13 @@ class AckBatcher:
     def __len__(self) -> int:
         return len(self._acks) + len(self._pubrecs)
 
-    def acknowledge(self, client_id: str, packet_id: int) -> None:
-        self._acks.append((client_id, packet_id))
+    def acknowledge(self, client_id: str, packet_id: int, serial: int = 0) -> None:
+        self._acks.append((client_id, packet_id, serial))
         self._arm()
 
-    def mark_pubrec(self, client_id: str, packet_id: int, done: Callable[[], None] | None = None) -> None:
-        self._pubrecs.append((client_id, packet_id, done))
+    def mark_pubrec(self, client_id: str, packet_id: int, serial: int = 0,
+                    done: Callable[[], None] | None = None) -> None:
+        self._pubrecs.append((client_id, packet_id, serial, done))
         self._arm()
 
     def _arm(self) -> None:
@@ -184,14 +185,15 @@ class AckBatcher:
                 return
             self._arm()
 
-    async def _send(self, acks: list[tuple[str, int]], pubrecs: list[tuple[str, int, Callable | None]]) -> None:
+    async def _send(self, acks: list[tuple[str, int, int]],
+                    pubrecs: list[tuple[str, int, int, Callable | None]]) -> None:
         request = spb.PacketBatchRequest()
         add = request.acks.add  # built in place (a message built apart is copied into the list: twice the cost)
-        for c, p in acks:
-            add(client_id=c, packet_id=p)
+        for c, p, s in acks:
+            add(client_id=c, packet_id=p, serial=s)
         add = request.pubrecs.add
-        for c, p, _ in pubrecs:
-            add(client_id=c, packet_id=p)
+        for c, p, s, _ in pubrecs:
+            add(client_id=c, packet_id=p, serial=s)
         self.stats["ack_calls"] += 1
         try:
             await self._call(request, timeout=self.timeout)
@@ -219,7 +221,7 @@ class AckBatcher:
 
     @staticmethod
     def _marked(pubrecs) -> None:
-        for _, _, done in pubrecs:
+        for *_, done in pubrecs:
             if done is not None:
                 try:
                     done()
@@ -496,13 +498,15 @@ class DevicePersistenceClient:
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
-    def acknowledge(self, client_id: str, packet_id: int) -> None:
-        """PUBACK/PUBCOMP of a stored message: batched (AckBatcher)."""
-        self.acks.acknowledge(client_id, packet_id)
+    def acknowledge(self, client_id: str, packet_id: int, serial: int = 0) -> None:
+        """PUBACK/PUBCOMP of a stored message (`serial`: the message's, 0 = whatever holds the id): batched
+        (AckBatcher)."""
+        self.acks.acknowledge(client_id, packet_id, serial)
 
-    def mark_pubrec(self, client_id: str, packet_id: int, done: Callable[[], None] | None = None) -> None:
+    def mark_pubrec(self, client_id: str, packet_id: int, serial: int = 0,
+                    done: Callable[[], None] | None = None) -> None:
         """PUBREC of a stored message: batched (AckBatcher); `done()` once it is applied."""
-        self.acks.mark_pubrec(client_id, packet_id, done)
+        self.acks.mark_pubrec(client_id, packet_id, serial, done)
 
     def detach(self, client_id: str, session_id: str) -> None:
         self._background("Detach", self._stub().Detach(

@@ -151,18 +151,20 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
 
     @_rpc
     async def Acknowledge(self, request: spb.PacketRequest):
-        return spb.PacketResponse(found=await self.store.acknowledge(request.client_id, _packet_id(request)))
+        return spb.PacketResponse(
+            found=await self.store.acknowledge(request.client_id, _packet_id(request), request.serial))
 
     @_rpc
     async def MarkPubrec(self, request: spb.PacketRequest):
-        return spb.PacketResponse(found=await self.store.mark_pubrec(request.client_id, _packet_id(request)))
+        return spb.PacketResponse(
+            found=await self.store.mark_pubrec(request.client_id, _packet_id(request), request.serial))
 
     @_rpc
     async def AcknowledgeMany(self, request: spb.PacketBatchRequest):
         try:
             acknowledged, marked = await self.store.apply_acks(
-                [(a.client_id, a.packet_id) for a in request.acks],
-                [(p.client_id, p.packet_id) for p in request.pubrecs])
+                [(a.client_id, a.packet_id, a.serial) for a in request.acks],
+                [(p.client_id, p.packet_id, p.serial) for p in request.pubrecs])
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         self.calls["acks"] += len(request.acks)
@@ -245,8 +247,8 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         self.calls["forward_ack_batches"] += 1
         try:
             acknowledged, marked = await self.store.apply_acks(
-                [(a.client_id, a.packet_id) for a in batch.acks],
-                [(p.client_id, p.packet_id) for p in batch.pubrecs])
+                [(a.client_id, a.packet_id, a.serial) for a in batch.acks],
+                [(p.client_id, p.packet_id, p.serial) for p in batch.pubrecs])
         except ValueError as exc:
             return spb.ForwardAcked(seq=acks.seq, status=spb.FORWARD_ACK_STATUS_INVALID_ARGUMENT,
                                     detail=str(exc))

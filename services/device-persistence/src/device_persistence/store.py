@@ -787,10 +787,11 @@ class DeviceMsgStore:
         resp = await self.fetch_undelivered_response(client_id, None, after=max(int(last) - n, 0), max_messages=n)
         return list(resp.messages)
 
-    async def acknowledge(self, client_id: str, packet_id: int) -> bool:
-        """Remove one message (PUBACK / PUBCOMP). True when it was still stored."""
+    async def acknowledge(self, client_id: str, packet_id: int, serial: int = 0) -> bool:
+        """Remove one message (PUBACK / PUBCOMP). True when it was still stored. With `serial`, only while
+        the packet id still names the message of that serial (services.proto PacketRequest.serial)."""
         _check_pid(packet_id)
-        return bool(await self._call("remove_message", self._ack_keys(client_id), [packet_id]))
+        return bool(await self._call("remove_message", self._ack_keys(client_id), [_ack_item(packet_id, serial)]))
 
     async def acknowledge_many(self, client_id: str, packet_ids: Iterable[int]) -> int:
         """Remove several messages of one client in one call; returns how many were still stored."""
@@ -808,33 +809,36 @@ class DeviceMsgStore:
         return [k.messages, k.pids, k.state]
 
     async def apply_acks(
-        self, acks: Iterable[tuple[str, int]], pubrecs: Iterable[tuple[str, int]] = ()
+        self, acks: Iterable[tuple[str, int, int]], pubrecs: Iterable[tuple[str, int, int]] = ()
     ) -> tuple[int, int]:
-        """Many (client id, packet id) PUBRECs and acknowledgements of any clients at once: the PUBRECs
-        first (one mark_pubrec.lua call each), then the acknowledgements (one remove_message.lua call
+        """Many (client id, packet id, serial) PUBRECs and acknowledgements of any clients at once: the
+        PUBRECs first (one mark_pubrec.lua call each), then the acknowledgements (one remove_message.lua call
         per group of clients, grouped like save_many's calls, with all their packet ids), each kind in
-        one pipeline (per master in cluster mode).
+        one pipeline (per master in cluster mode). A serial (not 0) applies the id only while it still names
+        the message of that serial: an acknowledgement retried from an earlier connection leaves a newer
+        message the id was handed to alone (services.proto PacketRequest.serial).
         Returns (acknowledged, marked): how many were still stored. Raises ValueError on a bad packet
         id before anything is applied."""
-        by_client: dict[str, dict[int, None]] = {}  # client id -> its packet ids (insertion-ordered set)
-        for client_id, pid in acks:
+        by_client: dict[str, dict[str, None]] = {}  # client id -> its acknowledgements (insertion-ordered set)
+        for client_id, pid, serial in acks:
             _check_pid(pid)
-            ids = by_client.get(client_id)
-            if ids is None:
-                by_client[client_id] = {pid: None}
+            item = _ack_item(pid, serial)
+            items = by_client.get(client_id)
+            if items is None:
+                by_client[client_id] = {item: None}
             else:
-                ids[pid] = None
-        marks: list[tuple[str, int]] = []
-        for client_id, pid in pubrecs:
+                items[item] = None
+        marks: list[tuple[str, str]] = []
+        for client_id, pid, serial in pubrecs:
             _check_pid(pid)
-            marks.append((client_id, pid))
+            marks.append((client_id, _ack_item(pid, serial)))
         marked = acknowledged = 0
         if marks:
             # in order, one pipeline after the other: when Redis fails midway, the marks applied are the first
             # ones (the connector retries the rest), so a resumed session never finds a later PUBREC marked
             # and an earlier one not (its PUBRELs would overtake that PUBLISH, MQTT-4.6.0-4)
             replies = await self._call_many(
-                "mark_pubrec", [(self._pubrec_keys(cid), [pid]) for cid, pid in marks], ordered=True)
+                "mark_pubrec", [(self._pubrec_keys(cid), item.split(":")) for cid, item in marks], ordered=True)
             marked = sum(int(r) for r in replies)
         if by_client:
             items = [(self._ack_keys(cid), ",".join(map(str, pids))) for cid, pids in by_client.items()]
@@ -846,10 +850,12 @@ class DeviceMsgStore:
             acknowledged = sum(int(r) for r in replies)
         return acknowledged, marked
 
-    async def mark_pubrec(self, client_id: str, packet_id: int) -> bool:
-        """PUBREC received: the message now only needs a PUBREL; its TTL and order are kept."""
+    async def mark_pubrec(self, client_id: str, packet_id: int, serial: int = 0) -> bool:
+        """PUBREC received: the message now only needs a PUBREL; its TTL and order are kept. With `serial`,
+        only while the packet id still names the message of that serial."""
         _check_pid(packet_id)
-        return bool(await self._call("mark_pubrec", self._pubrec_keys(client_id), [packet_id]))
+        args = [packet_id, serial] if serial else [packet_id]
+        return bool(await self._call("mark_pubrec", self._pubrec_keys(client_id), args))
 
     def _pubrec_keys(self, client_id: str) -> list[str]:
         k = self.keys(client_id)
@@ -910,3 +916,8 @@ def _stored_messages_wire(cid_field: bytes, reply: list[Any], start: int = 0) ->
 def _check_pid(packet_id: int) -> None:
     if not isinstance(packet_id, int) or not 1 <= packet_id <= MAX_PACKET_ID:
         raise ValueError(f"packet id must be 1..{MAX_PACKET_ID}, got {packet_id!r}")
+
+
+def _ack_item(packet_id: int, serial: int) -> str:
+    """One acknowledgement as remove_message.lua / mark_pubrec.lua take it: "<id>" or "<id>:<serial>"."""
+    return f"{packet_id}:{serial}" if serial else str(packet_id)

@@ -76,12 +76,14 @@ class FetchUndeliveredResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_messages_pb2.DevicePublishMsg, _Mapping]]] = ..., not_attached: _Optional[bool] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class PacketRequest(_message.Message):
-    __slots__ = ("client_id", "packet_id")
+    __slots__ = ("client_id", "packet_id", "serial")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PACKET_ID_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     packet_id: int
-    def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ...) -> None: ...
+    serial: int
+    def __init__(self, client_id: _Optional[str] = ..., packet_id: _Optional[int] = ..., serial: _Optional[int] = ...) -> None: ...
 
 class PacketResponse(_message.Message):
     __slots__ = ("found",)
