@@ -217,6 +217,45 @@ async def test_subscribe_writes_whole_set_and_downlink_is_delivered(connectors, 
     await run(c.close)
 
 
+async def test_expiry_checked_again_behind_the_in_flight_window(connectors, registry, kafka, unique, producer):
+    """paho 5.0 with Receive Maximum 1 holds its PUBACK (manual ack) while three QoS 1 messages wait behind the
+    one in flight: when it acknowledges, the one that expired meanwhile is not sent [MQTT-3.3.2-5] and the next
+    carries the interval left then, not when it was queued [MQTT-3.3.2-6]."""
+    cid = unique("expq")
+    c = Client(cid, v5=True)
+    c.c.manual_ack_set(True)
+    await run(c.connect, connectors.mqtt_ports[0], ReceiveMaximum=1)
+    await run(c.subscribe, "exp/#", 1)
+    topic = downlink_basic_topic(connectors.connector_ids[0])
+
+    async def down(payload: bytes, waited_ms: int = 0, interval: int | None = None) -> None:
+        msg = pb.PublishMsg(topic="exp/q", payload=payload, qos=1, created_at_ms=int(time.time() * 1000) - waited_ms)
+        if interval is not None:
+            msg.message_expiry_interval = interval
+        dl = pb.BasicDownlink(msg=msg, recipients=[pb.Recipient(client_id=cid, qos=1)])
+        await producer.send_and_wait(topic, dl.SerializeToString(), key=b"exp/q")
+
+    await down(b"hold")
+    assert await run(c.wait, lambda: len(c.messages_on("exp/q")) == 1)
+    await down(b"short", 59_700, 60)   # 0.3 s of life left
+    await down(b"long", 10_500, 100)   # 89.5 s left when queued: 90 s if it were computed then
+    await down(b"marker")
+    held_from = time.monotonic()
+    # the time held behind the window is what the test is about: "short" outlives it, "long" loses a second
+    await wait_until(lambda: time.monotonic() - held_from >= 0.8, BOUND, "0.8 s held behind the window")
+    assert len(c.messages_on("exp/q")) == 1  # Receive Maximum 1: nothing else was sent meanwhile
+    hold = c.messages_on("exp/q")[0]
+    c.c.ack(hold.mid, 1)
+    assert await run(c.wait, lambda: len(c.messages_on("exp/q")) == 2)
+    second = c.messages_on("exp/q")[1]
+    assert second.payload == b"long" and second.properties.MessageExpiryInterval == 89
+    c.c.ack(second.mid, 1)
+    assert await run(c.wait, lambda: len(c.messages_on("exp/q")) == 3)
+    assert [m.payload for m in c.messages_on("exp/q")] == [b"hold", b"long", b"marker"]
+    c.c.ack(c.messages_on("exp/q")[2].mid, 1)
+    await run(c.close)
+
+
 async def test_receive_maximum_limits_in_flight(connectors, registry, kafka, unique, producer):
     """A raw v5 client with Receive Maximum 2 that does not acknowledge gets exactly 2 QoS 1 messages;
     acknowledging one releases the next."""

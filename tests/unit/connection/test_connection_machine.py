@@ -606,6 +606,48 @@ def test_expired_message_is_not_delivered():
     assert pub.properties.message_expiry_interval == 3
 
 
+@pytest.mark.parametrize("level", [4, 5])
+def test_expiry_is_checked_again_when_a_message_leaves_the_queue(level):
+    """A message that waited behind the in-flight window goes out with the interval left when it is sent
+    [MQTT-3.3.2-6], and not at all once it expired meanwhile [MQTT-3.3.2-5]: a live one is dropped, a stored
+    DEVICE one acknowledged upstream (the store removes it). MQTT 3.1.1 carries no interval, but expires too."""
+    c = Client(level, max_inflight=1)
+    c.connect(answer(persistent=True, sei=60 if level == 5 else 0),
+              properties=Properties(receive_maximum=1, session_expiry_interval=60) if level == 5 else None)
+    (fetch,) = c.take_effects(FetchStored)
+    c.call("fetch_finished", fetch)
+    c.call("deliver", msg(payload=b"first"), 1, False, ())
+    (first,) = c.take()
+    for payload, interval in ((b"five", 5), (b"ten", 10), (b"one", 1)):
+        m = msg(payload=payload, message_expiry_interval=interval)
+        m.created_at_ms = c.now
+        c.call("deliver", m, 1, False, ())
+    stored = msg(payload=b"stored", message_expiry_interval=2)
+    stored.created_at_ms = c.now
+    c.call("persisted", pb.DevicePublishMsg(client_id="dev", packet_id=42, serial=7, msg=stored))
+    assert c.take() == [] and c.of(AckStored) == []  # all queued behind "first"
+    c.advance(3500)
+    c.send(PubAck(first.packet_id))
+    (five,) = c.take()
+    assert five.payload == b"five"
+    assert five.properties.message_expiry_interval == (2 if level == 5 else None)  # 1.5 s left, rounded up
+    c.advance(2000)
+    c.send(PubAck(five.packet_id))
+    (ten,) = c.take()
+    assert ten.payload == b"ten" and ten.properties.message_expiry_interval == (5 if level == 5 else None)
+    c.take_effects()
+    c.send(PubAck(ten.packet_id))  # "one" (1 s) and "stored" (2 s) expired while they waited
+    assert c.take() == []
+    assert c.take_effects(AckStored) == [AckStored("dev", 42, 7)]
+    assert c.m.stats["dropped_expired"] == 2 and not c.m.out.inflight and not c.m.out.queue
+    # one delivered in time is sent at once, with its interval as it is then
+    m = msg(payload=b"now", message_expiry_interval=5)
+    m.created_at_ms = c.now - 1200
+    c.call("deliver", m, 1, False, ())
+    (now,) = c.take()
+    assert now.payload == b"now" and now.properties.message_expiry_interval == (4 if level == 5 else None)
+
+
 def test_the_library_is_pure():
     """No event loop, Kafka, Redis or gRPC in tbmq_connection: it is driven by its caller."""
     import tbmq_connection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tbmq_routing.expiry import expired, forwarded_interval, left_ms, store_ttl_ms
+from tbmq_routing.expiry import deadline_ms, expired, forwarded_interval, interval_at, left_ms, store_ttl_ms
 
 T0 = 1_700_000_000_000  # created_at_ms
 
@@ -36,6 +36,16 @@ def test_boundary_table(interval, waited, is_expired, forwarded, ttl):
     # the three answers agree: stored exactly as long as it is alive, forwarded exactly while alive
     assert (store_ttl_ms(T0, interval, now) <= 0) is is_expired
     assert (forwarded_interval(T0, interval, now) is None) is is_expired
+
+
+@pytest.mark.parametrize("interval, waited, is_expired, forwarded, ttl", TABLE)
+def test_a_deadline_kept_and_read_later_agrees_with_the_rule(interval, waited, is_expired, forwarded, ttl):
+    """What a holder keeps (deadline_ms, taken when the message reached it) and reads when it finally sends
+    (interval_at) gives what forwarded_interval gives at that moment, whatever it waited in between."""
+    for held_at in (T0, T0 + waited // 2, T0 + waited):
+        deadline = deadline_ms(T0, interval, held_at)
+        assert interval_at(deadline, T0 + waited) == forwarded
+    assert interval_at(deadline_ms(T0, 10, T0 - 5000), T0 - 5000) == 10  # a clock behind: no wait counted
 
 
 def test_forwarded_never_below_truth_nor_a_second_above():

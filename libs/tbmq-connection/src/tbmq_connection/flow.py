@@ -80,6 +80,8 @@ class OutMsg:
     packet_id: int = 0
     state: int = 0
     size: int = 0                  # what it holds while queued (`_size`), set by `OutboundWindow.offer`
+    expires_at: int = 0            # Message Expiry Interval: the deadline (ms; tbmq_routing.expiry.deadline_ms),
+                                   # checked again when it leaves the queue; 0 = none
 
 
 def _size(msg: OutMsg) -> int:

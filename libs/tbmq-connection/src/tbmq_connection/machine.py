@@ -68,6 +68,7 @@ from tbmq_mqtt import (
 )
 from tbmq_auth import AuthRequest, AuthResult, Authorizer, Identity
 from tbmq_routing import InvalidSharedSubscription, InvalidTopicFilter, parse_subscription_filter, shared_store_id
+from tbmq_routing.expiry import deadline_ms, interval_at
 from tbmq_routing.origins import OriginMarks
 from tbmq_routing.wills import will_delay_seconds
 
@@ -294,13 +295,13 @@ class ConnectionMachine:
             if cls is Publish:
                 self._on_publish(p, now)
             elif cls is PubAck:
-                self._on_puback(p)
+                self._on_puback(p, now)
             elif cls is PubRec:
-                self._on_pubrec(p)
+                self._on_pubrec(p, now)
             elif cls is PubRel:
                 self._on_pubrel(p)
             elif cls is PubComp:
-                self._on_pubcomp(p)
+                self._on_pubcomp(p, now)
             elif cls is PingReq:
                 self._send(encode(PingResp(), self.level))
             elif cls is Subscribe:
@@ -325,10 +326,10 @@ class ConnectionMachine:
             for p in acks:
                 if self.state == CLOSED:
                     break
-                self._on_puback(p)
+                self._on_puback(p, now)
         finally:
             self._pump_held = False
-        self._pump()
+        self._pump(now)
         return self.effects
 
     def decode_error(self, exc: MqttProtocolError, now: int) -> list:
@@ -502,10 +503,11 @@ class ConnectionMachine:
             return self.effects
         if pubrel_only:
             self.out.offer(OutMsg(2, kind, None, fixed_id, True, ref), force=True)
-            self._pump()
+            self._pump(now)
             return self.effects
         pkt = outbound_publish(msg, qos, retain, subscription_ids, now, v5=self.v5, dup=dup)
         if pkt is None:  # expired [MQTT-3.3.2-5]
+            self.stats["dropped_expired"] += 1
             if kind != LIVE:
                 self._delivered(OutMsg(qos, kind, None, fixed_id, False, ref, packet_id=fixed_id or 0))
             return self.effects
@@ -527,6 +529,8 @@ class ConnectionMachine:
             stats["msgs_out_qos0"] += 1
             return self.effects
         out = OutMsg(qos, kind, pkt, fixed_id, False, ref)
+        if msg.HasField("message_expiry_interval"):  # checked again when it leaves the queue (_pump)
+            out.expires_at = deadline_ms(msg.created_at_ms, msg.message_expiry_interval, now)
         if not self.out.offer(out, force=kind != LIVE):
             stats["dropped_queue_full"] += 1
             if self.out.dropped in (1, 100, 10000) or self.out.dropped % 100000 == 0:
@@ -534,7 +538,7 @@ class ConnectionMachine:
                             self.client_id, self.out.max_queued, self.out.dropped)
             return self.effects
         if not self._pump_held:
-            self._pump()
+            self._pump(now)
         return self.effects
 
     def pubrec_stored(self, packet_id: int, now: int) -> list:
@@ -712,7 +716,7 @@ class ConnectionMachine:
                 self._on_app_record(rec, now)
         finally:
             self._pump_held = False
-        self._pump()
+        self._pump(now)
         return self.effects
 
     # ------------------------------------------------------------------------------------ transport
@@ -725,7 +729,7 @@ class ConnectionMachine:
     def transport_resumed(self, now: int) -> list:
         self.writing_paused = False
         if self.state == CONNECTED:
-            self._pump()
+            self._pump(now)
         return self.effects
 
     def take_over(self, cmd: pb.DisconnectCommand, now: int) -> list:
@@ -1030,14 +1034,14 @@ class ConnectionMachine:
         self._send(encode(PubComp(p.packet_id), self.level))
 
     # ====================================================================================== acks from the client
-    def _on_puback(self, p: PubAck) -> None:
+    def _on_puback(self, p: PubAck, now: int) -> None:
         msg = self.out.on_puback(p.packet_id)
         if msg is not None:
             self._delivered(msg)
             if not self._pump_held:
-                self._pump()
+                self._pump(now)
 
-    def _on_pubrec(self, p: PubRec) -> None:
+    def _on_pubrec(self, p: PubRec, now: int) -> None:
         failed = p.reason_code >= RC.UNSPECIFIED_ERROR
         msg = self.out.on_pubrec(p.packet_id, failed)
         if msg is None:
@@ -1050,7 +1054,7 @@ class ConnectionMachine:
             return
         if failed:
             self._delivered(msg)
-            self._pump()
+            self._pump(now)
             return
         if self.cfg.device_persistence:
             up = upstream_ack(msg, self.client_id)  # own store, or the group store (local id mapped back)
@@ -1065,13 +1069,13 @@ class ConnectionMachine:
         else:
             self._send(encode(PubRel(p.packet_id), self.level))
 
-    def _on_pubcomp(self, p: PubComp) -> None:
+    def _on_pubcomp(self, p: PubComp, now: int) -> None:
         if self.pubrel_waiting.pop(p.packet_id, None) is not None:  # completed early: no PUBREL for a reused id
             self._release_pubrels()
         msg = self.out.on_pubcomp(p.packet_id)
         if msg is not None:
             self._delivered(msg)
-            self._pump()
+            self._pump(now)
 
     def _delivered(self, msg: OutMsg) -> None:
         """The client acknowledged (or the message was discarded for it): tell its source."""
@@ -1096,8 +1100,10 @@ class ConnectionMachine:
     def _send(self, data: bytes) -> None:
         self.effects.append(Send(data))
 
-    def _pump(self) -> None:
-        """Move what the window allows into flight and send it, in one write."""
+    def _pump(self, now: int) -> None:
+        """Move what the window allows into flight and send it, in one write. A message with a Message Expiry
+        Interval that waited behind the window goes out with the interval left now [MQTT-3.3.2-6], or not at
+        all once it expired [MQTT-3.3.2-5] (counted as delivered for this client, like one too large)."""
         level = self.level
         limit = self.client_max_packet
         aliases = self.out_aliases
@@ -1115,6 +1121,16 @@ class ConnectionMachine:
                     pubrels += 1
                     continue
                 pkt = m.publish
+                if m.expires_at:
+                    left = interval_at(m.expires_at, now)
+                    if left is None:  # expired while queued: onward delivery never started [MQTT-3.3.2-5]
+                        self.stats["dropped_expired"] += 1
+                        out.inflight.pop(m.packet_id, None)
+                        self._delivered(m)
+                        freed = True
+                        continue
+                    if pkt.properties.message_expiry_interval is not None:  # MQTT 5 [MQTT-3.3.2-6]
+                        pkt.properties.message_expiry_interval = left
                 pkt.packet_id = m.packet_id
                 if aliases is not None:
                     data = self._encode_aliased(pkt)
@@ -1183,7 +1199,7 @@ class ConnectionMachine:
                 deliver_one(dm, dup, now)
         finally:
             self._pump_held = False
-        self._pump()
+        self._pump(now)
 
     def _deliver_device(self, dm: pb.DevicePublishMsg, dup: bool, now: int) -> None:
         if dm.serial <= self.max_serial:

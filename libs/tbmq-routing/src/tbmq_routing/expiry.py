@@ -21,7 +21,7 @@ app-delivery (drops before streaming). docs/architecture.md, "Message expiry".
 
 from __future__ import annotations
 
-__all__ = ["left_ms", "expired", "forwarded_interval", "store_ttl_ms"]
+__all__ = ["left_ms", "expired", "forwarded_interval", "store_ttl_ms", "deadline_ms", "interval_at"]
 
 
 def left_ms(created_at_ms: int, interval_s: int, now_ms: int) -> int:
@@ -39,6 +39,21 @@ def forwarded_interval(created_at_ms: int, interval_s: int, now_ms: int) -> int 
     """The Message Expiry Interval to forward, whole seconds rounded up (>= 1) [MQTT-3.3.2-6]; None when
     the message has expired and must not be forwarded [MQTT-3.3.2-5]."""
     left = left_ms(created_at_ms, interval_s, now_ms)
+    if left <= 0:
+        return None
+    return -(-left // 1000)
+
+
+def deadline_ms(created_at_ms: int, interval_s: int, now_ms: int) -> int:
+    """The time (ms, on `now_ms`'s clock) at which the message expires: what a holder that sends it later keeps
+    (`interval_at`), so the wait in between counts too."""
+    return now_ms + left_ms(created_at_ms, interval_s, now_ms)
+
+
+def interval_at(deadline: int, now_ms: int) -> int | None:
+    """`forwarded_interval` from a `deadline_ms`: whole seconds left, rounded up (>= 1) [MQTT-3.3.2-6]; None
+    once expired [MQTT-3.3.2-5]."""
+    left = deadline - now_ms
     if left <= 0:
         return None
     return -(-left // 1000)
