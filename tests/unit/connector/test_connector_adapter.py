@@ -15,6 +15,8 @@ from tbmq_mqtt import (
     ConnAck,
     Connect,
     Disconnect,
+    PingReq,
+    PingResp,
     PubAck,
     PubComp,
     Publish,
@@ -63,6 +65,47 @@ async def test_subscribe_and_live_delivery_and_pubacks():
     conn.data_received(b"".join(encode(PubAck(p.packet_id), 5) for p in pubs))
     await until(lambda: not conn.m.out.inflight)
     assert port.stats["msgs_out_qos0"] + port.stats["msgs_out_qos1"] + port.stats["msgs_out_qos2"] == 3
+
+
+async def test_an_idle_connection_holds_no_task_and_acknowledgements_are_handled_at_once():
+    """The packet loop is a task only while a packet's effects need awaiting: none once the CONNECT is done
+    (about 1 KB per held connection saved), and a PUBACK is applied inside data_received, without one."""
+    port = FakePort()
+    conn, transport, _ = await connected(port, v5_connect(clean_start=True, sei=None))
+    conn.data_received(encode(Subscribe(packet_id=1, subscriptions=[Subscription("t/#", qos=1)]), 5))
+    await until(lambda: bool(transport.data))
+    await until(lambda: conn._task is None)
+    for i in range(2):
+        conn.deliver(pb.PublishMsg(topic="t/1", payload=b"%d" % i, qos=1, created_at_ms=1), 1, False, ())
+    pubs = transport.packets(5)
+    assert len(conn.m.out.inflight) == 2
+    conn.data_received(b"".join(encode(PubAck(p.packet_id), 5) for p in pubs))
+    assert not conn.m.out.inflight and conn._task is None  # no await in between: handled inline
+    conn.data_received(encode(PingReq(), 5))
+    assert transport.packets(5) == [PingResp()] and conn._task is None
+
+
+async def test_publishes_reach_the_producer_in_packet_order_with_a_delivery_in_between():
+    """A PUBLISH's hand-over to the producer is awaited by a task started for it; a delivery that runs the
+    machine's effects before that task starts must not hand it over itself (the next PUBLISH would overtake
+    it), and the task ends once the queue is empty."""
+    port = FakePort()
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="p", clean_start=True))
+    conn.data_received(encode(Subscribe(packet_id=1, subscriptions=[Subscription("t/#", qos=0)]), 4))
+    await until(lambda: bool(transport.data))
+    transport.packets(4)
+    await until(lambda: conn._task is None)
+    conn.data_received(encode(Publish(topic="a/1", payload=b"1", qos=1, packet_id=1), 4))
+    assert conn._task is not None and port.produced == []  # handed to the task, not yet run
+    conn.deliver(pb.PublishMsg(topic="t/1", payload=b"d", qos=0, created_at_ms=1), 0, False, ())
+    conn.data_received(encode(Publish(topic="a/1", payload=b"2", qos=1, packet_id=2), 4))
+    await until(lambda: len(port.produced) == 2)
+    assert [m.payload for m, _t, _r in port.produced] == [b"1", b"2"]
+    await until(lambda: conn._task is None)
+    await until(lambda: transport.data.endswith(encode(PubAck(2), 4)))  # after Kafka's acknowledgements
+    got = transport.packets(4)
+    assert [p.payload for p in got if isinstance(p, Publish)] == [b"d"]
+    assert [p.packet_id for p in got if isinstance(p, PubAck)] == [1, 2]
 
 
 async def test_garbage_before_connect_closes_without_an_answer():
