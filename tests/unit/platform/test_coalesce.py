@@ -151,6 +151,35 @@ async def test_adaptive_linger_lingers_under_load_and_not_when_quiet():
     assert a.health()["linger_switches"] == 2
 
 
+async def test_adaptive_linger_enters_and_leaves_at_the_same_rates_whatever_its_window():
+    """Busy from 300 records a second, quiet again under 100, for a 10 ms and a 20 ms window alike: a longer
+    window does not make slower traffic linger (with 3 and 1 records per window, 20 ms would linger from 150
+    a second)."""
+    from tbmq_platform.coalesce import AdaptiveLinger
+    from tbmq_platform.settings import LINGER_ENTER_RATE, LINGER_LEAVE_RATE
+
+    assert (LINGER_ENTER_RATE, LINGER_LEAVE_RATE) == (300.0, 100.0)
+
+    def run(a, rate, seconds, t):
+        for _ in range(int(rate * seconds)):
+            t += 1 / rate
+            a.sending(t)
+        return t
+
+    for busy_ms in (10, 20):
+        p = _producer()
+        acc = p._message_accumulator
+        a = AdaptiveLinger(p, busy_ms=busy_ms)
+        t = run(a, 200, 1.0, 0.0)      # 4 records per 20 ms window, under 300 a second: quiet
+        assert acc._linger_time == 0.001 and not a.health()["linger_busy"], busy_ms
+        t = run(a, 400, 1.0, t)        # over 300 a second: busy
+        assert acc._linger_time == busy_ms / 1000 and a.health()["linger_busy"], busy_ms
+        t = run(a, 150, 1.0, t)        # between the two rates: stays busy (hysteresis)
+        assert a.health()["linger_busy"], busy_ms
+        run(a, 50, 1.0, t)             # under 100 a second: quiet again
+        assert acc._linger_time == 0.001 and a.health()["linger_switches"] == 2, busy_ms
+
+
 async def test_adaptive_linger_observes_once_per_millisecond_and_counts_every_record():
     from tbmq_platform.coalesce import AdaptiveLinger
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import aiokafka
 
 from .kafka import IDLE_FETCH_WAIT_MS
-from .settings import WINDOW_MS
+from .settings import LINGER_ENTER_RATE, LINGER_LEAVE_RATE, WINDOW_MS
 
 CHECKED_AIOKAFKA = ("0.14.",)
 
@@ -139,8 +139,9 @@ def check_producer(producer) -> None:
 class AdaptiveLinger:
     """A producer's linger adapted to the rate it is handed records at, with FetchWindow's rate and
     hysteresis: quiet, a record waits at most the producer's own linger for company (make_producer's 1 ms:
-    the latency floor is untouched); busy
-    (at least `enter_records` would arrive within `busy_ms`), a batch lingers `busy_ms`, so one produce
+    the latency floor is untouched); busy (from `enter_rate` records a second, until under `leave_rate`,
+    whatever `busy_ms` is: the window's length does not move the rates it is paid at), a batch lingers
+    `busy_ms`, so one produce
     request carries what arrived in that window and its fixed cost (aiokafka's sender task and response
     handling, Kafka's request handling and request metrics) is paid once per window instead of once per
     one to three records. Call `sending(now)` before each `send`.
@@ -150,10 +151,13 @@ class AdaptiveLinger:
     record (the same rate: an observation of n records over t is the n single ones summed, to first order
     in t / tau). The mode can so switch up to that much later."""
 
-    def __init__(self, producer, *, busy_ms: float, observe_every_s: float = 0.001) -> None:
+    def __init__(self, producer, *, busy_ms: float, observe_every_s: float = 0.001,
+                 enter_rate: float = LINGER_ENTER_RATE, leave_rate: float = LINGER_LEAVE_RATE) -> None:
         check_producer(producer)
         self._acc = producer._message_accumulator
-        self.window = FetchWindow(max_wait_s=busy_ms / 1000)
+        busy_s = busy_ms / 1000
+        self.window = FetchWindow(max_wait_s=busy_s, enter_records=enter_rate * busy_s,
+                                  leave_records=leave_rate * busy_s)
         self._busy_s, self._quiet_s = busy_ms / 1000, self._acc._linger_time
         self._every = observe_every_s
         self._next = -math.inf  # monotonic time of the next observation

@@ -128,6 +128,22 @@ def nonempty(raw: str) -> str:
 # past 70 ms (docs/performance.md, "The fifth round"). Quiet traffic never waits for it.
 WINDOW_MS = 10.0
 
+# The window of tbmq.msg.all is paid once, at the producer: the connector's producer lingers up to
+# PRODUCER_LINGER_MS under load (tbmq_platform.coalesce.AdaptiveLinger), so one produce request carries the
+# window's PUBLISHes, and the router's fetch returns at the first record (ROUTER_FETCH_WINDOW_MS 0). The
+# router's window held every fetch of such a batch for another window: up to 10 ms more latency and a
+# purgatory expiry per fetch, and no fewer requests from one connector. With the router answering at once,
+# 20 ms of linger costs what 10 + 10 did in latency, with half the requests and batches on every hop after
+# it: at 1,000 msg/s p2p 515 -> 400 us of CPU per message for the stack, p50 / p99 15.3 / 25.3 -> 16.0 /
+# 27.2 ms (docs/performance.md, "The twenty-seventh round"). Many connectors feeding one router: a router
+# window coalesces their batches again (ROUTER_FETCH_WINDOW_MS, docs/router.md).
+PRODUCER_LINGER_MS = 20.0
+# The rates the adaptive linger enters and leaves its busy mode at (records per second), whatever its window:
+# those of the 10 ms window's 3 and 1 records, so traffic under 300 PUBLISHes a second never lingers long
+# (the latency floor: issue 12 goal 3).
+LINGER_ENTER_RATE = 300.0
+LINGER_LEAVE_RATE = 100.0
+
 
 def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
     """The `<PREFIX>_FETCH_WINDOW_MS` setting of a consumer on the message path (tbmq_platform.coalesce)."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tbmq_auth import DEFAULT_PROVIDERS, HTTP, JWT, JwtVerifier, PendingKeys, anonymous_default, parse_providers
 from tbmq_platform.settings import (
     APP_DELIVERY_GRPC_TARGET,
-    WINDOW_MS,
+    PRODUCER_LINGER_MS,
     CommonSettings,
     boolean,
     choice,
@@ -324,10 +324,11 @@ class ConnectorSettings(CommonSettings):
             "order); more acknowledgements wait for the next one")
     fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
     producer_linger_ms: float = env(
-        "CONNECTOR_PRODUCER_LINGER_MS", WINDOW_MS, parse=number(0),
-        doc="adaptive linger of the PUBLISHes produced to tbmq.msg.all (ms): under load a batch waits up to "
-            "this long so one produce request carries the PUBLISHes of the window; when quiet 1 ms (0 = always "
-            "1 ms); tbmq_platform.coalesce.AdaptiveLinger")
+        "CONNECTOR_PRODUCER_LINGER_MS", PRODUCER_LINGER_MS, parse=number(0),
+        doc="adaptive linger of the PUBLISHes produced to tbmq.msg.all (ms): from 300 PUBLISHes a second (down "
+            "to 100) a batch waits up to this long so one produce request carries the PUBLISHes of the window; "
+            "slower, 1 ms (0 = always 1 ms); the window of tbmq.msg.all, which the router fetches at once "
+            "(ROUTER_FETCH_WINDOW_MS 0); tbmq_platform.coalesce.AdaptiveLinger")
     delivery_slice: int = env(
         "CONNECTOR_DELIVERY_SLICE", 256, parse=integer(1),
         doc="downlink records delivered before the event loop serves the connections again (a large "
