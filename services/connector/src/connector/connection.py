@@ -9,7 +9,7 @@ interface (`port.ConnectionPort`). The session rules live in the machine; this m
   its future with its coroutine: about 0.9 KB, measured with tracemalloc).
   Reading from the socket pauses while that queue is long, so a fast sender is slowed by TCP, not buffered.
 * Effects that need an answer from Kafka or the registry before the next packet (RequestSession,
-  LoadSubscriptions, ProduceSubscriptions, the hand-over of a ProducePublish to the producer: `_AWAITED`) are
+  LoadSubscriptions, ProduceSubscriptions, the hand-over of a ProducePublish to the producer: `_AWAITERS`) are
   awaited by that task; a PUBLISH never waits for Kafka's acknowledgement: its delivery futures report to the
   machine (`produced`), which sends PUBACK/PUBREC in packet order once Kafka acknowledged (nothing
   acknowledged is lost).
@@ -305,7 +305,7 @@ class Connection(asyncio.Protocol):
                 self._feed()
                 effects = m.effects
                 for e in effects:
-                    if e.__class__ in _AWAITED:
+                    if e.__class__ in _AWAITERS:
                         break
                 else:
                     self._drain()
@@ -411,18 +411,9 @@ class Connection(asyncio.Protocol):
         while effects:
             e = effects.pop(0)
             cls = e.__class__
-            if cls is ProducePublish:
-                await self._produce(e)
-            elif cls is RequestSession:
-                await self._request_session(e)
-            elif cls is Authenticate:
-                await self._authenticate(e)
-            elif cls is LoadSubscriptions:
-                await self._load_subscriptions(e)
-            elif cls is ProduceSubscriptions:
-                await self._produce_subscriptions(e)
-            elif cls is WaitRetained:
-                await self._wait_retained(e)
+            awaiter = _AWAITERS.get(cls)
+            if awaiter is not None:
+                await awaiter(self, e)
             else:
                 _HANDLERS[cls](self, e)
 
@@ -735,9 +726,16 @@ class Connection(asyncio.Protocol):
                 return
 
 
-# the effects a packet's handling must await before the next packet (`_drain_awaiting`; the rest: _HANDLERS)
-_AWAITED = frozenset((ProducePublish, RequestSession, Authenticate, LoadSubscriptions, ProduceSubscriptions,
-                      WaitRetained))
+# the effects a packet's handling must await before the next packet, run by `_drain_awaiting` (the rest:
+# _HANDLERS); `_work` hands a packet to the task when its effects hold one of them
+_AWAITERS = {
+    ProducePublish: Connection._produce,
+    RequestSession: Connection._request_session,
+    Authenticate: Connection._authenticate,
+    LoadSubscriptions: Connection._load_subscriptions,
+    ProduceSubscriptions: Connection._produce_subscriptions,
+    WaitRetained: Connection._wait_retained,
+}
 
 _HANDLERS = {
     Send: Connection._send,
