@@ -104,3 +104,13 @@ def test_refused_for_data_tells_a_clients_data_from_redis_itself():
                     ResponseError("CLUSTERDOWN The cluster is down"), OSError("reset")]
     assert [refused_for_data(e) for e in data] == [True] * len(data)
     assert [refused_for_data(e) for e in redis_itself] == [False] * len(redis_itself)
+
+
+@pytest.mark.parametrize(("env", "spans"), [
+    ({}, False),
+    ({"DEVICE_PERSISTENCE_TRACE_SPANS": "true"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, True),
+])
+def test_save_span_only_when_exported_or_asked_for(env, spans):
+    from tbmq_platform.tracing import spans_on
+    assert spans_on(load_settings(env)) is spans

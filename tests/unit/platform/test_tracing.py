@@ -36,3 +36,10 @@ def test_grpc_metadata_round_trip():
 
 def test_no_trace_no_headers():
     assert tracing.kafka_headers() == []
+
+
+def test_spans_on_when_exported_or_asked_for():
+    from types import SimpleNamespace as S
+    assert not tracing.spans_on(S(otlp_endpoint="", trace_spans=False))
+    assert tracing.spans_on(S(otlp_endpoint="", trace_spans=True))
+    assert tracing.spans_on(S(otlp_endpoint="http://collector:4317", trace_spans=False))

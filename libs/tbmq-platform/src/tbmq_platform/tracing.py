@@ -22,6 +22,14 @@ TRACESTATE = "tracestate"
 TRACE_HEADER_KEYS = (TRACEPARENT, TRACESTATE)
 
 
+def spans_on(settings) -> bool:
+    """Whether a service creates its per-message and per-batch spans: only when they are exported
+    (`OTEL_EXPORTER_OTLP_ENDPOINT` set) or asked for (the service's `<PREFIX>_TRACE_SPANS`). A span costs more
+    than most of the work it would time (docs/performance.md); without one the records still carry a
+    `traceparent` (`fresh_trace_headers`). `settings` has `otlp_endpoint` and `trace_spans`."""
+    return bool(settings.otlp_endpoint) or bool(settings.trace_spans)
+
+
 def fresh_trace_headers() -> list[tuple[str, bytes]]:
     """Kafka headers starting a new W3C trace when no span is created (no exporter): the record still
     carries a `traceparent` (random trace and parent ids, sampled) that the next hops continue, for a

@@ -36,7 +36,7 @@ from tbmq.v1 import services_pb2 as spb
 from tbmq_platform import topics
 from tbmq_platform.coalesce import AdaptiveFetch, adaptive_fetch
 from tbmq_platform.kafka import ensure_topics, make_consumer
-from tbmq_platform.tracing import context_from_kafka
+from tbmq_platform.tracing import context_from_kafka, spans_on
 from tbmq_routing import expiry
 from tbmq_routing.naming import app_client_group, app_shared_group
 
@@ -453,7 +453,7 @@ class StreamSession:
         self.window = max(1, min(rm, settings.max_outstanding))
         self.batches = opening.batches   # the connector takes AppRecordBatch
         # a span per record costs more than streaming it: only when spans are exported or asked for
-        self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
+        self.spans = spans_on(settings)
         self.outstanding: dict[RefKey, int] = {}
         self._window_open = asyncio.Event()
         self._window_open.set()

@@ -71,7 +71,7 @@ from tbmq_platform.topics import (
     service_topics,
     static_topics,
 )
-from tbmq_platform.tracing import kafka_headers, span_from_kafka
+from tbmq_platform.tracing import kafka_headers, span_from_kafka, spans_on
 from tbmq_connection import ConnectionMachine, MachineConfig
 from tbmq_connection import systopics
 from tbmq_connection.limits import Admission, PublishRate
@@ -184,7 +184,7 @@ class ConnectorService(Service):
         # Per-message spans (mqtt.publish, mqtt.deliver*) cost more than the rest of the hot path: they are
         # created only when exported (OTLP endpoint set) or asked for. Without them every produced record
         # still carries a traceparent (a fresh one per PUBLISH: `tbmq_platform.tracing.fresh_trace_headers`).
-        self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
+        self.spans = spans_on(settings)
         self.machine_config = MachineConfig(
             service_id=self.service_id, receive_maximum=settings.receive_maximum,
             topic_alias_maximum=settings.topic_alias_maximum, max_packet_size=settings.max_packet_size,

@@ -54,6 +54,7 @@ from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.topics import (DEAD_LETTER_ERROR_HEADER, DEAD_LETTER_INSTANCE_HEADER, MSG_PERSISTED,
                                   MSG_PERSISTED_DEAD, MSG_PERSISTED_TALLY, spec)
+from tbmq_platform.tracing import spans_on
 
 from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
@@ -105,6 +106,8 @@ class DevicePersistenceService(Service):
     def __init__(self, settings: DevicePersistenceSettings) -> None:
         super().__init__(settings)
         self.s = settings
+        # the per-batch save span only when exported or asked for (tbmq_platform.tracing.spans_on)
+        self.spans = spans_on(settings)
         self.store = DeviceMsgStore(settings.store_config())
         self.forwards = ForwardRegistry(settings.forward_queue_bytes, settings.instance_id)
         self.servicer = DevicePersistenceServicer(self.store, self.forwards, persist=self.persist)
@@ -314,8 +317,10 @@ class DevicePersistenceService(Service):
         """One batch of either input (the caller holds the batch lock): saved (`_save`), then its stored messages
         queued on the connectors' Forward streams, not awaited (forward.py). None when stopping while Redis is
         down (nothing saved for sure)."""
-        with tracer.start_as_current_span("device-persistence.save", attributes={
-                "messaging.batch.message_count": records, "tbmq.clients": len(groups)}):
+        span = (tracer.start_as_current_span("device-persistence.save", attributes={
+                    "messaging.batch.message_count": records, "tbmq.clients": len(groups)})
+                if self.spans else contextlib.nullcontext())
+        with span:
             results = await self._save(groups, sources, origins)
             if results is not None:
                 self.forwards.forward(group_by_service(results.values()))

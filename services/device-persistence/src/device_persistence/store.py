@@ -61,6 +61,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.utils import HIREDIS_AVAILABLE
 from tbmq.v1 import messages_pb2, services_pb2
 from tbmq_platform.wire import varint
 from tbmq_routing import expiry
@@ -77,6 +78,7 @@ __all__ = [
     "client_keys",
     "default_lua_dir",
     "hash_tag",
+    "packed_by_hiredis",
     "refused_for_data",
     "script_source",
 ]
@@ -104,6 +106,40 @@ def refused_for_data(exc: BaseException) -> bool:
     text = str(exc)
     return text.startswith("WRONGTYPE") or "@user_script:" in text or any(
         text.startswith(f"{name}: ") for name in SCRIPT_NAMES)
+
+
+class _HiredisPacking:
+    """Packs commands with hiredis (C) instead of redis-py's asyncio connection, which packs in Python although
+    hiredis is installed (its sync client uses hiredis; `redis.connection.HiredisRespSerializer` is that
+    packer). The bytes are the same; a save batch of 20 clients packs in about 14 µs instead of 99
+    (docs/performance.md, "The twenty-eighth round"). Mixed in before the pool's own connection class, so a
+    TLS (rediss://) pool stays TLS."""
+
+    _packer: Any = None
+
+    def pack_command(self, *args):
+        return self._packer.pack(*args)
+
+
+_PACKED_CLASSES: dict[type, type] = {}
+
+
+def packed_by_hiredis(client: Any) -> Any:
+    """`client` (a redis.asyncio.Redis) with its pool's connections packing commands by hiredis; unchanged
+    when hiredis is not installed."""
+    if not HIREDIS_AVAILABLE:
+        return client
+    from redis.connection import HiredisRespSerializer
+
+    pool = client.connection_pool
+    base = pool.connection_class
+    if not issubclass(base, _HiredisPacking):
+        cls = _PACKED_CLASSES.get(base)
+        if cls is None:
+            cls = _PACKED_CLASSES[base] = type(f"HiredisPacked{base.__name__}", (_HiredisPacking, base),
+                                               {"_packer": HiredisRespSerializer()})
+        pool.connection_class = cls
+    return client
 
 
 def default_lua_dir() -> Path:
@@ -334,8 +370,8 @@ class DeviceMsgStore:
                                             **self._client_options())
                 await self._client.initialize()
             else:
-                self._client = aioredis.Redis.from_url(self.config.redis_url, decode_responses=False,
-                                                       **self._client_options())
+                self._client = packed_by_hiredis(aioredis.Redis.from_url(
+                    self.config.redis_url, decode_responses=False, **self._client_options()))
         self._scripts = {name: self._client.register_script(src) for name, src in self._sources.items()}
         for script in self._scripts.values():  # fail fast on a Lua syntax error / unreachable Redis
             loaded = await self._client.script_load(script.script)
@@ -540,7 +576,8 @@ class DeviceMsgStore:
             client = self._node_clients.get(name)
             if client is None:
                 host, _, port = name.rpartition(":")
-                client = aioredis.Redis(host=host, port=int(port), decode_responses=False, **self._client_options())
+                client = packed_by_hiredis(aioredis.Redis(host=host, port=int(port), decode_responses=False,
+                                                          **self._client_options()))
                 self._node_clients[name] = client
             try:
                 async with self._in_flight:

@@ -52,7 +52,7 @@ from tbmq_platform.health import HealthServer
 from tbmq_platform.metrics import Metrics
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
 from tbmq_platform.retention import RetentionWatch
-from tbmq_platform.tracing import kafka_headers, span_from_kafka, trace_headers
+from tbmq_platform.tracing import kafka_headers, span_from_kafka, spans_on, trace_headers
 
 from .convert import OutRecord
 from .persist import PersistLink
@@ -557,7 +557,7 @@ class RouterRuntime(Service):
         self.persist: PersistLink | None = None
         self.exit_code = 0
         # spans cost ~5x the routing itself: only create them when they are exported
-        self.spans = bool(settings.otlp_endpoint) or settings.trace_spans
+        self.spans = spans_on(settings)
         self.rebuilt_in: float | None = None
         self.batches = 0
         self.stale_batches = 0
