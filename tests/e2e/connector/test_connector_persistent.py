@@ -22,11 +22,48 @@ pytestmark = [
 ]
 
 
+# The connectors hold acknowledgements of stored messages for up to DEVICE_ACK_BATCH_DELAY_MS before they
+# send them in one batch (100 ms by default); 2 s here makes every test of the module a case where they are
+# still held when a session ends or reconnects, not only the tests that race them.
+ACK_DELAY_MS = 2000
+
+
 @pytest.fixture(scope="module")
 async def pq(kafka, tmp_path_factory):
     async with module_suite(kafka, tmp_path_factory, "suite-persist", connectors=2,
-                            services=["session-registry", "device-persistence", "router", "connector"]) as s:
+                            services=["session-registry", "device-persistence", "router", "connector"],
+                            env={"DEVICE_ACK_BATCH_DELAY_MS": str(ACK_DELAY_MS)}) as s:
         yield s
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
+async def test_acknowledged_messages_are_not_fetched_again_on_a_quick_reconnect_elsewhere(pq, unique, v5):
+    """A persistent session acknowledges stored messages on one connector, disconnects and at once reconnects on
+    the other: it gets none of them again. The first connector still holds the PUBACKs for its batch
+    (ACK_DELAY_MS), so it reports the session's end only once they are in Redis, and the second connector's
+    fetch finds them removed."""
+    u = unique("qr")
+    topic = f"{u}/t"
+    pub = Client(u + "p")
+    await run(pub.connect, pq.mqtt_ports[0])
+    kw = dict(v5=v5, session_expiry=600 if v5 else None)
+    c = Client(u, clean=v5, **kw)  # 5.0: a clean start with an expiry interval; 3.1.1: clean session 0
+    await run(c.connect, pq.mqtt_ports[0])
+    await run(c.subscribe, topic, 1)
+    await routed(pub, c, topic, 1)
+    sent = [b"m%d" % i for i in range(5)]
+    for p in sent:
+        await run(pub.publish, topic, p, 1)
+    assert await run(c.wait, lambda: payloads(c, topic) == sent), payloads(c, topic)
+    await run(c.close, wait=True)
+    again = Client(u, clean=False, **kw)
+    flags, _, _ = await run(again.connect, pq.mqtt_ports[1])
+    assert flags.session_present
+    await run(pub.publish, topic, b"after", 1)
+    assert await run(again.wait, lambda: b"after" in payloads(again, topic)), payloads(again, topic)
+    assert payloads(again, topic) == [b"after"]
+    for x in (again, pub):
+        await run(x.close)
 
 
 async def test_takeover_on_another_connector(pq, unique):
@@ -306,3 +343,4 @@ async def test_qos2_publish_resent_after_reconnect_before_pubrel_is_delivered_on
     assert payloads(sub, topic) == [b"once", b"marker"]
     back.s.close()
     await run(sub.close)
+

@@ -52,7 +52,7 @@ async def write_loop(call, queue: asyncio.Queue) -> None:
 
 # The acknowledgement batching's defaults, written once: AckBatcher, DevicePersistenceClient and the
 # settings (DEVICE_ACK_BATCH_DELAY_MS, DEVICE_PUBREC_BATCH_DELAY_MS, DEVICE_ACK_BATCH_MAX, DEVICE_ACK_MAX_CALLS).
-ACK_DELAY_S = 0.030
+ACK_DELAY_S = 0.100  # a removal gates nothing a client sees; each batch costs a round trip and a Redis call
 PUBREC_DELAY_S = 0.010
 ACK_BATCH_MAX = 2000
 ACK_MAX_CALLS = 4
@@ -463,7 +463,7 @@ class DevicePersistenceClient:
         if not resync:
             # acknowledgements still waiting here (e.g. of this client's previous connection) go first, so
             # the fetch does not return (and redeliver) what was already acknowledged
-            await self.acks.settle(min(self.timeout, 2.0))
+            await self.settle_acks()
         request = spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id,
                                               resync=resync, after_serial=after, max_messages=max_messages,
                                               max_bytes=max_bytes)
@@ -507,6 +507,13 @@ class DevicePersistenceClient:
                     done: Callable[[], None] | None = None) -> None:
         """PUBREC of a stored message: batched (AckBatcher); `done()` once it is applied."""
         self.acks.mark_pubrec(client_id, packet_id, serial, done)
+
+    async def settle_acks(self) -> None:
+        """The acknowledgements and PUBREC marks made so far sent now and applied (waited for at most
+        `timeout`, 2 s at most; at once while device-persistence fails): before a session's first fetch, so
+        the fetch does not return (and redeliver) what was already acknowledged, and before a session's end
+        is reported, so a reconnect on another connector does not either (docs/connector.md)."""
+        await self.acks.settle(min(self.timeout, 2.0))
 
     def detach(self, client_id: str, session_id: str) -> None:
         self._background("Detach", self._stub().Detach(

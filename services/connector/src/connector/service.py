@@ -769,8 +769,17 @@ class ConnectorService(Service):
 
     def report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None,
                           awaiting_pubrel=()) -> None:
-        self.spawn_bg(self.sessions.disconnect(session, graceful=graceful, session_expiry=session_expiry,
-                                               awaiting_pubrel=awaiting_pubrel))
+        self.spawn_bg(self._report_disconnect(session, graceful, session_expiry, awaiting_pubrel))
+
+    async def _report_disconnect(self, session: pb.SessionInfo, graceful: bool, session_expiry: int | None,
+                                 awaiting_pubrel) -> None:
+        """The session's end told to the registry once the acknowledgements this connector holds are in
+        Redis: they wait up to DEVICE_ACK_BATCH_DELAY_MS to be batched, and a client reconnecting on another
+        connector meanwhile would be fetched what it had acknowledged here (a duplicate)."""
+        if self.device is not None:
+            await self.device.settle_acks()
+        await self.sessions.disconnect(session, graceful=graceful, session_expiry=session_expiry,
+                                       awaiting_pubrel=awaiting_pubrel)
 
     def session_started(self, client_id: str, clean_start: bool) -> None:
         self.wills.on_connected(client_id, clean_start)
