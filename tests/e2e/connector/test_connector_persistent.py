@@ -343,4 +343,3 @@ async def test_qos2_publish_resent_after_reconnect_before_pubrel_is_delivered_on
     assert payloads(sub, topic) == [b"once", b"marker"]
     back.s.close()
     await run(sub.close)
-

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (APP_DELIVERY_GRPC_PORT, CommonSettings, boolean, env, fetch_window_env, integer,
-                                    load, load_or_exit, number, port)
+from tbmq_platform.settings import (APP_DELIVERY_GRPC_PORT, CommonSettings, env, fetch_window_env, integer, load,
+                                    load_or_exit, number, port, trace_spans_env)
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,7 @@ class AppDeliverySettings(CommonSettings):
                                    "record goes alone); records per batch are bounded by the free window")
     fetch_window_ms: float = fetch_window_env("APP_DELIVERY_FETCH_WINDOW_MS",
                                               "the per-client consumers (tbmq.msg.app.*)")
-    trace_spans: bool = env("APP_DELIVERY_TRACE_SPANS", False, parse=boolean,
-                            doc="create the per-record span (app-delivery deliver) even without an OTLP "
-                                "endpoint (on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+    trace_spans: bool = trace_spans_env("APP_DELIVERY_TRACE_SPANS", "the per-record span (app-delivery deliver)")
     shared_session_timeout_ms: int = env(
         "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS", 10000, parse=integer(6000, 300_000),
         doc="Kafka session timeout of shared-subscription group members (how long a crashed instance "

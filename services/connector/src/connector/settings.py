@@ -23,6 +23,7 @@ from tbmq_platform.settings import (
     port,
     port_or_off,
     targets,
+    trace_spans_env,
 )
 
 from .grpc_clients import ACK_BATCH_MAX, ACK_DELAY_S, ACK_MAX_CALLS, PUBREC_DELAY_S
@@ -345,9 +346,7 @@ class ConnectorSettings(CommonSettings):
         "MQTT_SYS_INTERVAL_S", 10.0, parse=number(0),
         doc="period of the $SYS/broker/... statistics (retained, cluster-wide; published by one connector: "
             "tbmq_connection.systopics); 0 = none")
-    trace_spans: bool = env(
-        "CONNECTOR_TRACE_SPANS", False, parse=boolean,
-        doc="create the per-message spans (mqtt.publish, mqtt.deliver*) even without an OTLP endpoint")
+    trace_spans: bool = trace_spans_env("CONNECTOR_TRACE_SPANS", "the per-message spans (mqtt.publish, mqtt.deliver*)")
 
     @property
     def instance_id(self) -> str:

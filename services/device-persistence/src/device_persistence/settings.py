@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from tbmq_platform.settings import (
     DEVICE_PERSISTENCE_GRPC_PORT,
     CommonSettings,
-    boolean,
     env,
     fetch_window_env,
     host_ports,
@@ -18,6 +17,7 @@ from tbmq_platform.settings import (
     nonempty,
     number,
     port,
+    trace_spans_env,
 )
 
 from .store import MAX_HANDED_OUT_LIMIT, MAX_MESSAGES_LIMIT, StoreConfig
@@ -84,9 +84,7 @@ class DevicePersistenceSettings(CommonSettings):
                                      "they have queued; a stream that does not is ended")
     shutdown_grace_s: float = env("DEVICE_PERSISTENCE_SHUTDOWN_GRACE_S", 5.0, parse=number(0),
                                   doc="gRPC calls in progress get this long to finish at shutdown")
-    trace_spans: bool = env("DEVICE_PERSISTENCE_TRACE_SPANS", False, parse=boolean,
-                            doc="create the per-batch span (device-persistence.save) even without an OTLP "
-                                "endpoint (on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+    trace_spans: bool = trace_spans_env("DEVICE_PERSISTENCE_TRACE_SPANS", "the per-batch span (device-persistence.save)")
 
     def validate(self) -> list[str]:
         problems = super().validate()

@@ -50,6 +50,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.connection import HiredisRespSerializer
 from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
@@ -129,8 +130,6 @@ def packed_by_hiredis(client: Any) -> Any:
     when hiredis is not installed."""
     if not HIREDIS_AVAILABLE:
         return client
-    from redis.connection import HiredisRespSerializer
-
     pool = client.connection_pool
     base = pool.connection_class
     if not issubclass(base, _HiredisPacking):

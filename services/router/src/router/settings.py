@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 
 from tbmq_platform.settings import (CommonSettings, choice, device_persistence_targets_env, env, fetch_window_env,
-                                   integer, nonempty, number, port)
+                                   integer, nonempty, number, port, trace_spans_env)
 
 
 def _default_data_dir() -> str:
@@ -46,9 +46,7 @@ class RouterSettings(CommonSettings):
     session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(1),
                                    doc="consumer group session timeout (s): how soon the partitions of "
                                        "a crashed instance move to the others")
-    trace_spans: bool = env("ROUTER_TRACE_SPANS", False,
-                            doc="create a routing span per message even without an OTLP endpoint "
-                                "(on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+    trace_spans: bool = trace_spans_env("ROUTER_TRACE_SPANS", "a routing span per message")
     rebuild_timeout_s: float = env("ROUTER_REBUILD_TIMEOUT_S", 120.0, parse=number(1),
                                    doc="start-up fails if the state topics are not read within this time")
     auto_offset_reset: str = env("ROUTER_AUTO_OFFSET_RESET", "earliest", parse=nonempty,
