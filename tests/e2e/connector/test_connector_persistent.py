@@ -37,12 +37,18 @@ async def pq(kafka, tmp_path_factory):
 
 
 @pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
-async def test_acknowledged_messages_are_not_fetched_again_on_a_quick_reconnect_elsewhere(pq, unique, v5):
-    """A persistent session acknowledges stored messages on one connector, disconnects and at once reconnects on
-    the other: it gets none of them again. The first connector still holds the PUBACKs for its batch
-    (ACK_DELAY_MS), so it reports the session's end only once they are in Redis, and the second connector's
-    fetch finds them removed."""
-    u = unique("qr")
+@pytest.mark.parametrize("how", ["reconnect", "takeover"])
+async def test_acknowledged_messages_are_not_fetched_again_on_the_other_connector(pq, unique, v5, how):
+    """A persistent session acknowledges stored messages on one connector, then connects on the other: it gets
+    none of them again. The first connector still holds the PUBACKs for its batch (ACK_DELAY_MS).
+    - reconnect: the client disconnects first; the first connector reports the session's end, and detaches it,
+      only once they are in Redis, and the second connector's fetch finds them removed;
+    - takeover: the client connects on the other while still connected on the first. The registry answers the
+      new connection without waiting for the old one, and a taken-over session reports no end: the first
+      connector detaches it only once its acknowledgements are applied, and device-persistence asks a
+      connector the client is still attached to for them (its Forward stream's settle) before the new
+      connection's first fetch reads."""
+    u = unique("qr" if how == "reconnect" else "tko")
     topic = f"{u}/t"
     pub = Client(u + "p")
     await run(pub.connect, pq.mqtt_ports[0])
@@ -55,10 +61,14 @@ async def test_acknowledged_messages_are_not_fetched_again_on_a_quick_reconnect_
     for p in sent:
         await run(pub.publish, topic, p, 1)
     assert await run(c.wait, lambda: payloads(c, topic) == sent), payloads(c, topic)
-    await run(c.close, wait=True)
+    if how == "reconnect":
+        await run(c.close, wait=True)
     again = Client(u, clean=False, **kw)
     flags, _, _ = await run(again.connect, pq.mqtt_ports[1])
     assert flags.session_present
+    if how == "takeover":
+        assert await run(c.wait, lambda: c.disconnected is not None)
+        c.c.loop_stop()
     await run(pub.publish, topic, b"after", 1)
     assert await run(again.wait, lambda: b"after" in payloads(again, topic)), payloads(again, topic)
     assert payloads(again, topic) == [b"after"]

@@ -18,13 +18,19 @@ class ForwardClient:
     """One Forward stream: `open` with `service_id`, waits for `ready`; keeps every forwarded message
     (`messages`, in arrival order; `batches` = how many ForwardBatch; `paused` = the client ids the batches
     named as paused, in order), answers acknowledgement batches by
-    seq. `read=False` never reads what comes down (a connector that does not keep up). After the stream
+    seq. `read=False` never reads what comes down (a connector that does not keep up). A settle request
+    (another connection of a client attached here is fetching) runs `on_settle()` when given (what the
+    connector sends of the acks it holds) and answers `settled`; `settles` counts them. After the stream
     ended, `code` is its status (None = ended cleanly)."""
 
-    def __init__(self, stub, service_id: str, *, read: bool = True) -> None:
+    def __init__(self, stub, service_id: str, *, read: bool = True, on_settle=None) -> None:
         self.stub = stub
         self.service_id = service_id
         self.read = read
+        self.on_settle = on_settle
+        self.settles = 0
+        self._settling: set[asyncio.Task] = set()
+        self._writing = asyncio.Lock()  # one write at a time: the test's acknowledge and a settle's answer
         self.call = None
         self.messages: list[pb.DevicePublishMsg] = []
         self.batches = 0
@@ -49,8 +55,9 @@ class ForwardClient:
 
     async def __aexit__(self, *exc) -> None:
         self.call.cancel()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._settling:
+            task.cancel()
+        await asyncio.gather(*self._settling, *([self._task] if self._task else []), return_exceptions=True)
 
     async def _reader(self) -> None:
         try:
@@ -69,10 +76,21 @@ class ForwardClient:
                     fut = self._acked.pop(down.acked.seq, None)
                     if fut is not None and not fut.done():
                         fut.set_result(down.acked)
+                elif kind == "settle":
+                    self.settles += 1
+                    task = asyncio.create_task(self._settle(down.settle.seq))  # its acks are answered here
+                    self._settling.add(task)
+                    task.add_done_callback(self._settling.discard)
         except grpc.aio.AioRpcError as exc:
             self.code = exc.code()
         finally:
             self.ended.set()
+
+    async def _settle(self, seq: int) -> None:
+        if self.on_settle is not None:
+            await self.on_settle(self)
+        async with self._writing:
+            await self.call.write(spb.ForwardUp(settled=spb.ForwardSettle(seq=seq)))
 
     async def wait_ended(self, timeout: float = BOUND) -> grpc.StatusCode | None:
         if self._task is None:  # not reading: the status comes with the next read
@@ -91,9 +109,10 @@ class ForwardClient:
         seq = next(self._seq)
         fut = asyncio.get_running_loop().create_future()
         self._acked[seq] = fut
-        await self.call.write(spb.ForwardUp(acks=spb.ForwardAcks(seq=seq, batch=spb.PacketBatchRequest(
-            acks=[PR(client_id=c, packet_id=p) for c, p in acks],
-            pubrecs=[PR(client_id=c, packet_id=p) for c, p in pubrecs]))))
+        async with self._writing:
+            await self.call.write(spb.ForwardUp(acks=spb.ForwardAcks(seq=seq, batch=spb.PacketBatchRequest(
+                acks=[PR(client_id=c, packet_id=p) for c, p in acks],
+                pubrecs=[PR(client_id=c, packet_id=p) for c, p in pubrecs]))))
         return await asyncio.wait_for(fut, BOUND)
 
     async def wait_count(self, n: int, timeout: float = BOUND) -> list[pb.DevicePublishMsg]:

@@ -123,8 +123,8 @@ class Handles:
     async def fake_connector(self) -> str:
         return f"fake-conn-{uuid.uuid4().hex[:8]}"
 
-    def forward(self, service_id: str, *, read: bool = True) -> ForwardClient:
-        return ForwardClient(self.stub, service_id, read=read)
+    def forward(self, service_id: str, *, read: bool = True, on_settle=None) -> ForwardClient:
+        return ForwardClient(self.stub, service_id, read=read, on_settle=on_settle)
 
     async def details(self) -> dict:
         return await readyz(self.suite.health_port("device-persistence"))
@@ -132,6 +132,42 @@ class Handles:
 
 def seqs(dms) -> list[int]:
     return [int(d.msg.payload) for d in dms]
+
+
+async def test_a_takeovers_first_fetch_reads_after_the_acknowledgements_the_old_connector_holds(dp):
+    """A client live on connector A connects on B (a takeover: the registry answers B without waiting for A,
+    whose PUBACKs of the client wait to be batched). B's first fetch asks A's stream for the acknowledgements
+    A holds and reads only once A answered: B is handed out again only what the client did not acknowledge.
+    A fetch by the connector the client is attached to, and a resync, ask nothing."""
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    conn_a, conn_b = await dp.fake_connector(), await dp.fake_connector()
+    held: list[tuple[str, int]] = []  # acknowledged by the client on A, still batched there
+
+    async def send_held(link: ForwardClient) -> None:
+        if held:
+            assert (await link.acknowledge(acks=held)).acknowledged == len(held)
+            held.clear()
+
+    async with dp.forward(conn_a, on_settle=send_held) as down_a, dp.forward(conn_b) as down_b:
+        await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn_a,
+                                                                   session_id="s1"))
+        assert down_a.settles == 0  # attached to no connector before
+        await dp.publish(cid, range(5))  # live on A: forwarded there
+        fwd = await down_a.wait_count(5)
+        held.extend((cid, d.packet_id) for d in fwd[:3])  # the client acknowledged 0, 1, 2 on A
+        again = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn_a,
+                                                                           session_id="s1"))
+        assert down_a.settles == 0 and seqs(again.messages) == [0, 1, 2, 3, 4]  # its own connector: as it is
+
+        parts = dp.stub.FetchUndeliveredParts(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn_b,
+                                                                          session_id="s2"))
+        taken = [m for part in [p async for p in parts] for m in part.messages]
+        assert down_a.settles == 1 and not held
+        assert seqs(taken) == [3, 4] and all(d.redelivery for d in taken)
+        resync = await dp.stub.FetchUndelivered(spb.FetchUndeliveredRequest(
+            client_id=cid, service_id=conn_b, session_id="s2", resync=True))
+        assert seqs(resync.messages) == [3, 4] and down_a.settles == 1 and down_b.settles == 0
+    await dp.stub.Clear(spb.ClearRequest(client_id=cid))
 
 
 async def test_fetch_attach_forward_ack_pubrec_clear(dp):

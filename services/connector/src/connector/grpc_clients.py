@@ -296,14 +296,16 @@ class ForwardLink:
     now on comes down this stream), `on_close(link)` when a stream that was open ends (what it had
     queued may be lost: the messages are in Redis). `acknowledge_many` sends a batch up and waits for its
     `acked` answer (raises StreamDown when the stream is not open or ends first, AckRejected when the
-    batch is invalid).
+    batch is invalid). A `settle` request (a client attached here connected elsewhere: device-persistence
+    reads its stored messages once it has what this connector acknowledged) runs `on_settle()` (every ack
+    held now sent and applied) and answers `settled` with its seq.
 
     Each attempt drives its call directly (one writer task per attempt, no request iterator): when an
     attempt ends its writer is cancelled and awaited and the call cancelled, so nothing outlives it.
     """
 
     def __init__(self, target: str, stub: sgrpc.DevicePersistenceStub, service_id: str, *,
-                 on_batch: Callable, on_open: Callable, on_close: Callable,
+                 on_batch: Callable, on_open: Callable, on_close: Callable, on_settle: Callable,
                  backoff_s: float = PEER_RETRY_INITIAL_S, max_backoff_s: float = PEER_RETRY_MAX_S) -> None:
         self.target = target
         self._stub = stub
@@ -311,6 +313,8 @@ class ForwardLink:
         self._on_batch = on_batch
         self._on_open = on_open
         self._on_close = on_close
+        self._on_settle = on_settle
+        self._settling: set[asyncio.Task] = set()
         self._backoff = Backoff(backoff_s, max_backoff_s)
         self._queue: asyncio.Queue | None = None
         self._waiting: dict[int, asyncio.Future] = {}
@@ -325,10 +329,21 @@ class ForwardLink:
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._task is not None:
-            task, self._task = self._task, None
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        for task in [*self._settling, self._task]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*self._settling, *([self._task] if self._task else []), return_exceptions=True)
+        self._task = None
+
+    def _settle(self, queue: asyncio.Queue, seq: int) -> None:
+        """device-persistence asked for the acks held here: answered on the stream that asked (a stream
+        reopened meanwhile has its own requests)."""
+        async def run() -> None:
+            await self._on_settle()
+            queue.put_nowait(spb.ForwardUp(settled=spb.ForwardSettle(seq=seq)))
+        task = asyncio.get_running_loop().create_task(run(), name=f"forward {self.target} settle")
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def acknowledge_many(self, request: spb.PacketBatchRequest, timeout: float) -> spb.ForwardAcked:
         queue = self._queue
@@ -368,6 +383,8 @@ class ForwardLink:
                         fut = self._waiting.get(down.acked.seq)
                         if fut is not None and not fut.done():
                             fut.set_result(down.acked)
+                    elif kind == "settle":
+                        self._settle(queue, down.settle.seq)
                     elif kind == "ready":
                         self.open = True
                         self.stats["opened"] += 1
@@ -417,7 +434,8 @@ class DevicePersistenceClient:
                          on_close: Callable) -> None:
         """Open (and keep open) the Forward stream to every target."""
         for target, stub in zip(self.targets, self._stubs):
-            link = ForwardLink(target, stub, service_id, on_batch=on_batch, on_open=on_open, on_close=on_close)
+            link = ForwardLink(target, stub, service_id, on_batch=on_batch, on_open=on_open, on_close=on_close,
+                               on_settle=self.settle_acks)
             self.links.append(link)
             link.start()
 
@@ -511,14 +529,21 @@ class DevicePersistenceClient:
     async def settle_acks(self) -> None:
         """The acknowledgements and PUBREC marks made so far sent now and applied (waited for at most
         `timeout`, 2 s at most; at once while device-persistence fails): before a session's first fetch, so
-        the fetch does not return (and redeliver) what was already acknowledged, and before a session's end
-        is reported, so a reconnect on another connector does not either (docs/connector.md)."""
+        the fetch does not return (and redeliver) what was already acknowledged, before a session's end is
+        reported, so a reconnect on another connector does not either, and when device-persistence asks
+        (a session taken over on another connector: ForwardLink's `settle`; docs/connector.md)."""
         await self.acks.settle(min(self.timeout, 2.0))
 
     def detach(self, client_id: str, session_id: str) -> None:
-        self._background("Detach", self._stub().Detach(
-            spb.DetachRequest(client_id=client_id, session_id=session_id), timeout=self.timeout,
-            metadata=grpc_metadata()))
+        """No more forwards to the session (a no-op when another session attached since), once the
+        acknowledgements held here are applied: a takeover's first fetch asks the connector the client is
+        still attached to for them (ForwardLink's `settle`), so one attached nowhere must hold none."""
+        self._background("Detach", self._detach(client_id, session_id))
+
+    async def _detach(self, client_id: str, session_id: str) -> None:
+        await self.settle_acks()
+        await self._stub().Detach(spb.DetachRequest(client_id=client_id, session_id=session_id),
+                                  timeout=self.timeout, metadata=grpc_metadata())
 
 
 class AppDeliveryChannels:

@@ -133,14 +133,41 @@ class ByteQueue:
 
 class ForwardStream:
     """The device-persistence side of one connector's Forward stream: its byte-bounded outbound queue
-    (ready, forward batches, ack replies) and why it ended."""
+    (ready, forward batches, ack replies, settle requests), the settle requests waiting for their answer,
+    and why it ended."""
 
-    __slots__ = ("service_id", "queue", "reason")
+    __slots__ = ("service_id", "queue", "reason", "_settles", "_settle_seq")
 
     def __init__(self, service_id: str, max_bytes: int) -> None:
         self.service_id = service_id
         self.queue = ByteQueue(max_bytes)
         self.reason: EndReason | None = None
+        self._settles: dict[int, asyncio.Future] = {}
+        self._settle_seq = 0
+
+    async def settle(self, timeout: float) -> bool:
+        """Asks the connector to send the acknowledgements it holds now (ForwardDown.settle) and waits at
+        most `timeout` for its answer: True once they are applied, False when it did not answer in time or
+        the stream ended (an older connector ignores the request: the wait is its cost)."""
+        if self.ended:
+            return False
+        self._settle_seq += 1
+        seq = self._settle_seq
+        fut = asyncio.get_running_loop().create_future()
+        self._settles[seq] = fut
+        self.reply(spb.ForwardDown(settle=spb.ForwardSettle(seq=seq)))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._settles.pop(seq, None)
+
+    def settled(self, seq: int) -> None:
+        """The connector's answer to settle request `seq` (every ack it held then is applied)."""
+        fut = self._settles.get(seq)
+        if fut is not None and not fut.done():
+            fut.set_result(True)
 
     @property
     def ended(self) -> bool:
@@ -152,6 +179,9 @@ class ForwardStream:
             self.reason = reason
         self.queue.clear()
         self.queue.close()
+        for fut in self._settles.values():
+            if not fut.done():
+                fut.set_result(False)
 
     def reply(self, down: spb.ForwardDown) -> None:
         """A small control message (ready, ack reply): never refused for size."""

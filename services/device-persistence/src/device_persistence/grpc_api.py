@@ -13,10 +13,15 @@ connector fetches the rest after its last serial.
 Persist (bidi, one per router): batches of stored copies, each answered once saved (service.persist).
 
 Forward (bidi, one per connector): registered in the ForwardRegistry by the service id of its first
-message; everything going down (ready, forward batches, ack replies) is written by ONE writer from the
-stream's byte-bounded queue. Acknowledgements coming up are applied in order with store.apply_acks
-(exactly what AcknowledgeMany does) and answered with ForwardDown.acked (same seq), so the connector
-knows they are in Redis.
+message; everything going down (ready, forward batches, ack replies, settle requests) is written by ONE
+writer from the stream's byte-bounded queue. Acknowledgements coming up are applied in order with
+store.apply_acks (exactly what AcknowledgeMany does) and answered with ForwardDown.acked (same seq), so the
+connector knows they are in Redis.
+
+Takeover: a session's first fetch of a client still attached to another connector asks that connector
+(ForwardDown.settle on its stream here) for the acknowledgements it still batches, and reads only once it
+answered ForwardUp.settled (or SETTLE_WAIT_S passed): the new connection is not sent again what the client
+acknowledged on the old one.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ from .store import MAX_PACKET_ID, Attachment, DeviceMsgStore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("device_persistence.grpc")
+
+# how long a takeover's first fetch waits for the old connector's acknowledgements (`_settle_elsewhere`):
+# they take one ack call (a few ms); a connector older than ForwardDown.settle never answers
+SETTLE_WAIT_S = 1.0
 
 
 class BadRequest(ValueError):
@@ -123,9 +132,30 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         self.registry = registry if registry is not None else ForwardRegistry(16 * 1024 * 1024)
         self.calls: Counter = Counter()
 
+    async def _settle_elsewhere(self, request: spb.FetchUndeliveredRequest) -> None:
+        """A session's first fetch (not a resync) of a client still attached to ANOTHER connector (a takeover:
+        the registry answered the new connection without waiting for the old one) first asks that
+        connector's stream here to send the acknowledgements it holds, and waits for them (at most
+        SETTLE_WAIT_S), so the page does not hand out again what the client acknowledged there."""
+        if request.resync:
+            return
+        previous = await self.store.attachment(request.client_id)
+        if previous is None or previous.service_id == request.service_id:
+            return
+        stream = self.registry.get(previous.service_id)
+        if stream is None:  # no stream from it here: it crashed, or it is not a connector of this deployment
+            return
+        self.calls["settle_requests"] += 1
+        if not await stream.settle(SETTLE_WAIT_S):
+            self.calls["settle_timeouts"] += 1
+            log.warning("connector %s did not settle its acknowledgements within %.1fs for %r taken over by %s",
+                        previous.service_id, SETTLE_WAIT_S, request.client_id, request.service_id)
+
     @_rpc
     async def FetchUndelivered(self, request: spb.FetchUndeliveredRequest):
-        response = await self.store.fetch_undelivered_response(request.client_id, **_fetch_args(request))
+        fetch = _fetch_args(request)
+        await self._settle_elsewhere(request)
+        response = await self.store.fetch_undelivered_response(request.client_id, **fetch)
         trace.get_current_span().set_attribute("tbmq.messages", len(response.messages))
         return response
 
@@ -133,8 +163,9 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
     async def FetchUndeliveredParts(self, request: spb.FetchUndeliveredRequest):
         """FetchUndelivered's page, one answer per part as the store reads it (services.proto)."""
         n = 0
-        async with contextlib.aclosing(self.store.fetch_undelivered_parts(
-                request.client_id, **_fetch_args(request))) as parts:
+        fetch = _fetch_args(request)
+        await self._settle_elsewhere(request)
+        async with contextlib.aclosing(self.store.fetch_undelivered_parts(request.client_id, **fetch)) as parts:
             async for wire, more, not_attached in parts:
                 if not_attached:
                     yield spb.FetchUndeliveredResponse(not_attached=True)
@@ -234,8 +265,11 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         connector's side closes."""
         try:
             async for up in requests:
-                if up.HasField("acks"):
+                kind = up.WhichOneof("kind")
+                if kind == "acks":
                     stream.reply(spb.ForwardDown(acked=await self._apply(up.acks)))
+                elif kind == "settled":  # the acks before it on this stream are applied: read in order
+                    stream.settled(up.settled.seq)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass
         finally:

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from tbmq.v1 import messages_pb2 as tbmq_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tbmq/v1/services.proto\x12\x07tbmq.v1\x1a\x16tbmq/v1/messages.proto\",\n\x0cPersistBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07records\x18\x02 \x03(\x0c\"+\n\rPersistAnswer\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05saved\x18\x02 \x01(\r\"\xa3\x01\n\x17\x46\x65tchUndeliveredRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nservice_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06resync\x18\x04 \x01(\x08\x12\x14\n\x0c\x61\x66ter_serial\x18\x05 \x01(\x04\x12\x14\n\x0cmax_messages\x18\x06 \x01(\r\x12\x11\n\tmax_bytes\x18\x07 \x01(\r\"6\n\rDetachRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\"\n\x0e\x44\x65tachResponse\x12\x10\n\x08\x64\x65tached\x18\x01 \x01(\x08\"k\n\x18\x46\x65tchUndeliveredResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\x12\x14\n\x0cnot_attached\x18\x02 \x01(\x08\x12\x0c\n\x04more\x18\x03 \x01(\x08\"E\n\rPacketRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tpacket_id\x18\x02 \x01(\r\x12\x0e\n\x06serial\x18\x03 \x01(\x04\"\x1f\n\x0ePacketResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"c\n\x12PacketBatchRequest\x12$\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\x12\'\n\x07pubrecs\x18\x02 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\";\n\x13PacketBatchResponse\x12\x14\n\x0c\x61\x63knowledged\x18\x01 \x01(\r\x12\x0e\n\x06marked\x18\x02 \x01(\r\"!\n\x0b\x46orwardOpen\x12\x12\n\nservice_id\x18\x01 \x01(\t\"F\n\x0b\x46orwardAcks\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1b.tbmq.v1.PacketBatchRequest\"_\n\tForwardUp\x12$\n\x04open\x18\x01 \x01(\x0b\x32\x14.tbmq.v1.ForwardOpenH\x00\x12$\n\x04\x61\x63ks\x18\x02 \x01(\x0b\x32\x14.tbmq.v1.ForwardAcksH\x00\x42\x06\n\x04kind\"#\n\x0c\x46orwardReady\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"K\n\x0c\x46orwardBatch\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\x12\x0e\n\x06paused\x18\x02 \x03(\t\"|\n\x0c\x46orwardAcked\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.tbmq.v1.ForwardAckStatus\x12\x14\n\x0c\x61\x63knowledged\x18\x03 \x01(\r\x12\x0e\n\x06marked\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\x8d\x01\n\x0b\x46orwardDown\x12&\n\x05ready\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.ForwardReadyH\x00\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x15.tbmq.v1.ForwardBatchH\x00\x12&\n\x05\x61\x63ked\x18\x03 \x01(\x0b\x32\x15.tbmq.v1.ForwardAckedH\x00\x42\x06\n\x04kind\"!\n\x0c\x43learRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\" \n\rClearResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"[\n\x15\x41ppSharedSubscription\x12\x12\n\nshare_name\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x10\n\x03qos\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_qos\"\x8a\x01\n\x07\x41ppOpen\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x17\n\x0freceive_maximum\x18\x03 \x01(\r\x12.\n\x06shared\x18\x04 \x03(\x0b\x32\x1e.tbmq.v1.AppSharedSubscription\x12\x0f\n\x07\x62\x61tches\x18\x05 \x01(\x08\"@\n\x0c\x41ppRecordRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\",\n\x06\x41ppAck\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\"2\n\x0b\x41ppAckBatch\x12#\n\x04refs\x18\x01 \x03(\x0b\x32\x15.tbmq.v1.AppRecordRef\"}\n\x0b\x41ppUpstream\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.tbmq.v1.AppOpenH\x00\x12\x1e\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0f.tbmq.v1.AppAckH\x00\x12$\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x14.tbmq.v1.AppAckBatchH\x00\x42\x06\n\x04kind\"e\n\tAppRecord\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\x12 \n\x03msg\x18\x02 \x01(\x0b\x32\x13.tbmq.v1.PublishMsg\x12\x12\n\nredelivery\x18\x03 \x01(\x08\"5\n\x0e\x41ppRecordBatch\x12#\n\x07records\x18\x01 \x03(\x0b\x32\x12.tbmq.v1.AppRecord\"g\n\rAppDownstream\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x12.tbmq.v1.AppRecordH\x00\x12(\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.tbmq.v1.AppRecordBatchH\x00\x42\x06\n\x04kind*\x7f\n\x10\x46orwardAckStatus\x12\x1e\n\x1a\x46ORWARD_ACK_STATUS_APPLIED\x10\x00\x12\'\n#FORWARD_ACK_STATUS_INVALID_ARGUMENT\x10\x01\x12\"\n\x1e\x46ORWARD_ACK_STATUS_UNAVAILABLE\x10\x02\x32\x83\x05\n\x11\x44\x65vicePersistence\x12W\n\x10\x46\x65tchUndelivered\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse\x12^\n\x15\x46\x65tchUndeliveredParts\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse0\x01\x12\x39\n\x06\x44\x65tach\x12\x16.tbmq.v1.DetachRequest\x1a\x17.tbmq.v1.DetachResponse\x12>\n\x0b\x41\x63knowledge\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12=\n\nMarkPubrec\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12L\n\x0f\x41\x63knowledgeMany\x12\x1b.tbmq.v1.PacketBatchRequest\x1a\x1c.tbmq.v1.PacketBatchResponse\x12\x36\n\x05\x43lear\x12\x15.tbmq.v1.ClearRequest\x1a\x16.tbmq.v1.ClearResponse\x12\x37\n\x07\x46orward\x12\x12.tbmq.v1.ForwardUp\x1a\x14.tbmq.v1.ForwardDown(\x01\x30\x01\x12<\n\x07Persist\x12\x15.tbmq.v1.PersistBatch\x1a\x16.tbmq.v1.PersistAnswer(\x01\x30\x01\x32J\n\x0b\x41ppDelivery\x12;\n\x07\x44\x65liver\x12\x14.tbmq.v1.AppUpstream\x1a\x16.tbmq.v1.AppDownstream(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tbmq/v1/services.proto\x12\x07tbmq.v1\x1a\x16tbmq/v1/messages.proto\",\n\x0cPersistBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07records\x18\x02 \x03(\x0c\"+\n\rPersistAnswer\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05saved\x18\x02 \x01(\r\"\xa3\x01\n\x17\x46\x65tchUndeliveredRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nservice_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06resync\x18\x04 \x01(\x08\x12\x14\n\x0c\x61\x66ter_serial\x18\x05 \x01(\x04\x12\x14\n\x0cmax_messages\x18\x06 \x01(\r\x12\x11\n\tmax_bytes\x18\x07 \x01(\r\"6\n\rDetachRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\"\n\x0e\x44\x65tachResponse\x12\x10\n\x08\x64\x65tached\x18\x01 \x01(\x08\"k\n\x18\x46\x65tchUndeliveredResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\x12\x14\n\x0cnot_attached\x18\x02 \x01(\x08\x12\x0c\n\x04more\x18\x03 \x01(\x08\"E\n\rPacketRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tpacket_id\x18\x02 \x01(\r\x12\x0e\n\x06serial\x18\x03 \x01(\x04\"\x1f\n\x0ePacketResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"c\n\x12PacketBatchRequest\x12$\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\x12\'\n\x07pubrecs\x18\x02 \x03(\x0b\x32\x16.tbmq.v1.PacketRequest\";\n\x13PacketBatchResponse\x12\x14\n\x0c\x61\x63knowledged\x18\x01 \x01(\r\x12\x0e\n\x06marked\x18\x02 \x01(\r\"!\n\x0b\x46orwardOpen\x12\x12\n\nservice_id\x18\x01 \x01(\t\"F\n\x0b\x46orwardAcks\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1b.tbmq.v1.PacketBatchRequest\"\x1c\n\rForwardSettle\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"\x8a\x01\n\tForwardUp\x12$\n\x04open\x18\x01 \x01(\x0b\x32\x14.tbmq.v1.ForwardOpenH\x00\x12$\n\x04\x61\x63ks\x18\x02 \x01(\x0b\x32\x14.tbmq.v1.ForwardAcksH\x00\x12)\n\x07settled\x18\x03 \x01(\x0b\x32\x16.tbmq.v1.ForwardSettleH\x00\x42\x06\n\x04kind\"#\n\x0c\x46orwardReady\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"K\n\x0c\x46orwardBatch\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.tbmq.v1.DevicePublishMsg\x12\x0e\n\x06paused\x18\x02 \x03(\t\"|\n\x0c\x46orwardAcked\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.tbmq.v1.ForwardAckStatus\x12\x14\n\x0c\x61\x63knowledged\x18\x03 \x01(\r\x12\x0e\n\x06marked\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\xb7\x01\n\x0b\x46orwardDown\x12&\n\x05ready\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.ForwardReadyH\x00\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x15.tbmq.v1.ForwardBatchH\x00\x12&\n\x05\x61\x63ked\x18\x03 \x01(\x0b\x32\x15.tbmq.v1.ForwardAckedH\x00\x12(\n\x06settle\x18\x04 \x01(\x0b\x32\x16.tbmq.v1.ForwardSettleH\x00\x42\x06\n\x04kind\"!\n\x0c\x43learRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\" \n\rClearResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"[\n\x15\x41ppSharedSubscription\x12\x12\n\nshare_name\x18\x01 \x01(\t\x12\x14\n\x0ctopic_filter\x18\x02 \x01(\t\x12\x10\n\x03qos\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x06\n\x04_qos\"\x8a\x01\n\x07\x41ppOpen\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x17\n\x0freceive_maximum\x18\x03 \x01(\r\x12.\n\x06shared\x18\x04 \x03(\x0b\x32\x1e.tbmq.v1.AppSharedSubscription\x12\x0f\n\x07\x62\x61tches\x18\x05 \x01(\x08\"@\n\x0c\x41ppRecordRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\",\n\x06\x41ppAck\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\"2\n\x0b\x41ppAckBatch\x12#\n\x04refs\x18\x01 \x03(\x0b\x32\x15.tbmq.v1.AppRecordRef\"}\n\x0b\x41ppUpstream\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.tbmq.v1.AppOpenH\x00\x12\x1e\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0f.tbmq.v1.AppAckH\x00\x12$\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x14.tbmq.v1.AppAckBatchH\x00\x42\x06\n\x04kind\"e\n\tAppRecord\x12\"\n\x03ref\x18\x01 \x01(\x0b\x32\x15.tbmq.v1.AppRecordRef\x12 \n\x03msg\x18\x02 \x01(\x0b\x32\x13.tbmq.v1.PublishMsg\x12\x12\n\nredelivery\x18\x03 \x01(\x08\"5\n\x0e\x41ppRecordBatch\x12#\n\x07records\x18\x01 \x03(\x0b\x32\x12.tbmq.v1.AppRecord\"g\n\rAppDownstream\x12$\n\x06record\x18\x01 \x01(\x0b\x32\x12.tbmq.v1.AppRecordH\x00\x12(\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.tbmq.v1.AppRecordBatchH\x00\x42\x06\n\x04kind*\x7f\n\x10\x46orwardAckStatus\x12\x1e\n\x1a\x46ORWARD_ACK_STATUS_APPLIED\x10\x00\x12\'\n#FORWARD_ACK_STATUS_INVALID_ARGUMENT\x10\x01\x12\"\n\x1e\x46ORWARD_ACK_STATUS_UNAVAILABLE\x10\x02\x32\x83\x05\n\x11\x44\x65vicePersistence\x12W\n\x10\x46\x65tchUndelivered\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse\x12^\n\x15\x46\x65tchUndeliveredParts\x12 .tbmq.v1.FetchUndeliveredRequest\x1a!.tbmq.v1.FetchUndeliveredResponse0\x01\x12\x39\n\x06\x44\x65tach\x12\x16.tbmq.v1.DetachRequest\x1a\x17.tbmq.v1.DetachResponse\x12>\n\x0b\x41\x63knowledge\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12=\n\nMarkPubrec\x12\x16.tbmq.v1.PacketRequest\x1a\x17.tbmq.v1.PacketResponse\x12L\n\x0f\x41\x63knowledgeMany\x12\x1b.tbmq.v1.PacketBatchRequest\x1a\x1c.tbmq.v1.PacketBatchResponse\x12\x36\n\x05\x43lear\x12\x15.tbmq.v1.ClearRequest\x1a\x16.tbmq.v1.ClearResponse\x12\x37\n\x07\x46orward\x12\x12.tbmq.v1.ForwardUp\x1a\x14.tbmq.v1.ForwardDown(\x01\x30\x01\x12<\n\x07Persist\x12\x15.tbmq.v1.PersistBatch\x1a\x16.tbmq.v1.PersistAnswer(\x01\x30\x01\x32J\n\x0b\x41ppDelivery\x12;\n\x07\x44\x65liver\x12\x14.tbmq.v1.AppUpstream\x1a\x16.tbmq.v1.AppDownstream(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tbmq.v1.services_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FORWARDACKSTATUS']._serialized_start=2228
-  _globals['_FORWARDACKSTATUS']._serialized_end=2355
+  _globals['_FORWARDACKSTATUS']._serialized_start=2344
+  _globals['_FORWARDACKSTATUS']._serialized_end=2471
   _globals['_PERSISTBATCH']._serialized_start=59
   _globals['_PERSISTBATCH']._serialized_end=103
   _globals['_PERSISTANSWER']._serialized_start=105
@@ -58,40 +58,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FORWARDOPEN']._serialized_end=816
   _globals['_FORWARDACKS']._serialized_start=818
   _globals['_FORWARDACKS']._serialized_end=888
-  _globals['_FORWARDUP']._serialized_start=890
-  _globals['_FORWARDUP']._serialized_end=985
-  _globals['_FORWARDREADY']._serialized_start=987
-  _globals['_FORWARDREADY']._serialized_end=1022
-  _globals['_FORWARDBATCH']._serialized_start=1024
-  _globals['_FORWARDBATCH']._serialized_end=1099
-  _globals['_FORWARDACKED']._serialized_start=1101
-  _globals['_FORWARDACKED']._serialized_end=1225
-  _globals['_FORWARDDOWN']._serialized_start=1228
-  _globals['_FORWARDDOWN']._serialized_end=1369
-  _globals['_CLEARREQUEST']._serialized_start=1371
-  _globals['_CLEARREQUEST']._serialized_end=1404
-  _globals['_CLEARRESPONSE']._serialized_start=1406
-  _globals['_CLEARRESPONSE']._serialized_end=1438
-  _globals['_APPSHAREDSUBSCRIPTION']._serialized_start=1440
-  _globals['_APPSHAREDSUBSCRIPTION']._serialized_end=1531
-  _globals['_APPOPEN']._serialized_start=1534
-  _globals['_APPOPEN']._serialized_end=1672
-  _globals['_APPRECORDREF']._serialized_start=1674
-  _globals['_APPRECORDREF']._serialized_end=1738
-  _globals['_APPACK']._serialized_start=1740
-  _globals['_APPACK']._serialized_end=1784
-  _globals['_APPACKBATCH']._serialized_start=1786
-  _globals['_APPACKBATCH']._serialized_end=1836
-  _globals['_APPUPSTREAM']._serialized_start=1838
-  _globals['_APPUPSTREAM']._serialized_end=1963
-  _globals['_APPRECORD']._serialized_start=1965
-  _globals['_APPRECORD']._serialized_end=2066
-  _globals['_APPRECORDBATCH']._serialized_start=2068
-  _globals['_APPRECORDBATCH']._serialized_end=2121
-  _globals['_APPDOWNSTREAM']._serialized_start=2123
-  _globals['_APPDOWNSTREAM']._serialized_end=2226
-  _globals['_DEVICEPERSISTENCE']._serialized_start=2358
-  _globals['_DEVICEPERSISTENCE']._serialized_end=3001
-  _globals['_APPDELIVERY']._serialized_start=3003
-  _globals['_APPDELIVERY']._serialized_end=3077
+  _globals['_FORWARDSETTLE']._serialized_start=890
+  _globals['_FORWARDSETTLE']._serialized_end=918
+  _globals['_FORWARDUP']._serialized_start=921
+  _globals['_FORWARDUP']._serialized_end=1059
+  _globals['_FORWARDREADY']._serialized_start=1061
+  _globals['_FORWARDREADY']._serialized_end=1096
+  _globals['_FORWARDBATCH']._serialized_start=1098
+  _globals['_FORWARDBATCH']._serialized_end=1173
+  _globals['_FORWARDACKED']._serialized_start=1175
+  _globals['_FORWARDACKED']._serialized_end=1299
+  _globals['_FORWARDDOWN']._serialized_start=1302
+  _globals['_FORWARDDOWN']._serialized_end=1485
+  _globals['_CLEARREQUEST']._serialized_start=1487
+  _globals['_CLEARREQUEST']._serialized_end=1520
+  _globals['_CLEARRESPONSE']._serialized_start=1522
+  _globals['_CLEARRESPONSE']._serialized_end=1554
+  _globals['_APPSHAREDSUBSCRIPTION']._serialized_start=1556
+  _globals['_APPSHAREDSUBSCRIPTION']._serialized_end=1647
+  _globals['_APPOPEN']._serialized_start=1650
+  _globals['_APPOPEN']._serialized_end=1788
+  _globals['_APPRECORDREF']._serialized_start=1790
+  _globals['_APPRECORDREF']._serialized_end=1854
+  _globals['_APPACK']._serialized_start=1856
+  _globals['_APPACK']._serialized_end=1900
+  _globals['_APPACKBATCH']._serialized_start=1902
+  _globals['_APPACKBATCH']._serialized_end=1952
+  _globals['_APPUPSTREAM']._serialized_start=1954
+  _globals['_APPUPSTREAM']._serialized_end=2079
+  _globals['_APPRECORD']._serialized_start=2081
+  _globals['_APPRECORD']._serialized_end=2182
+  _globals['_APPRECORDBATCH']._serialized_start=2184
+  _globals['_APPRECORDBATCH']._serialized_end=2237
+  _globals['_APPDOWNSTREAM']._serialized_start=2239
+  _globals['_APPDOWNSTREAM']._serialized_end=2342
+  _globals['_DEVICEPERSISTENCE']._serialized_start=2474
+  _globals['_DEVICEPERSISTENCE']._serialized_end=3117
+  _globals['_APPDELIVERY']._serialized_start=3119
+  _globals['_APPDELIVERY']._serialized_end=3193
 # @@protoc_insertion_point(module_scope)

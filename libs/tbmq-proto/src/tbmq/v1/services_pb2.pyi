@@ -121,13 +121,21 @@ class ForwardAcks(_message.Message):
     batch: PacketBatchRequest
     def __init__(self, seq: _Optional[int] = ..., batch: _Optional[_Union[PacketBatchRequest, _Mapping]] = ...) -> None: ...
 
+class ForwardSettle(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
 class ForwardUp(_message.Message):
-    __slots__ = ("open", "acks")
+    __slots__ = ("open", "acks", "settled")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
     open: ForwardOpen
     acks: ForwardAcks
-    def __init__(self, open: _Optional[_Union[ForwardOpen, _Mapping]] = ..., acks: _Optional[_Union[ForwardAcks, _Mapping]] = ...) -> None: ...
+    settled: ForwardSettle
+    def __init__(self, open: _Optional[_Union[ForwardOpen, _Mapping]] = ..., acks: _Optional[_Union[ForwardAcks, _Mapping]] = ..., settled: _Optional[_Union[ForwardSettle, _Mapping]] = ...) -> None: ...
 
 class ForwardReady(_message.Message):
     __slots__ = ("instance_id",)
@@ -158,14 +166,16 @@ class ForwardAcked(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., status: _Optional[_Union[ForwardAckStatus, str]] = ..., acknowledged: _Optional[int] = ..., marked: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ForwardDown(_message.Message):
-    __slots__ = ("ready", "batch", "acked")
+    __slots__ = ("ready", "batch", "acked", "settle")
     READY_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_FIELD_NUMBER: _ClassVar[int]
     ready: ForwardReady
     batch: ForwardBatch
     acked: ForwardAcked
-    def __init__(self, ready: _Optional[_Union[ForwardReady, _Mapping]] = ..., batch: _Optional[_Union[ForwardBatch, _Mapping]] = ..., acked: _Optional[_Union[ForwardAcked, _Mapping]] = ...) -> None: ...
+    settle: ForwardSettle
+    def __init__(self, ready: _Optional[_Union[ForwardReady, _Mapping]] = ..., batch: _Optional[_Union[ForwardBatch, _Mapping]] = ..., acked: _Optional[_Union[ForwardAcked, _Mapping]] = ..., settle: _Optional[_Union[ForwardSettle, _Mapping]] = ...) -> None: ...
 
 class ClearRequest(_message.Message):
     __slots__ = ("client_id",)
