@@ -170,6 +170,40 @@ async def test_a_takeovers_first_fetch_reads_after_the_acknowledgements_the_old_
     await dp.stub.Clear(spb.ClearRequest(client_id=cid))
 
 
+async def test_the_connectors_forward_link_answers_a_settle_with_the_acknowledgements_it_holds(dp):
+    """The connector's side of the takeover settle (connector.grpc_clients, the real DevicePersistenceClient on
+    its Forward stream): acknowledgements it holds for a 30 s batch delay go up when device-persistence asks
+    (another connector's first fetch of the client), and `settled` comes only once they are applied, so that
+    fetch hands out only what was not acknowledged."""
+    from connector.grpc_clients import DevicePersistenceClient
+
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    conn_a, conn_b = await dp.fake_connector(), await dp.fake_connector()
+    forwarded: list = []
+    opened = asyncio.Event()
+    client = DevicePersistenceClient(dp.suite.grpc_target("device-persistence"), 10.0, ack_delay_s=30.0)
+    client.start_forwarding(conn_a, on_batch=lambda batch: forwarded.extend(batch.messages),
+                            on_open=lambda link: opened.set(), on_close=lambda link: None)
+    try:
+        await asyncio.wait_for(opened.wait(), BOUND)
+        async for _ in client.fetch(cid, conn_a, "s1"):  # attaches the client to A: live
+            pass
+        await dp.publish(cid, range(3))
+        await wait_until(lambda: len(forwarded) == 3, BOUND, lambda: f"3 forwards to A (have {len(forwarded)})")
+        for d in forwarded[:2]:
+            client.acknowledge(cid, d.packet_id, d.serial)
+        assert len(client.acks) == 2  # held: the batch would leave in 30 s
+        parts = dp.stub.FetchUndeliveredParts(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn_b,
+                                                                          session_id="s2"))
+        taken = [m for part in [p async for p in parts] for m in part.messages]
+        assert seqs(taken) == [2]
+        assert len(client.acks) == 0
+        assert (await dp.details())["grpc_calls"].get("settle_timeouts", 0) == 0
+    finally:
+        await client.close()
+    await dp.stub.Clear(spb.ClearRequest(client_id=cid))
+
+
 async def test_fetch_attach_forward_ack_pubrec_clear(dp):
     cid = f"dev-{uuid.uuid4().hex[:10]}"
     conn_a, conn_b = await dp.fake_connector(), await dp.fake_connector()

@@ -153,12 +153,12 @@ def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
                    "record (0 = always at once); tbmq_platform.coalesce")
 
 
-
 def trace_spans_env(name: str, spans: str) -> Any:
     """The `<PREFIX>_TRACE_SPANS` setting of a service whose `spans` are made only when exported or asked for
     (tbmq_platform.tracing.spans_on)."""
     return env(name, False, parse=boolean,
                doc=f"create {spans} even without an OTLP endpoint (on whenever OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+
 
 # The default ports of the gRPC listeners (instance i > 1 under the launcher: + 100 * (i - 1)). Below the
 # kernel's ephemeral range (Linux 32768-60999, IANA 49152-65535): a port in it can be the local port of any

@@ -13,6 +13,7 @@ comes down its own short stream (`fetch`: FetchUndeliveredParts, a part per Redi
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -297,8 +298,9 @@ class ForwardLink:
     queued may be lost: the messages are in Redis). `acknowledge_many` sends a batch up and waits for its
     `acked` answer (raises StreamDown when the stream is not open or ends first, AckRejected when the
     batch is invalid). A `settle` request (a client attached here connected elsewhere: device-persistence
-    reads its stored messages once it has what this connector acknowledged) runs `on_settle()` (every ack
-    held now sent and applied) and answers `settled` with its seq.
+    reads its stored messages once it has what this connector acknowledged) calls `on_settle(answer)`, which
+    sends every ack held now and, once they are applied, calls `answer()`: `settled` with the request's seq,
+    on the stream that asked (a stream reopened meanwhile has its own requests).
 
     Each attempt drives its call directly (one writer task per attempt, no request iterator): when an
     attempt ends its writer is cancelled and awaited and the call cancelled, so nothing outlives it.
@@ -314,7 +316,6 @@ class ForwardLink:
         self._on_open = on_open
         self._on_close = on_close
         self._on_settle = on_settle
-        self._settling: set[asyncio.Task] = set()
         self._backoff = Backoff(backoff_s, max_backoff_s)
         self._queue: asyncio.Queue | None = None
         self._waiting: dict[int, asyncio.Future] = {}
@@ -329,21 +330,10 @@ class ForwardLink:
 
     async def stop(self) -> None:
         self._stopped = True
-        for task in [*self._settling, self._task]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*self._settling, *([self._task] if self._task else []), return_exceptions=True)
-        self._task = None
-
-    def _settle(self, queue: asyncio.Queue, seq: int) -> None:
-        """device-persistence asked for the acks held here: answered on the stream that asked (a stream
-        reopened meanwhile has its own requests)."""
-        async def run() -> None:
-            await self._on_settle()
-            queue.put_nowait(spb.ForwardUp(settled=spb.ForwardSettle(seq=seq)))
-        task = asyncio.get_running_loop().create_task(run(), name=f"forward {self.target} settle")
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def acknowledge_many(self, request: spb.PacketBatchRequest, timeout: float) -> spb.ForwardAcked:
         queue = self._queue
@@ -384,7 +374,8 @@ class ForwardLink:
                         if fut is not None and not fut.done():
                             fut.set_result(down.acked)
                     elif kind == "settle":
-                        self._settle(queue, down.settle.seq)
+                        self._on_settle(functools.partial(
+                            queue.put_nowait, spb.ForwardUp(settled=spb.ForwardSettle(seq=down.settle.seq))))
                     elif kind == "ready":
                         self.open = True
                         self.stats["opened"] += 1
@@ -435,7 +426,7 @@ class DevicePersistenceClient:
         """Open (and keep open) the Forward stream to every target."""
         for target, stub in zip(self.targets, self._stubs):
             link = ForwardLink(target, stub, service_id, on_batch=on_batch, on_open=on_open, on_close=on_close,
-                               on_settle=self.settle_acks)
+                               on_settle=self._settle_for)
             self.links.append(link)
             link.start()
 
@@ -533,6 +524,13 @@ class DevicePersistenceClient:
         reported, so a reconnect on another connector does not either, and when device-persistence asks
         (a session taken over on another connector: ForwardLink's `settle`; docs/connector.md)."""
         await self.acks.settle(min(self.timeout, 2.0))
+
+    def _settle_for(self, answer: Callable[[], None]) -> None:
+        """A Forward stream's settle request: the acks held now sent and applied, then `answer()`."""
+        async def settle() -> None:
+            await self.settle_acks()
+            answer()
+        self._background("settle", settle())
 
     def detach(self, client_id: str, session_id: str) -> None:
         """No more forwards to the session (a no-op when another session attached since), once the
