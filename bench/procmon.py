@@ -77,17 +77,18 @@ def thread_stats(pid: int) -> dict[int, tuple[str, int]]:
 
 
 def thread_cpu_pct(pid: int, before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
-                   seconds: float, ticks_per_s: float) -> list[tuple[str, float]]:
+                   seconds: float, ticks_per_s: float, digits: int = 1) -> list[tuple[str, float]]:
     """Pure: CPU % of one core per thread name over a window, from two `thread_stats` snapshots, busiest
-    first. The process's own thread (tid = pid) is "main"; threads of one name are summed ("grpc_global_tim"
-    × 3 is one row); a thread that started in the window counts from 0, one that ended is left out."""
+    first, rounded to `digits` decimals. The process's own thread (tid = pid) is "main"; threads of one name
+    are summed ("grpc_global_tim" × 3 is one row); a thread that started in the window counts from 0, one that
+    ended is left out."""
     if seconds <= 0:
         return []
     per: dict[str, int] = {}
     for tid, (comm, ticks) in after.items():
         name = "main" if tid == pid else comm
         per[name] = per.get(name, 0) + ticks - before.get(tid, (comm, 0))[1]
-    return sorted(((n, round(100.0 * t / ticks_per_s / seconds, 1)) for n, t in per.items()),
+    return sorted(((n, round(100.0 * t / ticks_per_s / seconds, digits)) for n, t in per.items()),
                   key=lambda x: (-x[1], x[0]))
 
 

@@ -7,35 +7,23 @@ asserts nothing.
 Starts the suite as `make bench` does (bench.profile.SteadyLoad), runs 25 s of the bench's p2p load at
 500 msg/s (its broker warm-up), disconnects the clients, waits `wait_s` with no clients, then reads the CPU
 (user + system) of every thread of every process from /proc/<pid>/task/*/stat over `window_s`, and prints each
-process's share of one core with its busiest thread names. The bench's own idle figure (`make bench`, "idle
-CPU after 60 s") is the same sum over a 10 s window."""
+process's share of one core with its busiest thread names (bench.procmon's thread_stats and thread_cpu_pct:
+a process's own thread is "main"). The bench's own idle figure (`make bench`, "idle CPU after 60 s") is the
+same sum over a 10 s window."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procmon import stat_ticks  # noqa: E402
+from bench.procmon import thread_cpu_pct, thread_stats  # noqa: E402
 from bench.profile import SteadyLoad  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def threads(pid: int) -> dict[str, tuple[str, float]]:
-    """{thread id: (thread name, CPU seconds so far)} of a process."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            out[tid] = (name, stat_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text()) / TICKS)
-        except OSError:  # the thread ended
-            continue
-    return out
 
 
 def main() -> None:
@@ -45,20 +33,18 @@ def main() -> None:
         load.finish()
         pids = dict(load.pids)
         time.sleep(wait)
-        before = {k: threads(p) for k, p in pids.items()}
+        before = {k: thread_stats(p) for k, p in pids.items()}
         time.sleep(window)
-        after = {k: threads(p) for k, p in pids.items()}
+        after = {k: thread_stats(p) for k, p in pids.items()}
     total = 0.0
     print(f"idle CPU, % of one core, over {window:.0f} s after {wait:.0f} s with no clients:")
-    for k in pids:
-        per = Counter()
-        for tid, (name, cpu) in after[k].items():
-            per[name] += cpu - before[k].get(tid, (name, 0.0))[1]
-        cpu = sum(per.values())
-        total += cpu
-        busiest = ", ".join(f"{n} {100 * v / window:.2f}" for n, v in per.most_common(8) if v > 0)
-        print(f"{k:22} {100 * cpu / window:5.2f}   {busiest}")
-    print(f"{'total':22} {100 * total / window:5.2f}")
+    for k, pid in pids.items():
+        per = thread_cpu_pct(pid, before[k], after[k], window, TICKS, digits=6)
+        cpu_pct = sum(v for _, v in per)
+        total += cpu_pct
+        busiest = ", ".join(f"{n} {v:.2f}" for n, v in per[:8] if v > 0)
+        print(f"{k:22} {cpu_pct:5.2f}   {busiest}")
+    print(f"{'total':22} {total:5.2f}")
 
 
 if __name__ == "__main__":

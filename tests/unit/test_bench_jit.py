@@ -94,6 +94,9 @@ def test_thread_cpu_pct_names_the_main_thread_sums_by_name_and_sorts_busiest_fir
     assert thread_cpu_pct(40, before, after, 10.0, 100) == [
         ("main", 25.0), ("new thread", 3.0), ("grpc_global_tim", 1.0)]
     assert thread_cpu_pct(40, before, after, 0.0, 100) == []
+    # 30 s at 100 ticks/s: 4 ticks = 0.1333 % of a core (0.1 at the default one decimal)
+    assert thread_cpu_pct(40, {40: ("x", 0)}, {40: ("x", 4)}, 30.0, 100) == [("main", 0.1)]
+    assert thread_cpu_pct(40, {40: ("x", 0)}, {40: ("x", 4)}, 30.0, 100, digits=2) == [("main", 0.13)]
 
 
 def test_thread_stats_reads_this_process():
