@@ -21,13 +21,19 @@ from .stats import expand_names
 _COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
-def stat_ticks(line: str) -> int:
-    """CPU clock ticks (user + system) of one /proc/<pid>[/task/<tid>]/stat line.
+def stat_user_system(line: str) -> tuple[int, int]:
+    """CPU clock ticks (user, system) of one /proc/<pid>[/task/<tid>]/stat line.
 
     A stat line is "<tid> (<comm>) <state> ..." with utime and stime the 14th and 15th fields; comm may hold
     spaces and parentheses, so the fields are counted after its last ')'."""
     rest = line[line.rfind(")") + 2:].split()
-    return int(rest[11]) + int(rest[12])  # fields 14 and 15 of the line
+    return int(rest[11]), int(rest[12])  # fields 14 and 15 of the line
+
+
+def stat_ticks(line: str) -> int:
+    """CPU clock ticks (user + system) of one /proc/<pid>[/task/<tid>]/stat line (stat_user_system)."""
+    user, system = stat_user_system(line)
+    return user + system
 
 
 def compiler_ticks(stats: list[str]) -> int:

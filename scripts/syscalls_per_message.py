@@ -4,7 +4,8 @@ Starts the suite as `make bench` does (bench.brokers), runs the bench's p2p load
 at a fixed rate, and after a warm-up reads each process's counters from /proc (summed over its threads, no
 tracer attached): `syscr` / `syscw` (read- and write-type calls: read, write, writev, ...; a socket's
 sendmsg/recvmsg, which gRPC's core uses, are not in them), voluntary and involuntary context switches,
-and user + system CPU. With STRACE=<process,...> it also runs `strace -c -f` on those processes for the
+and user + system CPU (the system part also alone: the kernel's share, system calls and the network stack
+included). With STRACE=<process,...> it also runs `strace -c -f` on those processes for the
 window (which slows them: use it for the kinds of calls, not for the CPU figures).
 
     .venv/bin/python scripts/syscalls_per_message.py [rate=1000] [window_s=20] [warmup_s=60]
@@ -23,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procmon import stat_ticks  # noqa: E402
+from bench.procmon import stat_user_system  # noqa: E402
 from bench.profile import SteadyLoad  # noqa: E402
 
-FIELDS = ("syscr", "syscw", "vcs", "nvcs", "cpu_s")
+FIELDS = ("syscr", "syscw", "vcs", "nvcs", "cpu_s", "sys_s")
 
 
 def counters(pid: int) -> dict[str, float]:
@@ -48,7 +49,9 @@ def counters(pid: int) -> dict[str, float]:
                 out["vcs"] += int(line.split()[1])
             elif line.startswith("nonvoluntary_ctxt_switches"):
                 out["nvcs"] += int(line.split()[1])
-        out["cpu_s"] += stat_ticks(stat) / tick
+        user, system = stat_user_system(stat)
+        out["cpu_s"] += (user + system) / tick
+        out["sys_s"] += system / tick
     return out
 
 
@@ -78,9 +81,9 @@ def main() -> None:
         for f in FIELDS:
             total[f] += d[f]
         print(f"{k:22} {d['syscr'] / n:7.2f} {d['syscw'] / n:7.2f} {d['vcs'] / n:7.2f} {d['nvcs'] / n:8.2f} "
-              f"{d['cpu_s'] * 1e6 / n:7.0f}")
+              f"{d['cpu_s'] * 1e6 / n:7.0f} {d['sys_s'] * 1e6 / n:9.0f}")
     print(f"{'total':22} {total['syscr'] / n:7.2f} {total['syscw'] / n:7.2f} {total['vcs'] / n:7.2f} "
-          f"{total['nvcs'] / n:8.2f} {total['cpu_s'] * 1e6 / n:7.0f}")
+          f"{total['nvcs'] / n:8.2f} {total['cpu_s'] * 1e6 / n:7.0f} {total['sys_s'] * 1e6 / n:9.0f}")
     e = load.result.get("e2e_ms", {})
     print(f"step: in {load.result.get('in_rate')}/s, out {load.result.get('out_rate')}/s, e2e p50 {e.get('p50')} "
           f"p99 {e.get('p99')} ms, lost {load.result.get('lost')}")

@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.procmon import JitSettle, ProcMonitor, compiler_ticks, thread_cpu_pct, thread_stats  # noqa: E402
+from bench.procmon import (  # noqa: E402
+    JitSettle, ProcMonitor, compiler_ticks, stat_ticks, stat_user_system, thread_cpu_pct, thread_stats)
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +104,10 @@ def test_thread_stats_reads_this_process():
     own = thread_stats(os.getpid())
     assert os.getpid() in own and own[os.getpid()][1] >= 0
     assert thread_stats(2 ** 22 + 12345) == {}  # no such process
+
+
+def test_stat_user_system_reads_fields_14_and_15_after_a_comm_with_spaces_and_parentheses():
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    line = "4242 (data (plane) 1) S 1 4242 4242 0 -1 4194560 10 0 0 0 137 42 0 0 20 0 9 0 100 0 0"
+    assert stat_user_system(line) == (137, 42)
+    assert stat_ticks(line) == 179
