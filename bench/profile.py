@@ -249,7 +249,11 @@ def profile(args) -> int:
             "publish": f"{args.pairs} publishers, no subscribers"}[args.mode]
     lines = [f"# py-spy profile of {args.broker} under {args.mode} load ({stamp})", "",
              f"Load: {what}, QoS 1, {prof.payload} B, {args.rate:.0f} msg/s in; py-spy "
-             f"{args.rate_hz} Hz for {args.seconds:.0f} s, --nonblocking, busy samples only.", ""]
+             f"{args.rate_hz} Hz for {args.seconds:.0f} s, --nonblocking, busy samples only.",
+             "", "py-spy samples by the wall clock: a thread that is runnable but preempted (waiting for a CPU, "
+             "often for the process it has just woken) counts as busy in the frame it stopped in, so on a "
+             "loaded host the shares below rank wall time, not CPU (docs/performance.md, the thirty-first "
+             "round; scripts/cpu_profile.py ranks by the CPU clock).", ""]
     if result:
         e = result["e2e_ms"]
         lines += [f"During the profile: in {result['in_rate']:.0f}/s, out {result['out_rate']:.0f}/s, "

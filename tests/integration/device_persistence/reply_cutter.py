@@ -1,5 +1,6 @@
-"""A TCP proxy in front of a real Redis that can lose one reply: what a client sees when Redis goes away right
-after running its command (a restart, a network cut). Fault injection only: every byte it passes is Redis's."""
+"""A TCP proxy in front of a real Redis that can lose one reply, or hold it back: what a client sees when Redis
+goes away right after running its command (a restart, a network cut), or answers late. Fault injection only:
+every byte it passes is Redis's."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import contextlib
 class ReplyCutter:
     """Passes every connection through to ``host:port``. After ``arm(*markers)``, the first request that holds
     every marker is passed on (Redis runs it), then the reply it gets is dropped and both sides of that
-    connection are closed; ``cut`` is set. Everything else, before and after, passes untouched."""
+    connection are closed; ``cut`` is set. With ``arm(*markers, hold=True)`` the reply is held instead:
+    ``held`` is set once Redis answered, and the reply goes on to the client at ``release()`` (nothing is
+    passed to it if it closed its side meanwhile). Everything else, before and after, passes untouched."""
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.upstream = (host, port)
         self.port: int | None = None
         self.cut = asyncio.Event()
+        self.held = asyncio.Event()
+        self._release = asyncio.Event()
+        self._hold = False
         self._markers: tuple[bytes, ...] = ()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -29,9 +35,16 @@ class ReplyCutter:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    def arm(self, *markers: bytes) -> None:
+    def arm(self, *markers: bytes, hold: bool = False) -> None:
         self.cut.clear()
+        self.held.clear()
+        self._release.clear()
+        self._hold = hold
         self._markers = markers
+
+    def release(self) -> None:
+        """The held reply goes on to its client."""
+        self._release.set()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -45,12 +58,13 @@ class ReplyCutter:
         self._tasks.add(task)
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         cutting = asyncio.Event()  # this connection's marked request is on its way to Redis
+        holding = asyncio.Event()  # ... to be answered late
 
         async def to_redis() -> None:
             while data := await reader.read(65536):
                 if self._markers and all(m in data for m in self._markers):
                     self._markers = ()
-                    cutting.set()
+                    (holding if self._hold else cutting).set()
                 up_writer.write(data)
                 await up_writer.drain()
 
@@ -59,6 +73,10 @@ class ReplyCutter:
                 if cutting.is_set():  # Redis ran it: its reply is lost with the connection
                     self.cut.set()
                     return
+                if holding.is_set():  # Redis ran it: its reply waits for release()
+                    holding.clear()
+                    self.held.set()
+                    await self._release.wait()
                 writer.write(data)
                 await writer.drain()
 

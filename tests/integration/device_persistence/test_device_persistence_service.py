@@ -603,17 +603,16 @@ async def test_a_live_client_that_does_not_acknowledge_is_paused_then_pages(kafk
             assert seqs(await fwd.wait_count(11))[-1] == 15
 
 
-async def test_a_batch_saved_by_an_attempt_whose_reply_was_lost_is_still_forwarded_in_order(
-        kafka, redis_standalone, tmp_path_factory):
-    """Redis runs a save, then its reply is lost with the connection (what a Redis restart does to a call in
-    flight). The retry (redis-py's, or the service's) finds the batch applied and stores nothing; the lost
-    attempt had handed the live client's messages packet ids. They must still be forwarded, before what is
-    saved after them: the connection takes forwards in serial order only, so without that they would wait
-    in Redis until the client's next connect (the bench's "restart Redis" fault found 4 such messages)."""
+SAVE_SHA = hashlib.sha1(script_source("save_messages").encode()).hexdigest().encode()
+
+
+@contextlib.asynccontextmanager
+async def behind_a_cutter(kafka, redis_standalone, tmp_path_factory, group: str):
+    """The service talking to Redis through a ReplyCutter, a fake connector, and one client live on its
+    Forward stream: yields (cutter, handles, client id, the stream)."""
     cutter = await ReplyCutter(redis_standalone.port).start()
-    save_sha = hashlib.sha1(script_source("save_messages").encode()).hexdigest().encode()
     suite = dp_suite(kafka, tmp_path_factory, redis_url=cutter.url,
-                     env={"DEVICE_PERSISTENCE_GROUP_ID": f"dp-lost-reply-{new_tag()}"})
+                     env={"DEVICE_PERSISTENCE_GROUP_ID": f"{group}-{new_tag()}"})
     try:
         async with handles(suite, store_url=redis_standalone.url) as h:
             cid, conn = f"dev-{uuid.uuid4().hex[:10]}", await h.fake_connector()
@@ -621,22 +620,74 @@ async def test_a_batch_saved_by_an_attempt_whose_reply_was_lost_is_still_forward
                 page = await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn,
                                                                                  session_id="s"))
                 assert not page.messages and not page.more  # live from now on
-                await h.publish(cid, range(3))
-                assert seqs(await down.wait_count(3)) == [0, 1, 2]
-
-                cutter.arm(save_sha, cid.encode())  # this client's save (the topic holds other tests' records)
-                await h.publish(cid, range(3, 6))
-                await asyncio.wait_for(cutter.cut.wait(), BOUND)
-                await h.publish(cid, range(6, 8))
-
-                got = await down.wait_count(8)
-                assert seqs(got) == list(range(8))
-                assert [d.serial for d in got] == list(range(1, 9))
-                assert all(d.packet_id for d in got)
-                assert await h.stored(cid) == list(range(8))  # stored once each
-                assert (await h.details()).get("forwarded_again", 0) >= 1
+                yield cutter, h, cid, down
     finally:
         await cutter.close()
+
+
+async def test_a_batch_saved_by_an_attempt_whose_reply_was_lost_is_still_forwarded_in_order(
+        kafka, redis_standalone, tmp_path_factory):
+    """Redis runs a save, then its reply is lost with the connection (what a Redis restart does to a call in
+    flight). The retry (redis-py's, or the service's) finds the batch applied and stores nothing; the lost
+    attempt had handed the live client's messages packet ids. They must still be forwarded, before what is
+    saved after them: the connection takes forwards in serial order only, so without that they would wait
+    in Redis until the client's next connect (the bench's "restart Redis" fault found 4 such messages)."""
+    async with behind_a_cutter(kafka, redis_standalone, tmp_path_factory, "dp-lost-reply") as (cutter, h, cid, down):
+        await h.publish(cid, range(3))
+        assert seqs(await down.wait_count(3)) == [0, 1, 2]
+
+        cutter.arm(SAVE_SHA, cid.encode())  # this client's save (the topic holds other tests' records)
+        await h.publish(cid, range(3, 6))
+        await asyncio.wait_for(cutter.cut.wait(), BOUND)
+        await h.publish(cid, range(6, 8))
+
+        got = await down.wait_count(8)
+        assert seqs(got) == list(range(8))
+        assert [d.serial for d in got] == list(range(1, 9))
+        assert all(d.packet_id for d in got)
+        assert await h.stored(cid) == list(range(8))  # stored once each
+        assert (await h.details()).get("forwarded_again", 0) >= 1
+
+
+async def test_a_persist_batch_whose_stream_ends_while_redis_runs_its_save_is_still_forwarded(
+        kafka, redis_standalone, tmp_path_factory):
+    """A router dies (its Persist stream ends) while Redis runs the save of its last batch, and Redis answers
+    only after that. The save must still be forwarded: the router's replay brings the batch again with newer
+    copies, finds it applied (the origin check) and forwards only the newer ones, and a connection takes
+    forwards in serial order only, so a save cut off with its stream would leave a live client's messages
+    handed out in Redis, and skipped, until its next connect. (The e2e crash test of the router,
+    test_durability_device_qos2_fan_in_wide_windows[router-1], lost 32 of 450 messages this way once.)"""
+    async with behind_a_cutter(kafka, redis_standalone, tmp_path_factory, "dp-held-reply") as (cutter, h, cid, down):
+        copies = [persisted(cid, i, (0, 10 + i)) for i in range(6)]
+        call = h.stub.Persist()
+        try:
+            await call.write(spb.PersistBatch(seq=1, records=copies[:3]))
+            assert (await call.read()).seq == 1
+            assert seqs(await down.wait_count(3)) == [0, 1, 2]
+            cutter.arm(SAVE_SHA, cid.encode(), hold=True)
+            await call.write(spb.PersistBatch(seq=2, records=copies[3:5]))
+            await asyncio.wait_for(cutter.held.wait(), BOUND)  # Redis ran the save, its reply waits
+        finally:
+            call.cancel()  # the router is gone
+        await wait_until(lambda: _details_show(h, persist_streams=0), BOUND, "the Persist stream ended")
+        cutter.release()
+
+        replay = h.stub.Persist()  # the next router routes from its last commit: the batch and a newer copy
+        try:
+            await replay.write(spb.PersistBatch(seq=1, records=copies[3:]))
+            answer = await replay.read()
+            assert (answer.seq, answer.saved) == (1, 1)
+        finally:
+            replay.cancel()
+        await wait_until(lambda: taken(down.messages) == list(range(6)), BOUND,
+                         lambda: f"every copy forwarded, in order (have {seqs(down.messages)})")
+        assert await h.stored(cid) == list(range(6))  # stored once each
+        assert await _details_show(h, persisting=0)
+
+
+async def _details_show(h, **want) -> bool:
+    details = await h.details()
+    return all(details.get(k) == v for k, v in want.items())
 
 
 def persisted(cid: str, seq: int, origin: tuple[int, int]) -> bytes:

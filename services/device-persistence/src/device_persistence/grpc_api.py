@@ -131,6 +131,7 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         self._persist = persist  # async (records: list[bytes]) -> saved count (the service's persist)
         self.registry = registry if registry is not None else ForwardRegistry(16 * 1024 * 1024)
         self.calls: Counter = Counter()
+        self.persist_streams = 0  # Persist streams open (/readyz `persist_streams`)
 
     async def _settle_elsewhere(self, request: spb.FetchUndeliveredRequest) -> None:
         """A session's first fetch (not a resync) of a client still attached to ANOTHER connector (a takeover:
@@ -253,12 +254,16 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         self.calls["Persist"] += 1
         if self._persist is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this instance takes no Persist streams")
-        async for batch in request_iterator:
-            try:
-                stored = await self._persist(batch.records)
-            except RuntimeError as exc:  # stopping while Redis is unavailable
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            await context.write(spb.PersistAnswer(seq=batch.seq, saved=stored))
+        self.persist_streams += 1
+        try:
+            async for batch in request_iterator:
+                try:
+                    stored = await self._persist(batch.records)
+                except RuntimeError as exc:  # stopping while Redis is unavailable
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                await context.write(spb.PersistAnswer(seq=batch.seq, saved=stored))
+        finally:
+            self.persist_streams -= 1
 
     async def _read_acks(self, requests, stream: ForwardStream) -> None:
         """Applies the acknowledgements coming up the stream, in order; ends the stream when the
