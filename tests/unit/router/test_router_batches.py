@@ -123,6 +123,34 @@ async def test_batch_without_records_is_acked_at_once_and_stale_batches_are_skip
     assert kafka.sent == [] and runtime.stale_batches == 2
 
 
+@pytest.mark.parametrize("committed", [10, None, 0])
+async def test_a_batch_done_before_an_earlier_one_of_its_partition_is_not_committed_before_it(router, committed):
+    """Batches complete out of order (one without copies at once, one waiting for its copies' acknowledgements
+    later); Faust's commit bookkeeping would commit past the earlier one's records when nothing is committed
+    yet, at offset 0, or when the earlier one is a single record (it accepts acked offsets starting one past
+    the committed offset): a crash then loses their copies. The later batch's offsets reach Faust only once
+    the earlier one is done."""
+    app, runtime, kafka, _ = router
+    consumer = app.consumer
+    tp, other = TP(topics.MSG_ALL, 3), TP(topics.MSG_ALL, 4)
+    start = committed or 0
+    if committed is not None:
+        consumer._committed_offset[tp] = committed
+    first = RecordBatch({tp: [_record(3, start, _publish("x/1"))]}, app.consumer_generation_id)
+    await runtime.handle_batch(first)
+    second = RecordBatch({tp: [_record(3, start + 1, _publish("nobody/here"))],
+                          other: [_record(4, 7, _publish("nobody/here"))]}, app.consumer_generation_id)
+    await runtime.handle_batch(second)
+    assert second.acked and not first.acked and second not in consumer.unacked
+    assert consumer._filter_committable_offsets([tp]) == {}  # nothing of tp is committable yet
+    assert consumer._acked[other] == [7]  # another partition is not held back
+    for f in kafka.futures:
+        f.set_result(None)
+    await asyncio.sleep(0)
+    assert first.acked and sorted(consumer._acked[tp]) == [start, start + 1]
+    assert consumer._filter_committable_offsets([tp]) == {tp: start + 2}
+
+
 async def test_ack_batch_skips_committed_and_already_acked_offsets(router):
     app, _, _, _ = router
     consumer = app.consumer

@@ -31,6 +31,7 @@ import heapq
 import logging
 import os
 import time
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from functools import partial
 
@@ -164,7 +165,7 @@ class RecordBatch:
     While the agent works on it, it stands in Faust's set of unacknowledged messages (``acked``,
     ``refcount``, weak-referenceable), so a rebalance or shutdown waits for it like for an event."""
 
-    __slots__ = ("records", "generation_id", "acked", "refcount", "barrier", "__weakref__")
+    __slots__ = ("records", "generation_id", "acked", "refcount", "barrier", "queued", "__weakref__")
 
     def __init__(self, records: dict, generation_id: int):
         self.records = records
@@ -172,6 +173,7 @@ class RecordBatch:
         self.acked = False
         self.refcount = 1
         self.barrier = None  # the state views' end offsets read after this batch arrived (RouterRuntime.deliver)
+        self.queued = False  # in BatchConsumer's per-partition order (track_batch)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.records.values())
@@ -203,10 +205,24 @@ class BatchConsumer(faust_aiokafka.Consumer):
     def batch_topic(self) -> str | None:
         return getattr(self.app, "batch_topic", None)
 
+    _in_order: dict | None = None  # TP -> deque of its tracked batches, in delivery order
+
     def track_batch(self, batch: RecordBatch) -> None:
         self._unacked_messages.add(batch)
+        if self._in_order is None:
+            self._in_order = defaultdict(deque)
+        batch.queued = True
+        for tp in batch.records:
+            self._in_order[tp].append(batch)
 
     def ack_batch(self, batch: RecordBatch) -> int:
+        """The batch is done (every copy acknowledged). Its offsets go to Faust's acked offsets only once every
+        earlier batch of the same partition is done too: batches complete out of order (one without copies at
+        once, one waiting for device-persistence later), and Faust's commit (``Consumer._new_offset``, faust
+        0.15.3) takes the first run of acked offsets without checking that it starts at the committed offset
+        when none is known or it is 0, nor when the run starts one past it: it would commit past a record whose
+        copies are not acknowledged yet, and a crash then would lose them (docs/router.md, Commit
+        semantics). Returns how many offsets were handed to Faust."""
         with ack_lock:
             if batch.acked:
                 return 0
@@ -214,20 +230,29 @@ class BatchConsumer(faust_aiokafka.Consumer):
             self._unacked_messages.discard(batch)
             n = 0
             if self.app.topics.acks_enabled_for(self.batch_topic):
-                committed_offsets, acked_index, acked = self._committed_offset, self._acked_index, self._acked
-                for tp, recs in batch.records.items():
-                    committed = committed_offsets[tp]
-                    index = acked_index[tp]
-                    add, append = index.add, acked[tp].append
-                    for rec in recs:
-                        off = rec.offset
-                        if (committed is None or off >= committed) and off not in index:
-                            add(off)
-                            append(off)
-                            n += 1
+                for tp in batch.records:
+                    if not batch.queued:  # not tracked: acked by itself
+                        n += self._ack_offsets(tp, batch.records[tp])
+                        continue
+                    queue = self._in_order[tp]
+                    while queue and queue[0].acked:
+                        n += self._ack_offsets(tp, queue.popleft().records[tp])
                 self._n_acked += n
             notify(self._waiting_for_ack)
             return n
+
+    def _ack_offsets(self, tp, recs) -> int:
+        committed = self._committed_offset[tp]
+        index = self._acked_index[tp]
+        add, append = index.add, self._acked[tp].append
+        n = 0
+        for rec in recs:
+            off = rec.offset
+            if (committed is None or off >= committed) and off not in index:
+                add(off)
+                append(off)
+                n += 1
+        return n
 
     async def _drain_messages(self, fetcher) -> None:  # pragma: no cover - needs a broker
         deliver = getattr(self.app, "deliver_batch", None)  # RouterApp: RouterRuntime.deliver
