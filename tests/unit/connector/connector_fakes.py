@@ -168,7 +168,14 @@ class FakePort:
         if self.by_store.get(store_id) is conn:
             del self.by_store[store_id]
 
+    produce_gate: asyncio.Future | None = None  # while set and not done, a hand-over waits for it (a full batch)
+    produce_error: BaseException | None = None  # raised by the hand-over, before any wait
+
     async def produce_publish(self, msg, topic, retain, headers=None):
+        if self.produce_error is not None:
+            raise self.produce_error
+        if self.produce_gate is not None:
+            await self.produce_gate
         self.produced.append((msg, topic, retain))
         loop = asyncio.get_running_loop()
         futs = [loop.create_future() for _ in range(2 if retain else 1)]

@@ -85,20 +85,38 @@ async def test_an_idle_connection_holds_no_task_and_acknowledgements_are_handled
     assert transport.packets(5) == [PingResp()] and conn._task is None
 
 
+async def test_a_publish_is_handed_to_the_producer_inside_data_received_without_a_task():
+    """The hand-over to the producer runs eagerly (tbmq_platform.eager): aiokafka appends to the open batch
+    without waiting, so a PUBLISH is with the producer when data_received returns and no task was started; the
+    PUBACK still waits for Kafka's acknowledgement."""
+    port = FakePort()
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="p", clean_start=True))
+    await until(lambda: conn._task is None)
+    conn.data_received(encode(Publish(topic="a/1", payload=b"1", qos=1, packet_id=7), 4))
+    assert [m.payload for m, _t, _r in port.produced] == [b"1"] and conn._task is None
+    assert transport.data == b""  # the acknowledgement's callback has not run yet
+    await until(lambda: bool(transport.data))
+    assert transport.packets(4) == [PubAck(7)]
+
+
 async def test_publishes_reach_the_producer_in_packet_order_with_a_delivery_in_between():
-    """A PUBLISH's hand-over to the producer is awaited by a task started for it; a delivery that runs the
-    machine's effects before that task starts must not hand it over itself (the next PUBLISH would overtake
-    it), and the task ends once the queue is empty."""
+    """A hand-over that has to wait (the partition's batch full) leaves its rest to a task; a delivery that runs
+    the machine's effects meanwhile must not hand the next PUBLISH over itself (it would overtake the waiting
+    one), and the task ends once the queue is empty."""
     port = FakePort()
     conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="p", clean_start=True))
     conn.data_received(encode(Subscribe(packet_id=1, subscriptions=[Subscription("t/#", qos=0)]), 4))
     await until(lambda: bool(transport.data))
     transport.packets(4)
     await until(lambda: conn._task is None)
+    port.produce_gate = asyncio.get_running_loop().create_future()
     conn.data_received(encode(Publish(topic="a/1", payload=b"1", qos=1, packet_id=1), 4))
-    assert conn._task is not None and port.produced == []  # handed to the task, not yet run
+    assert conn._task is not None and port.produced == []  # waiting inside the hand-over, in the task
     conn.deliver(pb.PublishMsg(topic="t/1", payload=b"d", qos=0, created_at_ms=1), 0, False, ())
     conn.data_received(encode(Publish(topic="a/1", payload=b"2", qos=1, packet_id=2), 4))
+    await until(lambda: bool(transport.data))  # the delivery, at once
+    assert port.produced == []
+    port.produce_gate.set_result(None)
     await until(lambda: len(port.produced) == 2)
     assert [m.payload for m, _t, _r in port.produced] == [b"1", b"2"]
     await until(lambda: conn._task is None)
@@ -106,6 +124,27 @@ async def test_publishes_reach_the_producer_in_packet_order_with_a_delivery_in_b
     got = transport.packets(4)
     assert [p.payload for p in got if isinstance(p, Publish)] == [b"d"]
     assert [p.packet_id for p in got if isinstance(p, PubAck)] == [1, 2]
+
+
+async def test_a_hand_over_that_fails_at_once_is_answered_like_one_that_failed_waiting():
+    """The producer refusing a record (closed, its buffer full past the timeout) fails the PUBLISH whether the
+    refusal came at once or after a wait: a v5 PUBACK with an error code, in packet order."""
+    port = FakePort()
+    conn, transport, _ = await connected(port, v5_connect(clean_start=True, sei=None))
+    await until(lambda: conn._task is None)
+    port.produce_error = RuntimeError("producer closed")
+    conn.data_received(encode(Publish(topic="a/1", payload=b"1", qos=1, packet_id=1), 5))
+    assert conn._task is None
+    (first,) = transport.packets(5)
+    port.produce_error = None
+    port.produce_gate = asyncio.get_running_loop().create_future()
+    conn.data_received(encode(Publish(topic="a/1", payload=b"2", qos=1, packet_id=2), 5))
+    port.produce_gate.set_exception(RuntimeError("producer closed"))
+    await until(lambda: bool(transport.data))
+    (second,) = transport.packets(5)
+    assert isinstance(first, PubAck) and first.packet_id == 1 and first.reason_code >= 0x80
+    assert isinstance(second, PubAck) and second.packet_id == 2 and second.reason_code == first.reason_code
+    assert port.produced == []
 
 
 async def test_garbage_before_connect_closes_without_an_answer():
@@ -193,9 +232,20 @@ async def test_reading_pauses_on_bytes_held_not_only_on_packets():
     port = FakePort(env={"MQTT_INBOUND_BUFFER_BYTES": "4096", "MQTT_INBOUND_QUEUE_MAX": "1000"})
     conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="big", clean_start=True))
     big = encode(Publish(topic="t", payload=b"x" * 3000, qos=0), 4)
+    port.produce_gate = asyncio.get_running_loop().create_future()  # the producer's batch full: packets are held
     conn.data_received(big + big)  # two packets, 6 KB: over the byte bound, far under the packet bound
     assert transport.paused
+    port.produce_gate.set_result(None)
     await until(lambda: not transport.paused)  # processed: reading goes on
+    assert len(port.produced) == 2
+
+
+async def test_packets_handled_at_once_hold_nothing_and_leave_reading_on():
+    port = FakePort(env={"MQTT_INBOUND_BUFFER_BYTES": "4096", "MQTT_INBOUND_QUEUE_MAX": "1000"})
+    conn, transport, _ = await connected(port, Connect(protocol_level=4, client_id="big", clean_start=True))
+    big = encode(Publish(topic="t", payload=b"x" * 3000, qos=0), 4)
+    conn.data_received(big + big)  # handed to the producer inside the call: nothing left in the queue
+    assert not transport.paused and conn.inq == [] and conn._inq_bytes == 0
     assert len(port.produced) == 2
 
 

@@ -9,10 +9,12 @@ interface (`port.ConnectionPort`). The session rules live in the machine; this m
   its future with its coroutine: about 0.9 KB, measured with tracemalloc).
   Reading from the socket pauses while that queue is long, so a fast sender is slowed by TCP, not buffered.
 * Effects that need an answer from Kafka or the registry before the next packet (RequestSession,
-  LoadSubscriptions, ProduceSubscriptions, the hand-over of a ProducePublish to the producer: `_AWAITERS`) are
-  awaited by that task; a PUBLISH never waits for Kafka's acknowledgement: its delivery futures report to the
-  machine (`produced`), which sends PUBACK/PUBREC in packet order once Kafka acknowledged (nothing
-  acknowledged is lost).
+  LoadSubscriptions, ProduceSubscriptions, ...: `_AWAITERS`) are awaited by that task. The hand-over of a
+  ProducePublish to the producer is one of them, but it is started at once (`tbmq_platform.eager`) and almost
+  always finishes without waiting (aiokafka appends to the open batch), so a PUBLISH needs no task; only one
+  that waits (metadata, a full batch) leaves its rest to the task. A PUBLISH never waits for Kafka's
+  acknowledgement: its delivery futures report to the machine (`produced`), which sends PUBACK/PUBREC in
+  packet order once Kafka acknowledged (nothing acknowledged is lost).
 * Everything else (deliveries, forwards, timers, the transport's back-pressure) feeds the machine and runs
   its effects at once (`_drain`).
 """
@@ -62,6 +64,7 @@ from tbmq_connection import (
 from tbmq_auth import AuthResult
 from tbmq_mqtt import MqttDecoder, MqttProtocolError, PubAck, ReasonCode
 from tbmq_platform.backoff import Backoff, retry_after
+from tbmq_platform import eager
 from tbmq_platform.tracing import fresh_trace_headers
 
 from .port import ConnectionPort
@@ -94,6 +97,17 @@ def certificate_names(cert) -> tuple[str, ...]:
     names = [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
     names += [v for _kind, v in cert.get("subjectAltName", ())]
     return tuple(dict.fromkeys(names))
+
+
+class _Handing:
+    """A PUBLISH's hand-over to the producer that started eagerly and waits (`_drain_until_awaited`): its rest,
+    for the task, in the effect's place."""
+
+    __slots__ = ("effect", "rest")
+
+    def __init__(self, effect: ProducePublish, rest: eager.Suspended) -> None:
+        self.effect = effect
+        self.rest = rest
 
 
 class _AclChanged:
@@ -297,24 +311,15 @@ class Connection(asyncio.Protocol):
         do (or a throttle) leaves the rest to a task (`_run`). Called only while no task works."""
         m = self.m
         inq = self.inq
-        pending: list = []
+        pending: list | None = None
         try:
             while inq and m.state != CLOSED:
                 if self._throttle_until:
                     break
                 self._feed()
-                effects = m.effects
-                for e in effects:
-                    if e.__class__ in _AWAITERS:
-                        break
-                else:
-                    self._drain()
-                    continue
-                # the task runs them: taken out of the machine's list, so that nothing else (a delivery's _drain)
-                # runs one of them before the task starts, out of packet order
-                pending = effects.copy()
-                effects.clear()
-                break
+                pending = self._drain_until_awaited()
+                if pending is not None:
+                    break
             else:
                 return
         except Exception:
@@ -322,7 +327,42 @@ class Connection(asyncio.Protocol):
             m.internal_error(_now_ms())
             self._drain()
             return
-        self._task = asyncio.get_running_loop().create_task(self._run(pending))
+        self._task = asyncio.get_running_loop().create_task(self._run(pending or []))
+
+    def _drain_until_awaited(self) -> list | None:
+        """Run the machine's effects now, in order, up to the first that must be awaited; that one and the rest
+        are returned for the task (None: all done). A PUBLISH's hand-over to the producer runs here too, eagerly
+        (tbmq_platform.eager): aiokafka's `send` appends to the open batch without waiting, so the hot path needs
+        no task; only a hand-over that does wait (metadata, a full batch) leaves its rest (`_Handing`) to the
+        task. The effects returned are taken out of the machine's list, so that nothing else (a delivery's
+        `_drain`) runs one of them before the task does, out of packet order."""
+        m = self.m
+        effects = m.effects
+        port = self.port
+        hand_now = not port.spans  # a span must wrap the awaited send (`_produce`)
+        while effects:
+            e = effects[0]
+            cls = e.__class__
+            if cls is ProducePublish and hand_now:
+                effects.pop(0)
+                try:
+                    handed = eager.start(port.produce_publish(e.msg, e.topic, e.retain, fresh_trace_headers()))
+                except Exception as exc:
+                    m.produce_failed(e, exc, _now_ms())
+                    continue
+                if handed.__class__ is eager.Suspended:
+                    pending = [_Handing(e, handed), *effects]
+                    effects.clear()
+                    return pending
+                self._produce_handed(e, *handed)
+            elif cls in _AWAITERS:
+                pending = effects.copy()
+                effects.clear()
+                return pending
+            else:
+                effects.pop(0)
+                _HANDLERS[cls](self, e)
+        return None
 
     def _feed(self) -> None:
         """The next packet (a run of PUBACKs together) into the machine; reading resumes once the queue is short."""
@@ -368,6 +408,8 @@ class Connection(asyncio.Protocol):
                         self._produce_handed(e, fut, fut2)
                     elif cls is Send:
                         self._send(e)
+                    elif cls is _Handing:
+                        await self._hand_rest(e)
                     else:
                         effects.insert(0, e)
                         await self._drain_awaiting(effects)
@@ -460,6 +502,15 @@ class Connection(asyncio.Protocol):
             self._drain()
             return
         self._produce_handed(e, fut, fut2)
+
+    async def _hand_rest(self, h: _Handing) -> None:
+        """The rest of a hand-over that `_drain_until_awaited` started and that had to wait."""
+        try:
+            fut, fut2 = await h.rest
+        except Exception as exc:
+            self.m.produce_failed(h.effect, exc, _now_ms())  # its effects: the caller's loop runs them next
+            return
+        self._produce_handed(h.effect, fut, fut2)
 
     def _produce_handed(self, e: ProducePublish, fut: asyncio.Future, fut2: asyncio.Future | None) -> None:
         """The producer took the record(s): their acknowledgements report to the machine (QoS 1/2)."""
@@ -730,6 +781,7 @@ class Connection(asyncio.Protocol):
 # _HANDLERS); `_work` hands a packet to the task when its effects hold one of them
 _AWAITERS = {
     ProducePublish: Connection._produce,
+    _Handing: Connection._hand_rest,
     RequestSession: Connection._request_session,
     Authenticate: Connection._authenticate,
     LoadSubscriptions: Connection._load_subscriptions,
