@@ -400,16 +400,10 @@ class Connection(asyncio.Protocol):
                         if port.spans:
                             await self._produce(e)
                             continue
-                        try:
-                            fut, fut2 = await port.produce_publish(e.msg, e.topic, e.retain, fresh_trace_headers())
-                        except Exception as exc:
-                            m.produce_failed(e, exc, _now_ms())
-                            continue
-                        self._produce_handed(e, fut, fut2)
+                        await self._hand_over(e, port.produce_publish(e.msg, e.topic, e.retain,
+                                                                      fresh_trace_headers()))
                     elif cls is Send:
                         self._send(e)
-                    elif cls is _Handing:
-                        await self._hand_rest(e)
                     else:
                         effects.insert(0, e)
                         await self._drain_awaiting(effects)
@@ -503,14 +497,20 @@ class Connection(asyncio.Protocol):
             return
         self._produce_handed(e, fut, fut2)
 
+    async def _hand_over(self, e: ProducePublish, handing) -> None:
+        """Await a hand-over to the producer (`produce_publish`, or the rest of one started eagerly): its
+        acknowledgements then report to the machine, a failure at once (its effects: the caller's loop runs them
+        next)."""
+        try:
+            fut, fut2 = await handing
+        except Exception as exc:
+            self.m.produce_failed(e, exc, _now_ms())
+            return
+        self._produce_handed(e, fut, fut2)
+
     async def _hand_rest(self, h: _Handing) -> None:
         """The rest of a hand-over that `_drain_until_awaited` started and that had to wait."""
-        try:
-            fut, fut2 = await h.rest
-        except Exception as exc:
-            self.m.produce_failed(h.effect, exc, _now_ms())  # its effects: the caller's loop runs them next
-            return
-        self._produce_handed(h.effect, fut, fut2)
+        await self._hand_over(h.effect, h.rest)
 
     def _produce_handed(self, e: ProducePublish, fut: asyncio.Future, fut2: asyncio.Future | None) -> None:
         """The producer took the record(s): their acknowledgements report to the machine (QoS 1/2)."""
