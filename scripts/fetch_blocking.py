@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "services" / "device-persistence" / "src"))
 from tbmq.v1 import messages_pb2 as pb  # noqa: E402
 from tbmq_launcher.redis import RedisServer, find_free_port  # noqa: E402
 
-from device_persistence.store import Attachment, DeviceMsgStore, StoreConfig  # noqa: E402
+from tbmq_device_persistence.store import Attachment, DeviceMsgStore, StoreConfig  # noqa: E402
 
 BACKLOG = 10_000
 

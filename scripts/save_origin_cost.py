@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from device_persistence.store import DeviceMsgStore, Source, StoreConfig
+from tbmq_device_persistence.store import DeviceMsgStore, Source, StoreConfig
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_launcher.redis import RedisServer, find_free_port
 

@@ -43,7 +43,7 @@ async def ss(kafka, tmp_path_factory):
 
 async def stored_count(suite: Suite, store_id: str) -> int:
     """Messages in device-persistence's Redis under `store_id`."""
-    from device_persistence.store import client_keys
+    from tbmq_device_persistence.store import client_keys
 
     r = aioredis.from_url(suite.redis_url)
     try:

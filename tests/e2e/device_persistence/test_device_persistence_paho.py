@@ -22,7 +22,7 @@ from mqtt_clients import Client, fast_publish, run, wait_until
 from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
 
-from device_persistence.store import DeviceMsgStore, StoreConfig
+from tbmq_device_persistence.store import DeviceMsgStore, StoreConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

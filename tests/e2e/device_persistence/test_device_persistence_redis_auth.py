@@ -10,7 +10,7 @@ from tbmq_launcher.kafka import KafkaBroker
 from tbmq_launcher.launcher import Suite, new_tag
 from tbmq_launcher.redis import RedisError, redis_command
 
-from device_persistence.store import DeviceMsgStore, StoreConfig
+from tbmq_device_persistence.store import DeviceMsgStore, StoreConfig
 
 pytestmark = [pytest.mark.e2e]
 

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from tbmq_launcher.redis import RedisCluster, RedisError, RedisServer, find_free_port
 
-from device_persistence.store import DeviceMsgStore, StoreConfig
+from tbmq_device_persistence.store import DeviceMsgStore, StoreConfig
 
 _START_ATTEMPTS = 3  # a "free" port can be taken by someone else before redis-server binds it
 

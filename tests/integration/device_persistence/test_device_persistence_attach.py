@@ -9,7 +9,7 @@ import random
 import pytest
 from tbmq.v1 import messages_pb2 as pb
 
-from device_persistence.store import Attachment, client_keys
+from tbmq_device_persistence.store import Attachment, client_keys
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -25,7 +25,7 @@ from tbmq_launcher.services import readyz
 from tbmq_platform.kafka import make_producer
 from tbmq_platform.topics import MSG_PERSISTED
 
-from device_persistence.store import DeviceMsgStore, StoreConfig, script_source
+from tbmq_device_persistence.store import DeviceMsgStore, StoreConfig, script_source
 from reply_cutter import ReplyCutter
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

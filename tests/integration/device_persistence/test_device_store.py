@@ -11,7 +11,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 from tbmq.v1 import messages_pb2 as pb
 
-from device_persistence.store import Attachment, DeviceMsgStore, Source, StoreConfig, client_keys
+from tbmq_device_persistence.store import Attachment, DeviceMsgStore, Source, StoreConfig, client_keys
 from waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from device_persistence.store import DeviceMsgStore, StoreConfig, default_lua_dir, hash_tag
+from tbmq_device_persistence.store import DeviceMsgStore, StoreConfig, default_lua_dir, hash_tag
 
 
 def test_hash_tag_is_one_to_one():

@@ -9,7 +9,7 @@ import pytest
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 
-from device_persistence.store import Attachment, client_keys
+from tbmq_device_persistence.store import Attachment, client_keys
 from waits import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

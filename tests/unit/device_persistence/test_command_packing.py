@@ -7,7 +7,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection
 
-from device_persistence.store import packed_by_hiredis
+from tbmq_device_persistence.store import packed_by_hiredis
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import sys
 import pytest
 from tbmq_platform.settings import SettingsError
 
-from device_persistence.settings import BYTES_LIMIT_VAR, LIMIT_VAR, TTL_VAR, DevicePersistenceSettings, load_settings
-from device_persistence.store import Attachment
+from tbmq_device_persistence.settings import BYTES_LIMIT_VAR, LIMIT_VAR, TTL_VAR, DevicePersistenceSettings, load_settings
+from tbmq_device_persistence.store import Attachment
 
 pytestmark = pytest.mark.unit
 
@@ -87,7 +87,7 @@ def test_refused_for_data_tells_a_clients_data_from_redis_itself():
     from redis.exceptions import (BusyLoadingError, ConnectionError, NoPermissionError, NoScriptError,
                                   OutOfMemoryError, ReadOnlyError, ResponseError, TimeoutError)
 
-    from device_persistence.store import refused_for_data
+    from tbmq_device_persistence.store import refused_for_data
 
     data = [ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value script: 3f2a, "
                           "on @user_script:120."),

@@ -6,7 +6,7 @@ import pytest
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 
-from device_persistence.store import _stored_messages_wire
+from tbmq_device_persistence.store import _stored_messages_wire
 
 
 @pytest.mark.parametrize("client_id", ["", "dev-1", "é-ü-客户", "x" * 300])

@@ -8,8 +8,8 @@ import pytest
 from tbmq.v1 import messages_pb2 as pb
 from tbmq.v1 import services_pb2 as spb
 
-from device_persistence.forward import ByteQueue, EndReason, ForwardRegistry, group_by_service
-from device_persistence.store import Attachment, SaveResult
+from tbmq_device_persistence.forward import ByteQueue, EndReason, ForwardRegistry, group_by_service
+from tbmq_device_persistence.store import Attachment, SaveResult
 
 pytestmark = pytest.mark.unit
 

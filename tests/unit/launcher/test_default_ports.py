@@ -63,7 +63,7 @@ def _settings_classes():
     from admin.settings import AdminSettings
     from app_delivery.settings import AppDeliverySettings
     from connector.settings import ConnectorSettings
-    from device_persistence.settings import DevicePersistenceSettings
+    from tbmq_device_persistence.settings import DevicePersistenceSettings
     from router.settings import RouterSettings
     from session_registry.settings import SessionRegistrySettings
 

@@ -1,4 +1,4 @@
-"""device-persistence's per-second tallies (device_persistence.tally) as the statistics job reads them
+"""device-persistence's per-second tallies (tbmq_device_persistence.tally) as the statistics job reads them
 (tbmq_spark.decode): a tally of N copies gives the rows the N tbmq.msg.persisted records of those copies give
 (ROUTER_PERSIST_VIA=kafka), summed, at the tally's second."""
 
@@ -11,7 +11,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics as T
 from tbmq_spark.decode import message_metrics
 
-from device_persistence.tally import Tallies
+from tbmq_device_persistence.tally import Tallies
 
 
 def _copies(rng: random.Random, n: int) -> list[pb.PublishMsg]:
@@ -62,7 +62,7 @@ def test_tallies_are_handed_out_once_their_second_is_over_and_kept_when_a_write_
 
 
 def test_pending_tallies_are_bounded():
-    from device_persistence.tally import MAX_PENDING_SECONDS
+    from tbmq_device_persistence.tally import MAX_PENDING_SECONDS
 
     tallies = Tallies()
     one = _copies(random.Random(2), 1)

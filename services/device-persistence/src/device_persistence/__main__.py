@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tbmq_platform.lifecycle import run
 
-from .service import DevicePersistenceService
-from .settings import load_settings_or_exit
+from tbmq_device_persistence.service import DevicePersistenceService
+from tbmq_device_persistence.settings import load_settings_or_exit
 
 
 def main() -> None:

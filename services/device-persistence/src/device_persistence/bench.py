@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tbmq.v1 import messages_pb2
 
-from device_persistence.store import DeviceMsgStore, StoreConfig, script_source
+from tbmq_device_persistence.store import DeviceMsgStore, StoreConfig, script_source
 
 
 def _parse() -> argparse.Namespace:

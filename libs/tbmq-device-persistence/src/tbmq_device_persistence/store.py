@@ -297,7 +297,7 @@ class SaveResult:
     @property
     def forwards(self) -> list[messages_pb2.DevicePublishMsg]:
         """The messages to forward to `attached` (handed out with packet ids), in order: those stored before and
-        forwarded again first (device_persistence.service), then the ones stored now."""
+        forwarded again first (tbmq_device_persistence.service), then the ones stored now."""
         if self.attached is None:
             return []
         return self.again + self.messages[:self.forwarded] if self.again else self.messages[:self.forwarded]
@@ -814,7 +814,7 @@ class DeviceMsgStore:
     async def peek_last(self, client_id: str, n: int) -> list[messages_pb2.DevicePublishMsg]:
         """The client's last `n` stored messages by serial (fewer when fewer are stored), read only, with
         the packet ids they were handed out with (0 = not handed out): what a save whose reply was lost
-        stored, when its retry found the batch applied before (device_persistence.service)."""
+        stored, when its retry found the batch applied before (tbmq_device_persistence.service)."""
         if n <= 0:
             return []
         last = await self.redis.hget(self.keys(client_id).state, "serial")
