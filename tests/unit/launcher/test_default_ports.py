@@ -86,3 +86,23 @@ def test_a_service_started_without_the_launcher_listens_and_dials_below_the_ephe
                 found[f"{field.name} {target}"] = int(target.rsplit(":", 1)[1])
     assert found, f"{cls.__name__} has no port setting"
     assert {k: v for k, v in found.items() if v >= EPHEMERAL_LOW} == {}
+
+
+def test_persist_in_router_gives_each_router_the_port_and_target_of_a_device_persistence_instance():
+    suite = Suite(instances={"router": 2}, ports="default", run_dir="/tmp/unused", persist_in_router=True)
+    assert not suite.instances_of("device-persistence")
+    r1, r2 = (suite.service_environment("router", i) for i in (1, 2))
+    dp_port = SERVICES["device-persistence"].grpc_port
+    assert (r1["DEVICE_PERSISTENCE_GRPC_PORT"], r2["DEVICE_PERSISTENCE_GRPC_PORT"]) == (str(dp_port),
+                                                                                          str(dp_port + 100))
+    assert r1["ROUTER_PERSIST_VIA"] == r2["ROUTER_PERSIST_VIA"] == "local"
+    targets = f"localhost:{dp_port},localhost:{dp_port + 100}"
+    # every service that reaches device-persistence gets the routers, in one order
+    for name in ("router", "connector", "session-registry"):
+        assert suite.service_environment(name)["DEVICE_PERSISTENCE_GRPC_TARGETS"] == targets
+    assert (r1["ROUTER_LOCAL_TARGET"], r2["ROUTER_LOCAL_TARGET"]) == tuple(targets.split(","))
+
+
+def test_persist_in_router_refuses_a_device_persistence_process_too():
+    with pytest.raises(ValueError, match="persist_in_router"):
+        Suite(services=["device-persistence", "router"], run_dir="/tmp/unused", persist_in_router=True)

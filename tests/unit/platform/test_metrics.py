@@ -44,3 +44,33 @@ async def test_sources_are_read_when_scraped():
     conns.append("c")
     got = parse(await m.exposition())
     assert got["tbmq_messages_received_total[('qos', '1')]"] == 5 and got["tbmq_connections[]"] == 3
+
+
+class FakeConsumer:
+    """What `Metrics.lag` reads of an aiokafka consumer."""
+
+    def __init__(self, topic: str, high: int, pos: int):
+        from aiokafka.structs import TopicPartition
+        self.tp, self.high, self.pos = TopicPartition(topic, 0), high, pos
+
+    def assignment(self):
+        return {self.tp}
+
+    def highwater(self, tp):
+        return self.high
+
+    async def position(self, tp):
+        return self.pos
+
+
+async def test_two_lags_of_one_name_are_one_metric_with_both_groups():
+    # a router running device-persistence registers both services' consumer lag under one name
+    m = Metrics()
+    m.lag("consumer_lag", lambda: [("router", FakeConsumer("tbmq.msg.all", 10, 4))])
+    m.lag("consumer_lag", lambda: [("device-persistence", FakeConsumer("tbmq.msg.persisted", 3, 3))])
+    text = (await m.exposition()).decode()
+    assert text.count("# TYPE tbmq_consumer_lag gauge") == 1
+    got = parse(text.encode())
+    assert got["tbmq_consumer_lag[('group', 'router'), ('partition', '0'), ('topic', 'tbmq.msg.all')]"] == 6
+    assert got["tbmq_consumer_lag[('group', 'device-persistence'), ('partition', '0'), "
+               "('topic', 'tbmq.msg.persisted')]"] == 0

@@ -2,7 +2,8 @@ from dataclasses import FrozenInstanceError, dataclass
 
 import pytest
 
-from tbmq_platform.settings import CommonSettings, SettingsError, env, integer, load, load_or_exit, port
+from tbmq_platform.settings import (CommonSettings, SettingsError, env, integer, load, load_all_or_exit, load_or_exit,
+                                   port)
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,23 @@ def test_the_device_persistence_targets_are_one_setting_in_the_connector_and_the
         with pytest.raises(SettingsError) as err:  # an empty list would leave pick_target nothing to pick
             load(cls, {"DEVICE_PERSISTENCE_GRPC_TARGETS": " , "})
         assert err.value.problems == ["DEVICE_PERSISTENCE_GRPC_TARGETS=' , ': must name at least one host:port"]
+
+
+@dataclass(frozen=True)
+class Other(CommonSettings):
+    other_limit: int = env("OTHER_LIMIT", 5, parse=integer(1))
+
+
+def test_load_all_or_exit_names_every_bad_variable_of_every_class_once(capsys):
+    with pytest.raises(SystemExit) as exc:
+        load_all_or_exit((Demo, Other), {"DEMO_LIMIT": "x", "OTHER_LIMIT": "0", "LOG_FORMAT": "xml"})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "DEMO_LIMIT" in err and "OTHER_LIMIT" in err
+    assert err.count("LOG_FORMAT") == 1  # read by both classes, named once
+
+
+def test_load_all_or_exit_returns_each_class_loaded_from_the_same_environment():
+    demo, other = load_all_or_exit((Demo, Other), {"OTHER_LIMIT": "9", "TBMQ_SERVICE_ID": "x-1"})
+    assert type(demo) is Demo and type(other) is Other
+    assert other.other_limit == 9 and demo.instance_id == other.instance_id == "x-1"

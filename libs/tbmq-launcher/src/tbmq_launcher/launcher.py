@@ -111,6 +111,10 @@ class Suite:
                       ready; ready when its streaming query is active (spark_start_timeout), stopped first.
       spark_args      extra arguments of `tbmq_spark stats` (e.g. ("--trigger", "processingTime=30 seconds")).
       spark_start_timeout, spark_stop_timeout: its bounds (s): JVM start + query start; SIGTERM → SIGKILL.
+      persist_in_router  no device-persistence process: each router instance runs one itself
+                      (ROUTER_PERSIST_VIA=local, docs/router.md) on the port a device-persistence instance
+                      would have (50061, + 100 per instance), and DEVICE_PERSISTENCE_GRPC_TARGETS lists the
+                      routers; one process fewer on a persistent message's path.
       supervise       once started, start again (with the back-off of `restart_policy`) every process of the
                       suite — services, Spark job, Kafka, Redis — that exits without being stopped through
                       this object (tbmq_launcher.supervisor); `make run` does, tests that kill on purpose
@@ -160,11 +164,17 @@ class Suite:
         spark_stop_timeout: float = 30.0,
         supervise: bool = False,
         restart_policy: RestartPolicy | None = None,
+        persist_in_router: bool = False,
     ) -> None:
         if ports not in ("default", "free"):
             raise ValueError("ports must be 'default' or 'free'")
         self.defs: dict[str, ServiceDef] = {**SERVICES, **(service_defs or {})}
         names = list(ORDER if services is None else services)
+        self.persist_in_router = persist_in_router
+        if persist_in_router:
+            if services is not None and "device-persistence" in services:
+                raise ValueError("persist_in_router: the routers run device-persistence; do not start it too")
+            names = [n for n in names if n != "device-persistence"]
         unknown = [n for n in names if n not in self.defs]
         if unknown:
             raise ValueError(f"unknown services {unknown}; known: {sorted(self.defs)}")
@@ -240,6 +250,8 @@ class Suite:
                     cwd=self.run_dir)
                 color += 1
                 p.grpc_port = self._port(sdef.grpc_port, i, 100) if sdef.grpc_port else None
+                if name == "router" and persist_in_router:  # its device-persistence instance's gRPC port
+                    p.grpc_port = self._port(SERVICES["device-persistence"].grpc_port, i, 100)
                 p.http_port = self._port(sdef.http_port, i, 100) if sdef.http_port else None
                 if name == "connector" and mqtt_port:
                     p.mqtt_port = mqtt_port + (i - 1)  # an explicit base wins over ports="free"
@@ -390,7 +402,7 @@ class Suite:
         }
         if self.redis_cluster_nodes:
             env["REDIS_CLUSTER_NODES"] = ",".join(self.redis_cluster_nodes)
-        dp = self.instances_of("device-persistence")
+        dp = self.instances_of("router" if self.persist_in_router else "device-persistence")
         env["DEVICE_PERSISTENCE_GRPC_TARGET"] = (
             f"localhost:{dp[0].grpc_port}" if dp else f"localhost:{SERVICES['device-persistence'].grpc_port}")
         # connectors keep a forward stream to every instance
@@ -402,6 +414,9 @@ class Suite:
             else f"localhost:{SERVICES['app-delivery'].grpc_port}")
         if p.grpc_port:
             env[p.sdef.grpc_port_env or "GRPC_PORT"] = str(p.grpc_port)
+        if name == "router" and self.persist_in_router:
+            env.update(ROUTER_PERSIST_VIA="local", DEVICE_PERSISTENCE_GRPC_PORT=str(p.grpc_port),
+                       ROUTER_LOCAL_TARGET=f"localhost:{p.grpc_port}")
         if name == "connector":
             env["MQTT_BIND_HOST"] = self.mqtt_host
         if p.http_port and p.sdef.http_port_env:
@@ -418,8 +433,10 @@ class Suite:
         if self.grpc_tls is not None:
             cert, key = self.grpc_peer_cert(p.service_id)
             env.update(GRPC_TLS_CERT_FILE=str(cert), GRPC_TLS_KEY_FILE=str(key), GRPC_TLS_CA_FILE=str(self.grpc_tls.ca))
-            if p.sdef.grpc_callers:  # the instance certificates' CN is their service id: <service>-<n>[-tag]
-                env["GRPC_TLS_PEER_NAMES"] = ",".join(f"{caller}-*" for caller in p.sdef.grpc_callers)
+            callers = (SERVICES["device-persistence"].grpc_callers if name == "router" and self.persist_in_router
+                       else p.sdef.grpc_callers)
+            if callers:  # the instance certificates' CN is their service id: <service>-<n>[-tag]
+                env["GRPC_TLS_PEER_NAMES"] = ",".join(f"{caller}-*" for caller in callers)
         env.update(p.sdef.env)
         overrides = {**self.env, **self.service_env.get(name, {})}
         env.update(overrides)
@@ -465,7 +482,8 @@ class Suite:
             if name == "connector":
                 where[:0] = [f"{kind} {addr}" for kind, addr in self.listeners(i)]
             if p.grpc_port:
-                where.append(f"gRPC :{p.grpc_port}")
+                where.append(f"gRPC :{p.grpc_port}" + (" (device-persistence in this process)"
+                                                       if name == "router" and self.persist_in_router else ""))
             if name == "admin" and p.http_port:
                 where[:0] = [f"web UI and API http://127.0.0.1:{p.http_port}/"]
             state = f"pid {p.pid}" if p.running else "stopped"

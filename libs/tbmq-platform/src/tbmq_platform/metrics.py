@@ -51,6 +51,7 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         self._sources: list[_Source] = []
         self._values: dict[str, object] = {}
+        self._lags: dict[str, list[Callable[[], Iterable[tuple[str, object]]]]] = {}
         self.registry.register(self)
 
     # -- registration ------------------------------------------------------------------------------------
@@ -69,10 +70,17 @@ class Metrics:
 
     def lag(self, name: str, consumers: Callable[[], Iterable[tuple[str, object]]]) -> None:
         """Consumer lag per (group, topic, partition): the high watermark the consumer last fetched minus its
-        position, for every partition assigned to each (group, aiokafka consumer) `consumers()` yields."""
+        position, for every partition assigned to each (group, aiokafka consumer) `consumers()` yields. A second
+        `lag` of the same name (two services in one process: a router running device-persistence) adds its
+        consumers to the same metric."""
+        if name in self._lags:
+            self._lags[name].append(consumers)
+            return
+        sources = self._lags[name] = [consumers]
+
         async def read() -> dict:
             out: dict[tuple, float] = {}
-            for group, consumer in consumers():
+            for group, consumer in (c for source in sources for c in source()):
                 for tp in list(consumer.assignment()):
                     high = consumer.highwater(tp)
                     if high is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .topics import PRODUCTION, PROFILES, TopicLayout
@@ -238,6 +238,21 @@ def load_or_exit(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
     except SettingsError as exc:
         print(f"{cls.__module__.split('.')[0]}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def load_all_or_exit(classes: Sequence[type], environ: Mapping[str, str] | None = None) -> tuple:
+    """`load_or_exit` of every settings class one process reads (a router that runs device-persistence too):
+    one message naming every bad variable of all of them (each once), exit code 2."""
+    loaded, problems = [], []
+    for cls in classes:
+        try:
+            loaded.append(load(cls, environ))
+        except SettingsError as exc:
+            problems.extend(p for p in exc.problems if p not in problems)
+    if problems:
+        print(f"{classes[0].__module__.split('.')[0]}: {SettingsError(problems)}", file=sys.stderr)
+        raise SystemExit(2)
+    return tuple(loaded)
 
 
 def describe(cls: type) -> list[tuple[str, Any, str]]:

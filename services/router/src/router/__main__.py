@@ -17,7 +17,8 @@ import uvloop
 
 from tbmq_platform.kafka import configure_security
 from tbmq_platform.logs import configure_logging
-from tbmq_platform.settings import load_or_exit
+from tbmq_device_persistence.settings import DevicePersistenceSettings
+from tbmq_platform.settings import load_all_or_exit, load_or_exit
 from tbmq_platform.telemetry import configure_telemetry
 
 from .app import RouterRuntime, create_app
@@ -43,7 +44,10 @@ class RouterWorker(faust.Worker):
 
 
 def main() -> None:
-    settings = load_or_exit(RouterSettings)
+    if os.environ.get("ROUTER_PERSIST_VIA") == "local":  # this process runs device-persistence too: both
+        settings, dp_settings = load_all_or_exit((RouterSettings, DevicePersistenceSettings))  # read, one message
+    else:
+        settings, dp_settings = load_or_exit(RouterSettings), None
     configure_logging(settings.service_name, settings.log_format, settings.log_level)
     configure_telemetry(settings.service_name, settings.instance_id, settings.otlp_endpoint)
     configure_security(settings.kafka_security)  # the router's own aiokafka clients; Faust: create_app
@@ -56,7 +60,7 @@ def main() -> None:
     uvloop.install()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app, runtime = create_app(settings)
+    app, runtime = create_app(settings, device_persistence=dp_settings)
     worker = RouterWorker(app, runtime, loop=loop, loglevel=settings.log_level, override_logging=False,
                           redirect_stdouts=False, quiet=True)
     code = 0

@@ -15,6 +15,12 @@ whole batch and produces its records through the aiokafka producer, except the s
 persistent DEVICE clients, which go to device-persistence over Persist streams (``router.persist``;
 ``ROUTER_PERSIST_VIA=kafka``: through tbmq.msg.persisted like the rest).
 
+One process fewer (``ROUTER_PERSIST_VIA=local``): the runtime also runs a device-persistence instance
+(``tbmq_device_persistence``, on this loop, started before the state views and stopped after the app has
+drained), and the copies of the clients it is the target of go to its ``persist`` directly
+(``router.persist.LocalPersist``). Its gRPC API serves the connectors and the session registry as a
+standalone instance's would; its metrics join the router's on the health port.
+
 Commit semantics: nothing is acked by the stream (``noack``); every record produced for a batch is
 sent without waiting, and a done-callback acks every offset of the batch only when Kafka acknowledged
 ALL of them (idempotent producer, acks=all), and device-persistence answered every Persist batch holding
@@ -30,6 +36,7 @@ import gc
 import heapq
 import logging
 import os
+import signal
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
@@ -54,6 +61,9 @@ from tbmq_platform.metrics import Metrics
 from tbmq_platform.kafka import KeyPartitioner, ensure_topics
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, spans_on, trace_headers
+
+from tbmq_device_persistence.service import DevicePersistenceService
+from tbmq_device_persistence.settings import DevicePersistenceSettings
 
 from .convert import OutRecord
 from .persist import PersistLink
@@ -564,9 +574,14 @@ def has_mark(records: dict) -> bool:
 class RouterRuntime(Service):
     """State views + health endpoint; started by the Worker BEFORE the Faust app."""
 
-    def __init__(self, settings: RouterSettings, app: faust.App, state: RoutingState | None = None, **kw):
+    def __init__(self, settings: RouterSettings, app: faust.App, state: RoutingState | None = None,
+                 device_persistence: DevicePersistenceSettings | None = None, **kw):
         super().__init__(**kw)
         self.settings = settings
+        # ROUTER_PERSIST_VIA=local: the device-persistence instance this process runs
+        self.device_persistence = (DevicePersistenceService(device_persistence)
+                                   if device_persistence is not None else None)
+        self._dp_watch: asyncio.Task | None = None
         self.app = app
         self.routing = state or RoutingState()
         self.metrics = Metrics()
@@ -607,12 +622,16 @@ class RouterRuntime(Service):
             d.update(self.retention.stats)
         if self.persist is not None:
             d.update(self.persist.stats())
+        if self.device_persistence is not None:
+            d["device_persistence"] = self.device_persistence.health_details()
         return d
 
     async def on_start(self) -> None:
         s = self.settings
         await self.health.start()
         t0 = time.monotonic()
+        if self.device_persistence is not None:
+            await self._start_device_persistence()
         await ensure_topics(s.bootstrap, [topics.spec(n) for n in (
             topics.MSG_ALL, topics.MSG_PERSISTED, topics.CLIENT_SESSION, topics.CLIENT_SUBSCRIPTIONS)],
             layout=s.topic_layout)
@@ -656,10 +675,34 @@ class RouterRuntime(Service):
 
         m.lag("consumer_lag", consumers)
 
+    async def _start_device_persistence(self) -> None:
+        """The instance of ROUTER_PERSIST_VIA=local, started first: its gRPC API is up (the connectors attach
+        their clients there) before anything is routed. Its metrics are the router's. A background task of it
+        that fails stops the whole process, as it stops a standalone instance (exit code 1)."""
+        dp = self.device_persistence
+        dp.metrics = self.metrics
+        await dp.start()
+        self._dp_watch = asyncio.ensure_future(self._watch_device_persistence(dp.failed()))
+
+    async def _watch_device_persistence(self, failed: asyncio.Future) -> None:
+        try:
+            await failed
+        except Exception as exc:
+            log.critical("device-persistence failed in this process (%r): stopping", exc)
+            self.exit_code = 1
+            os.kill(os.getpid(), signal.SIGTERM)  # the worker's graceful stop: drain, commit, stop both
+
     async def on_stop(self) -> None:
         self.health.ready = False
         if self.persist is not None:  # after the pipeline's drain (on_before_shutdown); unanswered = not committed
             await self.persist.close()
+        if self.device_persistence is not None:  # after the copies it was handed: its stop finishes their saves
+            if self._dp_watch is not None:
+                self._dp_watch.cancel()
+            try:
+                await self.device_persistence.stop()
+            finally:
+                await self.device_persistence.cancel_tasks()
         if self.retention is not None:
             await self.retention.close()
         if self.views is not None:
@@ -699,8 +742,10 @@ class RouterRuntime(Service):
         producer = app.producer.aiokafka_producer()
         partition = TopicPartitioner(producer.client.cluster)
         aio_send = producer.send
-        if self.settings.persist_via == "grpc":  # the stored copies over Persist streams (router.persist)
-            self.persist = PersistLink(self.settings.device_persistence_grpc_targets, self.settings.grpc_tls)
+        if self.settings.persist_via in ("grpc", "local"):  # the stored copies over Persist streams, or to this
+            dp = self.device_persistence                 # process's own instance (router.persist)
+            local = (self.settings.own_target, dp.persist) if dp is not None else None
+            self.persist = PersistLink(self.settings.device_persistence_grpc_targets, self.settings.grpc_tls, local)
             persist, persisted = self.persist.send, topics.MSG_PERSISTED
 
             def send(topic: str, key: bytes, value: bytes, headers):
@@ -854,7 +899,8 @@ def faust_credentials(security) -> dict:
     return {}
 
 
-def create_app(settings: RouterSettings, state: RoutingState | None = None) -> tuple[faust.App, RouterRuntime]:
+def create_app(settings: RouterSettings, state: RoutingState | None = None,
+               device_persistence: DevicePersistenceSettings | None = None) -> tuple[faust.App, RouterRuntime]:
     check_faust_internals()
     app = RouterApp(
         settings.group_id,
@@ -875,7 +921,7 @@ def create_app(settings: RouterSettings, state: RoutingState | None = None) -> t
         key_serializer="raw",
         value_serializer="raw",
     )
-    runtime = RouterRuntime(settings, app, state)
+    runtime = RouterRuntime(settings, app, state, device_persistence)
     # maxsize: values waiting in the agent's stream, i.e. batches (BatchConsumer) or single events
     source = app.topic(topics.MSG_ALL, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw", maxsize=settings.queued_batches)

@@ -54,18 +54,39 @@ class RouterSettings(CommonSettings):
                                      "(earliest: no message lost)")
 
     persist_via: str = env(
-        "ROUTER_PERSIST_VIA", "grpc", parse=choice("grpc", "kafka"),
+        "ROUTER_PERSIST_VIA", "grpc", parse=choice("grpc", "local", "kafka"),
         doc="how the stored copies for persistent DEVICE clients reach device-persistence: grpc = its Persist "
-            "streams (each batch answered once saved in Redis; docs/router.md), kafka = through "
-            "tbmq.msg.persisted (one more Kafka hop per message)")
+            "streams (each batch answered once saved in Redis; docs/router.md), local = this process runs a "
+            "device-persistence instance itself (its DEVICE_PERSISTENCE_* settings, its gRPC API for the "
+            "connectors and the session registry) and saves the copies of the clients it is the target of "
+            "without a stream, the others' over Persist streams, kafka = through tbmq.msg.persisted (one more "
+            "Kafka hop per message)")
     device_persistence_grpc_targets: tuple[str, ...] = device_persistence_targets_env(
-        "with ROUTER_PERSIST_VIA=grpc, a client's stored copies go to one of them, picked by its id")
+        "with ROUTER_PERSIST_VIA=grpc or local, a client's stored copies go to one of them, picked by its id")
+    local_target: str = env(
+        "ROUTER_LOCAL_TARGET", "",
+        doc="with ROUTER_PERSIST_VIA=local: this process's own device-persistence instance as it is named in "
+            "DEVICE_PERSISTENCE_GRPC_TARGETS (empty = the list's only entry)")
 
     def validate(self):
         yield from super().validate()
+        if self.persist_via == "local" and self.own_target is None:
+            yield (f"ROUTER_LOCAL_TARGET={self.local_target!r}: with ROUTER_PERSIST_VIA=local it must be one of "
+                   f"DEVICE_PERSISTENCE_GRPC_TARGETS ({','.join(self.device_persistence_grpc_targets)})"
+                   if self.local_target else
+                   "ROUTER_LOCAL_TARGET: with ROUTER_PERSIST_VIA=local and more than one of "
+                   "DEVICE_PERSISTENCE_GRPC_TARGETS, name the one this process is")
         if self.auto_offset_reset not in ("earliest", "latest"):
             yield f"ROUTER_AUTO_OFFSET_RESET={self.auto_offset_reset!r}: not one of earliest, latest"
 
     @property
     def faust_data_dir(self) -> str:
         return self.data_dir or os.path.join(_default_data_dir(), self.instance_id)
+
+    @property
+    def own_target(self) -> str | None:
+        """With ROUTER_PERSIST_VIA=local, the entry of DEVICE_PERSISTENCE_GRPC_TARGETS this process serves."""
+        targets = self.device_persistence_grpc_targets
+        if self.local_target:
+            return self.local_target if self.local_target in targets else None
+        return targets[0] if len(targets) == 1 else None
