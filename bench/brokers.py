@@ -179,8 +179,9 @@ class Tbmq:
     host = "127.0.0.1"
 
     def __init__(self, workdir: Path, cpus: set[int] | None = None, persistent: bool = True,
-                 app_pattern: str = "^bench-app-.*") -> None:
+                 app_pattern: str = "^bench-app-.*", persist_in_router: bool = True) -> None:
         self.workdir = Path(workdir) / self.name
+        self.persist_in_router = persist_in_router
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cpus = cpus
         self.app_pattern = app_pattern
@@ -207,7 +208,8 @@ class Tbmq:
         self._thread.start()
         try:
             self.suite, self.port, self.notes = self._run(
-                tbmq_adapter.start_suite(self.workdir, {"TBMQ_APPLICATION_CLIENT_ID_PATTERNS": self.app_pattern}))
+                tbmq_adapter.start_suite(self.workdir, {"TBMQ_APPLICATION_CLIENT_ID_PATTERNS": self.app_pattern},
+                                         persist_in_router=self.persist_in_router))
         except BaseException:
             self.stop()
             raise

@@ -119,6 +119,9 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--keep-workdir", action="store_true", help="keep the brokers' logs and data (a tmp dir)")
     ap.add_argument("--app-pattern", default="^bench-app-.*",
                     help="TBMQ_APPLICATION_CLIENT_ID_PATTERNS given to the tbmq-py suite")
+    ap.add_argument("--separate-device-persistence", action="store_true", dest="separate_device_persistence",
+                    help="tbmq-py with device-persistence as a process of its own instead of inside the router "
+                         "(ROUTER_PERSIST_VIA=local, what `make run` does); the launcher's option of the same name")
 
 
 _PROFILE_ARGS = ("duration", "warmup", "pairs", "fanin_pubs", "fanout_subs", "backlog", "backlog_big", "backlog_app",
@@ -152,7 +155,8 @@ def profile_from(args) -> Profile:
 
 def _start_broker(bname: str, workdir: Path, bcpus, args, mon: ProcMonitor) -> tuple[object | None, dict]:
     """→ (started broker or None, its meta)."""
-    kw = {"app_pattern": args.app_pattern} if bname == "tbmq" else {}
+    kw = ({"app_pattern": args.app_pattern,
+           "persist_in_router": not getattr(args, "separate_device_persistence", False)} if bname == "tbmq" else {})
     broker = BROKERS[bname](workdir, cpus=bcpus, **kw)
     try:
         t0 = time.monotonic()

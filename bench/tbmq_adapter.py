@@ -21,8 +21,9 @@ def available_services() -> tuple[list[str], list[str]]:
     return have, missing
 
 
-async def start_suite(workdir: Path, env: dict[str, str]):
-    """→ (suite, mqtt port, notes). BrokerUnavailable when the connector (the MQTT front door) is missing."""
+async def start_suite(workdir: Path, env: dict[str, str], persist_in_router: bool = True):
+    """→ (suite, mqtt port, notes). BrokerUnavailable when the connector (the MQTT front door) is missing.
+    `persist_in_router`: the routers run device-persistence (Suite(persist_in_router=True)), as under `make run`."""
     from tbmq_launcher import Suite
 
     from .brokers import BrokerUnavailable
@@ -35,11 +36,15 @@ async def start_suite(workdir: Path, env: dict[str, str]):
     # every client of the bench comes from 127.0.0.1: the per-address connect rate limit (a protection against
     # one source, MQTT_CONNECT_RATE_PER_IP) would measure itself in the connect storm, so it is off here
     env = {"MQTT_CONNECT_RATE_PER_IP": "0", **env}
+    if persist_in_router:
+        have = [s for s in have if s != "device-persistence"]
     suite = Suite(services=have, ports="free", run_dir=workdir, env=env, fresh=True, log_format="json",
-                  start_timeout=120.0, topic_profile="single-node", supervise=True)
+                  start_timeout=120.0, topic_profile="single-node", supervise=True,
+                  persist_in_router=persist_in_router)
     await suite.start()
     notes = [f"tbmq-py via tbmq_launcher.Suite: {', '.join(have)} + Kafka + Redis "
-             f"(started in {suite.start_seconds:.1f}s)"]
+             f"(started in {suite.start_seconds:.1f}s)"
+             + (", device-persistence in the router (ROUTER_PERSIST_VIA=local)" if persist_in_router else "")]
     if missing:
         notes.append(f"not running (not written yet): {', '.join(missing)}")
     return suite, suite.mqtt_ports[0], notes

@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--start-timeout", type=float, default=90.0, help="per-service readiness timeout (s)")
     r.add_argument("--grpc-tls", action="store_true", dest="grpc_tls",
                    help="mutual TLS between the services' gRPC peers (development CA in <run-dir>/grpc-tls)")
+    r.add_argument("--separate-device-persistence", action="store_true", dest="separate_device_persistence",
+                   help="run device-persistence as a process of its own (as compose.yaml does) instead of inside "
+                        "the router (the default here: ROUTER_PERSIST_VIA=local, one process fewer on a persistent "
+                        "message's path, docs/router.md); implied when --services names device-persistence")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra env for every service")
     r.add_argument("--topic-profile", default="single-node", choices=PROFILES,
                    help="partition counts of the topics (TBMQ_TOPIC_PROFILE; docs/topics.md): single-node "
@@ -147,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.services == "all":
         services = list(ORDER)
+        if not args.separate_device_persistence:  # the routers run it (persist_in_router)
+            services.remove("device-persistence")
     elif args.services in ("none", ""):
         services = []
     else:
@@ -164,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             echo=None if args.quiet else sys.stdout, log_format=args.log_format,
             start_timeout=args.start_timeout, fresh=args.fresh, topic_profile=args.topic_profile,
             spark=args.spark, spark_args=shlex.split(args.spark_args),
-            spark_start_timeout=args.spark_start_timeout, supervise=not args.no_restart)
+            spark_start_timeout=args.spark_start_timeout, supervise=not args.no_restart,
+            persist_in_router=not args.separate_device_persistence and "device-persistence" not in services)
     except (ValueError, SuiteError) as e:  # a bad setting or port plan: one message, nothing started
         print(f"launcher: {e}", file=sys.stderr)
         return 2
