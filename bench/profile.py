@@ -131,7 +131,9 @@ class SteadyLoad:
     the load runs (`python -m bench profile`, scripts/syscalls_per_message.py). Use as a context manager: on
     entry the broker is up (BrokerUnavailable otherwise) and the load has begun (`pids`: the broker's
     processes); `result` holds the step's figures once the block ended and the load finished (or once
-    `finish()` returned: the broker then stays up for more scenarios on `runner` until the block ends)."""
+    `finish()` returned: the broker then stays up for more scenarios on `runner` until the block ends).
+    tbmq-py is laid out as under `make run` (device-persistence inside the router); the environment variable
+    SEPARATE_DEVICE_PERSISTENCE=1 runs it as a process of its own (the scripts/ measurement tools use this)."""
 
     def __init__(self, broker: str, *, rate: float, seconds: float, pairs: int = 100, mode: str = "p2p",
                  pin: bool = False, workers: int | None = None) -> None:
@@ -152,7 +154,9 @@ class SteadyLoad:
         if gcpus:
             os.sched_setaffinity(0, gcpus)
         self.workdir = make_workdir()
-        self.broker = BROKERS[self.broker_name](self.workdir, cpus=bcpus)
+        kw = ({"persist_in_router": os.environ.get("SEPARATE_DEVICE_PERSISTENCE", "") != "1"}
+              if self.broker_name == "tbmq" else {})
+        self.broker = BROKERS[self.broker_name](self.workdir, cpus=bcpus, **kw)
         try:
             self.broker.start()
         except BaseException:
