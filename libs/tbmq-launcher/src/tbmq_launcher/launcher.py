@@ -250,7 +250,7 @@ class Suite:
                     cwd=self.run_dir)
                 color += 1
                 p.grpc_port = self._port(sdef.grpc_port, i, 100) if sdef.grpc_port else None
-                if name == "router" and persist_in_router:  # its device-persistence instance's gRPC port
+                if self._hosts_device_persistence(name):  # its device-persistence instance's gRPC port
                     p.grpc_port = self._port(SERVICES["device-persistence"].grpc_port, i, 100)
                 p.http_port = self._port(sdef.http_port, i, 100) if sdef.http_port else None
                 if name == "connector" and mqtt_port:
@@ -303,6 +303,10 @@ class Suite:
         if clashes:
             raise SuiteError("two listeners on one port (start fewer instances, move a base port, or use free "
                              "ports): " + "; ".join(clashes))
+
+    def _hosts_device_persistence(self, name: str) -> bool:
+        """Whether instances of `name` run device-persistence in their process (the routers, persist_in_router)."""
+        return name == "router" and self.persist_in_router
 
     def _port(self, base: int, instance: int, step: int) -> int:
         if self.free_ports:
@@ -414,7 +418,7 @@ class Suite:
             else f"localhost:{SERVICES['app-delivery'].grpc_port}")
         if p.grpc_port:
             env[p.sdef.grpc_port_env or "GRPC_PORT"] = str(p.grpc_port)
-        if name == "router" and self.persist_in_router:
+        if self._hosts_device_persistence(name):
             env.update(ROUTER_PERSIST_VIA="local", DEVICE_PERSISTENCE_GRPC_PORT=str(p.grpc_port),
                        ROUTER_LOCAL_TARGET=f"localhost:{p.grpc_port}")
         if name == "connector":
@@ -433,7 +437,7 @@ class Suite:
         if self.grpc_tls is not None:
             cert, key = self.grpc_peer_cert(p.service_id)
             env.update(GRPC_TLS_CERT_FILE=str(cert), GRPC_TLS_KEY_FILE=str(key), GRPC_TLS_CA_FILE=str(self.grpc_tls.ca))
-            callers = (SERVICES["device-persistence"].grpc_callers if name == "router" and self.persist_in_router
+            callers = (SERVICES["device-persistence"].grpc_callers if self._hosts_device_persistence(name)
                        else p.sdef.grpc_callers)
             if callers:  # the instance certificates' CN is their service id: <service>-<n>[-tag]
                 env["GRPC_TLS_PEER_NAMES"] = ",".join(f"{caller}-*" for caller in callers)
@@ -483,7 +487,7 @@ class Suite:
                 where[:0] = [f"{kind} {addr}" for kind, addr in self.listeners(i)]
             if p.grpc_port:
                 where.append(f"gRPC :{p.grpc_port}" + (" (device-persistence in this process)"
-                                                       if name == "router" and self.persist_in_router else ""))
+                                                       if self._hosts_device_persistence(name) else ""))
             if name == "admin" and p.http_port:
                 where[:0] = [f"web UI and API http://127.0.0.1:{p.http_port}/"]
             state = f"pid {p.pid}" if p.running else "stopped"
