@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kafka_jfr.py"
+from scripts_module import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("kafka_jfr", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("kafka_jfr")
 
 
 def _sample(thread: str, *frames: tuple[str, str]) -> dict:
