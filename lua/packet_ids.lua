@@ -33,8 +33,17 @@ end
 -- the next `n` free packet ids after `last`, in hand-out order, and the new last id: one HMGET per round
 -- (not one HGET per id). The caller records them (record_pids) and writes them into the values. n + the
 -- ids in use <= 65534 (the callers' handed-out limit), so one turn of the id space finds them.
-local function free_pids(pids_key, last, n, msg_prefix)
+-- `none_in_use`: the caller knows `pids_key` is empty (HLEN 0: a live client whose messages were all
+-- acknowledged, the usual save), so the next `n` ids are free and no HMGET is needed: the same ids.
+local function free_pids(pids_key, last, n, msg_prefix, none_in_use)
   local ids = {}
+  if none_in_use then
+    for i = 1, n do
+      last = (last % 65535) + 1
+      ids[i] = last
+    end
+    return ids, last
+  end
   local got, tried = 0, 0
   while got < n do
     local want = math.min(n - got, 4000)  -- unpack() below is limited by the C stack (LUAI_MAXCSTACK = 8000)

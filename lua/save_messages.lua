@@ -52,7 +52,8 @@ Returns: a flat array of 8 elements per client, in KEYS order: {trimmed, skipped
                 `skipped` counts among the "0" ones
 
 Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET; when live GET of the
-  attachment, HLEN, one HMGET finding the packet ids and one HSET recording them; a PEXPIREAT only for a
+  attachment, HLEN, one HMGET finding the packet ids (none when HLEN is 0: no id in use, the next ones are
+  free) and one HSET recording them; a PEXPIREAT only for a
   key this call created or when the keys' deadline moves) plus one SET per message, the forwarded ones SET
   with their packet id already in the value; one TIME per call.
 
@@ -298,8 +299,9 @@ for c = 1, clients do
       attached, forwarding = current, true
     end
   end
-  -- the packet ids of the messages forwarded, found at once (one HMGET: packet_ids.lua free_pids) and
-  -- written into their values as they are SET (no SETRANGE); the ids recorded with one HSET
+  -- the packet ids of the messages forwarded, found at once (packet_ids.lua free_pids: one HMGET, none when
+  -- no id is in use) and written into their values as they are SET (no SETRANGE); the ids recorded with one
+  -- HSET
   local ids = {}
   local paused = 0
   local new_pids = false  -- the HSET of the ids creates the HASH
@@ -307,7 +309,7 @@ for c = 1, clients do
     local in_use = handed_out(pkey, prefix, hlimit)
     local forwarded = math.min(m, math.max(hlimit - in_use, 0))
     new_pids = in_use == 0 and forwarded > 0
-    if forwarded > 0 then ids, last = free_pids(pkey, last, forwarded, prefix) end
+    if forwarded > 0 then ids, last = free_pids(pkey, last, forwarded, prefix, in_use == 0) end
     if forwarded < m then
       paused = 1
       redis.call('HDEL', skey, 'live')

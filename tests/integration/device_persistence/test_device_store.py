@@ -441,6 +441,28 @@ async def test_a_record_routed_again_is_stored_once_per_origin(store_factory, cl
     await store.clear(other)
 
 
+async def test_a_live_save_hands_out_the_next_ids_whether_or_not_ids_are_in_use(store_factory, client_id):
+    """A live client's save takes the ids after the cursor, wrapping from 65535 to 1: when none is in use
+    (its messages all acknowledged: save_messages.lua then needs no look-up of the ids) and when some are,
+    whose ids are skipped."""
+    store = await store_factory()
+    k = client_keys(client_id)
+    assert await take(store, client_id) == []  # attached and live, nothing stored
+    await store.redis.hset(k.state, "pid", 65534)
+    first = (await store.save_many_attached({client_id: [msg(1), msg(2), msg(3)]}))[client_id]
+    assert [d.packet_id for d in first.forwards] == [65535, 1, 2]  # none in use: the next three, wrapped
+    assert await store.apply_acks([(client_id, 65535, 0), (client_id, 2, 0)]) == (2, 0)
+    await store.redis.hset(k.state, "pid", 65535)  # id 1 still in use
+    second = (await store.save_many_attached({client_id: [msg(4), msg(5)]}))[client_id]
+    assert [d.packet_id for d in second.forwards] == [2, 3]  # 1 is skipped
+    assert await store.apply_acks([(client_id, pid, 0) for pid in (1, 2, 3)]) == (3, 0)
+    assert await store.redis.exists(k.pids) == 0  # nothing handed out any more
+    third = (await store.save_many_attached({client_id: [msg(6)]}))[client_id]
+    assert [d.packet_id for d in third.forwards] == [4]
+    assert seqs(await store.fetch_undelivered(client_id)) == [6]
+    await store.clear(client_id)
+
+
 async def test_save_many_one_call_per_group_of_clients(store_factory, redis_backend):
     """save_many saves many clients per save_messages.lua call: all of them (up to
     save_clients_per_call) on standalone Redis, those of one hash slot on a cluster. Each client keeps
