@@ -125,7 +125,8 @@ class JitSettle:
         return self._quiet >= self.quiet_chunks
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def process_tree(pid: int) -> list[psutil.Process]:
+    """`pid`'s process and its descendants ([] once it has ended)."""
     try:
         p = psutil.Process(pid)
         return [p] + p.children(recursive=True)
@@ -216,7 +217,7 @@ class ProcMonitor:
         for label, pid in items:
             cpu = 0.0
             rss = 0
-            for p in _tree(pid):
+            for p in process_tree(pid):
                 try:
                     t = p.cpu_times()
                     c = t.user + t.system
@@ -226,7 +227,7 @@ class ProcMonitor:
                 self._last_cpu[(label, p.pid)] = c
                 cpu += c
             # include the last known cpu of processes of this label that are gone
-            alive = {p.pid for p in _tree(pid)}
+            alive = {p.pid for p in process_tree(pid)}
             gone = [k for k in self._last_cpu if k[0] == label and k[1] not in alive]
             for k in gone:
                 self._dead_cpu[label] = self._dead_cpu.get(label, 0.0) + self._last_cpu.pop(k)
@@ -264,7 +265,7 @@ class ProcMonitor:
 def set_affinity_tree(pid: int, cpus: set[int]) -> int:
     """Pin every thread of `pid` and of its descendants (sched_setaffinity acts per thread). → threads pinned."""
     n = 0
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             tids = os.listdir(f"/proc/{p.pid}/task")
         except OSError:
@@ -291,7 +292,7 @@ def cpu_layout(n_cpus: int | None = None) -> tuple[set[int] | None, set[int] | N
 
 def renice_tree(pid: int, nice: int) -> None:
     """Set the nice value of `pid` and its descendants (negative values need root)."""
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             p.nice(nice)
         except psutil.Error:

@@ -27,7 +27,6 @@ sampling clock is `cpu-clock` where the guest has no PMU, so time the kernel spe
 from __future__ import annotations
 
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.procmon import process_tree  # noqa: E402
 from bench.profile import SteadyLoad  # noqa: E402
 
 FREQ = 997
@@ -76,20 +76,6 @@ def tally(script: str, owner: dict[int, str]) -> dict[str, collections.Counter]:
     return samples
 
 
-def tree_pids(pid: int) -> set[int]:
-    """`pid` and its descendants (a service may run under a wrapper process)."""
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        out.add(p)
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        todo += [int(k) for k in kids]
-    return out
-
-
 def main() -> None:
     if shutil.which("perf") is None:
         sys.exit("perf is not installed (Debian: linux-perf)")
@@ -97,7 +83,7 @@ def main() -> None:
     rate, warmup, window = args + [1000.0, 60.0, 20.0][len(args):]
     data = Path(tempfile.mkdtemp(prefix="perf-profile-")) / "perf.data"
     with SteadyLoad("tbmq", rate=rate, seconds=warmup + window + 10) as load:
-        owner = {p: name for name, pid in load.pids.items() for p in tree_pids(pid)}
+        owner = {p.pid: name for name, pid in load.pids.items() for p in process_tree(pid)}
         time.sleep(warmup)
         subprocess.run(["perf", "record", "-a", "-F", str(FREQ), "-o", str(data), "--", "sleep", str(window)],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
