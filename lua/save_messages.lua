@@ -53,9 +53,9 @@ Returns: a flat array of 8 elements per client, in KEYS order: {trimmed, skipped
 
 Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET; when live GET of the
   attachment, HLEN, one HMGET finding the packet ids (none when HLEN is 0: no id in use, the next ones are
-  free) and one HSET recording them; a PEXPIREAT only for a
-  key this call created or when the keys' deadline moves) plus one SET per message, the forwarded ones SET
-  with their packet id already in the value; one TIME per call.
+  free) and one HSET recording them; a PEXPIREAT only for a key this call created or when the keys' deadline
+  moves) plus one SET per message, the forwarded ones SET with their packet id already in the value; one
+  TIME per call.
 
 Rules (per client; a bad record or limit fails the whole call before anything is written):
   * A batch with a source header is applied once: device-persistence replays the records it saved but
