@@ -1,5 +1,6 @@
 """CPU per record of the connector's way of producing, against two cheaper ways to hand aiokafka the same records
-(docs/performance.md, "The thirtieth round"). A measurement tool, not a test: it asserts nothing.
+(docs/performance.md, "The thirtieth round"; `direct`: "The thirty-sixth round"). A measurement tool, not a
+test: it asserts nothing.
 
     .venv/bin/python scripts/produce_cost.py [rate=1000] [seconds=15] [rounds=3]
 
@@ -8,10 +9,15 @@ Starts a local Kafka (tbmq_launcher.kafka, free ports, a temporary log dir) with
 the connector's busy linger (PRODUCER_LINGER_MS). A paced loop (1 ms ticks) hands it `rate` records a second of
 100 keys (client ids) and 120-byte values with one header, each with a done callback, as the connector's
 PUBLISH path does. Per mode it reports the process's CPU (user + system, every thread) per record and the
-produce requests sent; `idle` is the paced loop alone, the cost every mode pays besides its records:
+produce requests sent, and the CPU of the hand-over alone (the calling thread's CPU inside the hand-over, per
+record: what the mode changes, without the loop's and the sender's share); `idle` is the paced loop alone, the
+cost every mode pays besides its records:
 
-- `send`: `await producer.send(...)` per record (the connector: ConnectorService.produce_publish), one future
-  and one RecordMetadata per record, the callback on each record's future;
+- `send`: `await producer.send(...)` per record (the connector before the thirty-sixth round), one future and
+  one RecordMetadata per record, the callback on each record's future;
+- `direct`: `await DirectSend(producer)(...)` per record (tbmq_platform.kafka; the connector's
+  ConnectorService.produce_publish and the router since the thirty-sixth round): `send`'s record, partition
+  and future, without `send`'s per-record metadata wait, partition sets and size estimate;
 - `append`: the record appended to aiokafka's open batch of the partition (`MessageBatch._builder.append`,
   an internal) when there is one, its callback on that batch's future, else `send`; no coroutine and no
   future per record;
@@ -37,7 +43,7 @@ from aiokafka.structs import TopicPartition  # noqa: E402
 
 from bench.brokers import free_port  # noqa: E402
 from tbmq_launcher.kafka import KafkaBroker  # noqa: E402
-from tbmq_platform.kafka import make_producer  # noqa: E402
+from tbmq_platform.kafka import DirectSend, make_producer  # noqa: E402
 from tbmq_platform.settings import PRODUCER_LINGER_MS  # noqa: E402
 
 TOPIC = "produce-cost"
@@ -46,6 +52,7 @@ VALUE = b"v" * 120
 HEADERS = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 TICK_S = 0.001
 REQUESTS = [0]
+HANDING = [0.0]  # thread CPU seconds inside the hand-overs of the current mode
 
 
 def _counting(send):
@@ -71,7 +78,9 @@ async def _paced(rate: float, seconds: float, hand, tick=None) -> int:
     while (now := time.monotonic()) - t0 < seconds:
         due = int((now - t0) * rate)
         while n < due:
+            c0 = time.thread_time()
             await hand(n)
+            HANDING[0] += time.thread_time() - c0
             n += 1
         if tick is not None:
             await tick(now)
@@ -90,6 +99,16 @@ async def mode_send(producer, rate, seconds):
     async def hand(i):
         (await producer.send(TOPIC, VALUE, key=KEYS[i % 100], headers=HEADERS)).add_done_callback(_done)
     return await _paced(rate, seconds, hand)
+
+
+async def mode_direct(producer, rate, seconds):
+    direct = DirectSend(producer)
+
+    async def hand(i):
+        (await direct(TOPIC, VALUE, KEYS[i % 100], HEADERS)).add_done_callback(_done)
+    n = await _paced(rate, seconds, hand)
+    direct.close()
+    return n
 
 
 async def mode_append(producer, rate, seconds):
@@ -136,7 +155,7 @@ async def mode_batch(producer, rate, seconds):
     return n
 
 
-MODES = {"idle": mode_idle, "send": mode_send, "append": mode_append, "batch": mode_batch}
+MODES = {"idle": mode_idle, "send": mode_send, "direct": mode_direct, "append": mode_append, "batch": mode_batch}
 
 
 async def main() -> None:
@@ -153,17 +172,17 @@ async def main() -> None:
         producer = make_producer(kafka.bootstrap_servers, client_id="produce-cost", linger_ms=int(PRODUCER_LINGER_MS))
         await producer.start()
         await producer.send_and_wait(TOPIC, b"warm-up", key=b"warm-up")
-        order = ["idle", "send", "append", "batch"]
+        order = list(MODES)
         print(f"{rate:.0f} records/s for {seconds:.0f} s per mode, linger {PRODUCER_LINGER_MS} ms, 1 partition")
         for r in range(int(rounds)):
             for name in order if r % 2 == 0 else order[::-1]:
-                REQUESTS[0] = 0
+                REQUESTS[0], HANDING[0] = 0, 0.0
                 cpu0 = time.process_time()
                 n = await MODES[name](producer, rate, seconds)
                 await asyncio.sleep(0.2)  # the last requests answered
                 cpu = time.process_time() - cpu0
-                print(f"{name:7} {cpu / n * 1e6:6.1f} µs of CPU per record, {REQUESTS[0] / seconds:5.1f} requests/s",
-                      flush=True)
+                print(f"{name:7} {cpu / n * 1e6:6.1f} µs of CPU per record, {REQUESTS[0] / seconds:5.1f} requests/s, "
+                      f"hand-over {HANDING[0] / n * 1e6:5.2f} µs", flush=True)
         await producer.stop()
     finally:
         await kafka.stop()

@@ -1,12 +1,11 @@
 """The batch path of the router without a broker: RecordBatch -> handle_batch -> pipeline -> acks in
-Faust's consumer bookkeeping; the spliced protobuf records; the key partitioner."""
+Faust's consumer bookkeeping; the spliced protobuf records."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 from faust.types import TP
 
@@ -14,8 +13,7 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
 from tbmq_routing.rules import Delivery, RoutingPlan
 
-from router.app import Pipeline, RecordBatch, TopicPartitioner, create_app
-from tbmq_platform.kafka import KeyPartitioner
+from router.app import Pipeline, RecordBatch, create_app
 from router.convert import plan_records, receiver_copy
 from router.settings import RouterSettings
 
@@ -170,31 +168,6 @@ async def test_agent_routes_batches_put_into_its_stream(router):
         await agent.put(RecordBatch({TP(topics.MSG_ALL, 0): [_record(0, 1, _publish("x/1"))]},
                                     app.consumer_generation_id))
     assert len(kafka.sent) == 2 and runtime.batches == 1
-
-
-def test_key_partitioners_are_aiokafkas_default_partitioner():
-    class Cluster:
-        def __init__(self, n):
-            self.n = n
-
-        def partitions_for_topic(self, topic):
-            return set(range(self.n)) if self.n else None
-
-    default = DefaultPartitioner()
-    for n in (1, 3, 16):
-        kp = TopicPartitioner(Cluster(n))
-        producer_side = KeyPartitioner()
-        for key in (b"", b"a", b"x/y/z", "клієнт".encode(), bytes(range(40))):
-            parts = list(range(n))
-            assert kp("t", key) == default(key, parts, parts)
-            assert kp("t", key) == default(key, parts, parts)  # cached
-            assert producer_side(key, parts, parts) == default(key, parts, parts)
-            assert producer_side(key, parts, parts) == default(key, parts, parts)  # cached
-    assert TopicPartitioner(Cluster(0))("t", b"k") is None  # no metadata yet: aiokafka decides
-    assert KeyPartitioner()(None, [0, 1, 2], [2]) == 2  # no key: an available partition
-    small = KeyPartitioner(max_keys=2)
-    for key in (b"a", b"b", b"c", b"a"):
-        assert small(key, [0, 1, 2], []) == default(key, [0, 1, 2], [])  # the cache stays bounded
 
 
 def test_spliced_records_equal_the_serialized_messages():

@@ -37,10 +37,8 @@ from dataclasses import dataclass
 
 import aiokafka
 
-from .kafka import IDLE_FETCH_WAIT_MS
+from .kafka import CHECKED_AIOKAFKA, IDLE_FETCH_WAIT_MS
 from .settings import LINGER_ENTER_RATE, LINGER_LEAVE_RATE, WINDOW_MS
-
-CHECKED_AIOKAFKA = ("0.14.",)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import aiokafka
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
@@ -25,6 +26,10 @@ from aiokafka.partitioner import murmur2
 from .topics import TopicLayout, TopicSpec
 
 log = logging.getLogger(__name__)
+
+# The aiokafka releases whose internals the suite writes or calls (checked at start-up: check_direct_send,
+# tbmq_platform.coalesce); requirements.lock pins one of them.
+CHECKED_AIOKAFKA = ("0.14.",)
 
 # The long-poll of a consumer that is woken by data: an idle fetch waits this long at the broker for a
 # record, and returns as soon as one is there (min bytes 1), so the value costs no latency; it sets how often
@@ -115,6 +120,92 @@ class KeyPartitioner:
         if key is None:
             return random.choice(available or all_partitions)
         return all_partitions[self.hash(key) % len(all_partitions)]
+
+
+def key_partition(hash_: int, partitions: list) -> object:
+    """The partition (an entry of `partitions`, the topic's partitions in the order aiokafka lists them) of a
+    key whose KeyPartitioner hash is `hash_`: Kafka's default key partitioning."""
+    return partitions[0] if len(partitions) == 1 else partitions[hash_ % len(partitions)]
+
+
+def check_direct_send(producer) -> None:
+    """The aiokafka internals DirectSend calls exist (MessageAccumulator.add_message, the producer's
+    metadata, request timeout, max request size and transaction manager, as in CHECKED_AIOKAFKA)."""
+    acc = getattr(producer, "_message_accumulator", None)
+    if not aiokafka.__version__.startswith(CHECKED_AIOKAFKA) or not callable(getattr(acc, "add_message", None)) \
+            or not callable(getattr(getattr(producer, "_metadata", None), "add_listener", None)) \
+            or not all(isinstance(getattr(producer, a, None), int) for a in ("_request_timeout_ms", "_max_request_size")) \
+            or not hasattr(producer, "_txn_manager"):
+        raise RuntimeError(f"aiokafka {aiokafka.__version__}: DirectSend needs AIOKafkaProducer._message_accumulator"
+                           f".add_message, _metadata, _request_timeout_ms, _max_request_size and _txn_manager as in "
+                           f"{CHECKED_AIOKAFKA} (requirements.lock)")
+
+
+# What a one-record batch adds to its key, value and headers at most (DefaultRecordBatchBuilder: the batch
+# header, 61 bytes, the record's overhead, 21, and the length varints), with room to spare.
+_RECORD_OVERHEAD_BOUND = 256
+
+
+class DirectSend:
+    """aiokafka's ``producer.send(topic, value, key=key, headers=headers)`` for a hot path: the same record
+    in the same open batch of the same partition, and the same delivery future, without the work ``send``
+    repeats per record for topics it already knows: a metadata wait, the partition sets built twice from the
+    metadata (``_partition``), the size estimate, a debug log (docs/performance.md, "The thirty-sixth round").
+
+    ``await direct(topic, value, key, headers)`` returns the record's delivery future (``send``'s). The
+    partition is Kafka's default key partitioning (``key_partition`` with KeyPartitioner's cached hashes),
+    over the partitions the producer's metadata lists for the topic; the list is cached per topic and dropped
+    at every metadata update (a topic given more partitions is seen at the next update, as ``send`` sees it).
+    A record goes through ``send`` itself (its waits, its errors) when the metadata does not list the topic
+    yet (``send`` waits for it), when it has no key (a random available partition), when it may come near
+    the producer's ``max_request_size`` (``send`` raises MessageSizeTooLargeError), and for a transactional
+    producer outside a transaction (``send`` raises IllegalOperation). Call once the producer is started."""
+
+    __slots__ = ("_add", "_bound", "_keys", "_parts", "_send", "_timeout", "_txn", "_metadata")
+
+    def __init__(self, producer: AIOKafkaProducer, keys: KeyPartitioner | None = None) -> None:
+        check_direct_send(producer)
+        self._send = producer.send
+        self._add = producer._message_accumulator.add_message
+        self._timeout = producer._request_timeout_ms / 1000
+        self._bound = producer._max_request_size - _RECORD_OVERHEAD_BOUND
+        txn = producer._txn_manager
+        self._txn = txn if txn is not None and txn.transactional_id is not None else None
+        self._keys = keys or KeyPartitioner()
+        self._parts: dict[str, list[TopicPartition]] = {}  # topic -> its partitions, as aiokafka lists them
+        self._metadata = producer._metadata
+        self._metadata.add_listener(self._metadata_updated)
+
+    def _metadata_updated(self, _cluster) -> None:
+        self._parts.clear()
+
+    def partitions(self, topic: str) -> list[TopicPartition] | None:
+        """The topic's partitions in the order aiokafka's partitioner sees them (None: not in the metadata)."""
+        parts = self._parts.get(topic)
+        if parts is None:
+            ids = self._metadata.partitions_for_topic(topic)
+            if not ids:
+                return None
+            parts = self._parts[topic] = [TopicPartition(topic, p) for p in list(ids)]
+        return parts
+
+    def __call__(self, topic: str, value: bytes, key: bytes | None, headers=None):
+        parts = self._parts.get(topic) or self.partitions(topic)
+        if parts is None or key is None or value is None or (self._txn is not None
+                                                             and not self._txn.is_in_transaction()):
+            return self._send(topic, value, key=key, headers=headers)
+        size = len(value) + len(key)
+        if headers:
+            for k, v in headers:  # a str key: at most 4 bytes a character in UTF-8; the varints
+                size += 4 * len(k) + len(v or b"") + 10
+        if size > self._bound:
+            return self._send(topic, value, key=key, headers=headers)
+        return self._add(key_partition(self._keys.hash(key), parts), key, value, self._timeout, None,
+                         headers or [])
+
+    def close(self) -> None:
+        """Stop following the producer's metadata."""
+        self._metadata.remove_listener(self._metadata_updated)
 
 
 def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | None = None,

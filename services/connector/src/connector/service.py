@@ -48,7 +48,8 @@ from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform.backoff import Backoff
 from tbmq_platform.coalesce import AdaptiveFetch, AdaptiveLinger, adaptive_fetch
 from tbmq_platform.compacted import Barrier, CompactedViews
-from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS, ensure_topics, make_consumer, make_producer, topic_partitions
+from tbmq_platform.kafka import (IDLE_FETCH_WAIT_MS, DirectSend, ensure_topics, make_consumer, make_producer,
+                                 topic_partitions)
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.marks import MarkWriter
 from tbmq_auth import HTTP, AuthRequest, AuthResult, AuthTables, Authorizer, HttpAnswer, HttpCheck
@@ -152,6 +153,7 @@ class ConnectorService(Service):
             if HTTP in settings.auth_providers else None
         # Kafka clients need the running loop: made in start()
         self.producer = None
+        self.direct: DirectSend | None = None
         self.marks: MarkWriter | None = None
         self.sessions: SessionEvents | None = None
         self.views: CompactedViews | None = None
@@ -216,6 +218,7 @@ class ConnectorService(Service):
         self.producer = make_producer(bootstrap, client_id=self.service_id,
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         await self.producer.start()
+        self.direct = DirectSend(self.producer)  # a PUBLISH's records (produce_publish)
         self.marks = MarkWriter(self.producer, self.service_id)
         if s.producer_linger_ms > 0:
             self.linger = AdaptiveLinger(self.producer, busy_ms=s.producer_linger_ms)  # quiet: its 1 ms
@@ -803,11 +806,13 @@ class ConnectorService(Service):
         records = publish_records(msg, MSG_ALL, MSG_RETAINED)
         if self.linger is not None:
             self.linger.sending(time.monotonic())
-        fut = await self.producer.send(records[0][0], records[0][2], key=records[0][1], headers=headers)
+        direct = self.direct
+        t, key, value = records[0]
+        fut = await direct(t, value, key, headers)
         fut2 = None
         if len(records) > 1:
             t, key, value = records[1]
-            fut2 = await self.producer.send(t, value, key=key, headers=headers)
+            fut2 = await direct(t, value, key, headers)
         return fut, fut2
 
     async def produce_subscriptions(self, client_id: str, subs, client_type: int) -> None:

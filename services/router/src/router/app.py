@@ -58,7 +58,7 @@ from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.marks import is_mark
 from tbmq_platform.health import HealthServer
 from tbmq_platform.metrics import Metrics
-from tbmq_platform.kafka import KeyPartitioner, ensure_topics
+from tbmq_platform.kafka import DirectSend, ensure_topics
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, spans_on, trace_headers
 
@@ -383,30 +383,6 @@ class RouterApp(faust.App):
 
     def _new_producer_transport(self):
         return IdempotentTransport(self.conf.broker_producer, self)
-
-
-class TopicPartitioner:
-    """The partition of (topic, key) for records the router sends with an explicit partition: Kafka's
-    default key partitioning with cached hashes (tbmq_platform.kafka.KeyPartitioner), over the partition
-    count the producer's metadata has for the topic."""
-
-    __slots__ = ("_cluster", "_keys")
-
-    def __init__(self, cluster):
-        self._cluster = cluster
-        self._keys = KeyPartitioner()
-
-    def __call__(self, topic: str, key: bytes | None) -> int | None:
-        parts = self._cluster.partitions_for_topic(topic)
-        if not parts or key is None:
-            return None  # unknown topic yet (aiokafka waits for its metadata) / no key: aiokafka decides
-        n = len(parts)
-        if n == 1:
-            return next(iter(parts))
-        h = self._keys.hash(key)
-        if n - 1 in parts:  # partitions 0..n-1, as Kafka numbers them
-            return h % n
-        return sorted(parts)[h % n]
 
 
 # ------------------------------------------------------------------------------ sending
@@ -740,8 +716,7 @@ class RouterRuntime(Service):
     def make_pipeline(self) -> Pipeline:
         app = self.app
         producer = app.producer.aiokafka_producer()
-        partition = TopicPartitioner(producer.client.cluster)
-        aio_send = producer.send
+        direct = DirectSend(producer)  # Kafka's default key partitioning, without send's per-record work
         if self.settings.persist_via in ("grpc", "local"):  # the stored copies over Persist streams, or to this
             dp = self.device_persistence                 # process's own instance (router.persist)
             local = (self.settings.own_target, dp.persist) if dp is not None else None
@@ -751,10 +726,10 @@ class RouterRuntime(Service):
             def send(topic: str, key: bytes, value: bytes, headers):
                 if topic == persisted:
                     return persist(key, value)
-                return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
+                return direct(topic, value, key, headers)
         else:
             def send(topic: str, key: bytes, value: bytes, headers):
-                return aio_send(topic, value, key=key, partition=partition(topic, key), headers=headers)
+                return direct(topic, value, key, headers)
 
         async def ensure(specs):
             await ensure_topics(self.settings.bootstrap, specs, layout=self.settings.topic_layout)
