@@ -1,13 +1,19 @@
 --[[
 detach.lua -- the connection of one session of ONE client ended: stop forwarding its new messages.
 
-KEYS:
+KEYS (one client's, sharing its hash tag: one slot in Redis Cluster):
   KEYS[1]  <p>{client}_attached   STRING "<service_id>|<session_id>" (set by fetch_undelivered.lua)
+  KEYS[2]  <p>{client}_state      HASH; its `live` field (the attachment saves forward to) is removed with
+                                  the attachment
 ARGV:
   ARGV[1]  session id of the connection that ended
 Returns: integer 1 when the attachment belonged to that session and was deleted, 0 otherwise (no
   attachment, or another session attached since: a late Detach of an old connection must not cut off
   the new one). The session id is what follows the FIRST "|" (service ids never contain "|").
+
+Invariant kept with fetch_undelivered.lua (which sets state.live only to the attachment it holds or has
+just set, and removes it when it sets another) and clear_all.lua (which deletes both): state.live, when
+present, equals KEYS[1]. save_messages.lua relies on it to forward without reading KEYS[1].
 ]]
 local value = redis.call('GET', KEYS[1])
 if not value then
@@ -16,6 +22,7 @@ end
 local bar = string.find(value, '|', 1, true)
 if bar and string.sub(value, bar + 1) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('HDEL', KEYS[2], 'live')
   return 1
 end
 return 0

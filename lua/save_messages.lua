@@ -11,7 +11,8 @@ KEYS: 4 per client, client c (1..N) at KEYS[4c-3 .. 4c] (each client's keys shar
   KEYS[2]  <p>{client}_pids       HASH packet id -> member: handed out and not acknowledged
   KEYS[3]  <p>{client}_state      HASH pid (last handed out), serial (last), bytes (stored), live,
                                   exp (Redis TIME in ms until which the client's keys were last given a TTL)
-  KEYS[4]  <p>{client}_attached   STRING "<service_id>|<session_id>" set by fetch_undelivered.lua
+  KEYS[4]  <p>{client}_attached   STRING "<service_id>|<session_id>" set by fetch_undelivered.lua; not
+                                  read: state.live is only ever equal to it (detach.lua removes both)
 ARGV:
   ARGV[1]  count limit: most messages kept per client, 1..1000000
   ARGV[2]  byte limit: most bytes of stored values kept per client, >= 1
@@ -40,8 +41,8 @@ Returns: a flat array of 8 elements per client, in KEYS order: {trimmed, skipped
   first_serial  serial of message skipped+1; the stored messages get consecutive serials
   pids          2-byte big-endian packet ids of the stored messages FORWARDED, in batch order: the
                 first #pids/2 stored messages are to be forwarded to `attached`, the rest wait in Redis
-  attached      KEYS[4c] when the client is LIVE on it (state.live equals it: its last fetched page
-                reached the end), read atomically with the save; "" otherwise (nothing to forward: the
+  attached      KEYS[4c] when the client is LIVE on it (state.live, which equals it: its last fetched
+                page reached the end), read atomically with the save; "" otherwise (nothing to forward: the
                 client is not connected, or it is still paging and gets these messages in a later page)
   paused        1 when this save stopped forwarding because the handed-out limit was reached (the
                 client is paging again: its connection fetches the rest when it has room), else 0
@@ -51,11 +52,11 @@ Returns: a flat array of 8 elements per client, in KEYS order: {trimmed, skipped
                 record whose origin was applied before (not stored), "0" for the others, in batch order;
                 `skipped` counts among the "0" ones
 
-Cost per client: a fixed handful of calls (HMGET of the state, ZCARD, ZADD, HSET; when live GET of the
-  attachment, HLEN, one HMGET finding the packet ids (none when HLEN is 0: no id in use, the next ones are
-  free) and one HSET recording them; a PEXPIREAT only for a key this call created or when the keys' deadline
-  moves) plus one SET per message, the forwarded ones SET with their packet id already in the value; one
-  TIME per call.
+Cost per client: a fixed handful of calls (HMGET of the state, ZADD, HSET; ZCARD unless state.bytes is 0,
+  i.e. every earlier message was acknowledged; when live HLEN, one HMGET finding the packet ids (none when
+  HLEN is 0: no id in use, the next ones are free) and one HSET recording them; a PEXPIREAT only for a key
+  this call created or when the keys' deadline moves) plus one SET per message, the forwarded ones SET with
+  their packet id already in the value; one TIME per call. The attachment is not read (state.live).
 
 Rules (per client; a bad record or limit fails the whole call before anything is written):
   * A batch with a source header is applied once: device-persistence replays the records it saved but
@@ -267,7 +268,8 @@ for c = 1, clients do
   local trimmed = 0
   local members = 0  -- left in the ZSET before the ZADD (0: the ZADD creates it)
   if m > 0 then
-    members = redis.call('ZCARD', zkey)
+    -- state.bytes counts the size of every member (>= 3 each): "0" means an empty ZSET, no ZCARD needed
+    if state[3] ~= '0' then members = redis.call('ZCARD', zkey) end
     local excess = members + m - limit
     while excess > 0 or bytes + batch_bytes > blimit do
       local popped = redis.call('ZPOPMIN', zkey, math.max(excess, 1))
@@ -291,14 +293,10 @@ for c = 1, clients do
     if bytes < 0 then bytes = 0 end
   end
 
-  local attached = ''
-  local forwarding = false
-  if live then
-    local current = redis.call('GET', akey)
-    if current == live then
-      attached, forwarding = current, true
-    end
-  end
+  -- state.live is only ever the attachment itself (detach.lua removes both; fetch_undelivered.lua sets it to
+  -- the attachment it holds): no GET of KEYS[4]
+  local attached = live or ''
+  local forwarding = attached ~= ''
   -- the packet ids of the messages forwarded, found at once (packet_ids.lua free_pids: one HMGET, none when
   -- no id is in use) and written into their values as they are SET (no SETRANGE); the ids recorded with one
   -- HSET

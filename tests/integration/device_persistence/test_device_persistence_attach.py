@@ -62,6 +62,31 @@ async def test_detach_only_own_session(store_factory, client_id):
     assert await store.clear(client_id) == 2
 
 
+async def test_state_live_is_only_ever_the_attachment(store_factory, client_id):
+    """save_messages.lua forwards to state.live without reading the attachment: detach.lua removes the
+    mark with the attachment, and only with its own session's."""
+    store = await store_factory()
+    k = client_keys(client_id)
+    r = store.redis
+    old, new = Attachment("connector-1", "s-old"), Attachment("connector-2", "s-new")
+    await store.fetch_undelivered(client_id, attach=old)  # the end of the backlog: live
+    assert Attachment.decode(await r.hget(k.state, "live")) == old
+    await store.fetch_undelivered(client_id, attach=new)  # reconnect elsewhere before the old Detach
+    assert Attachment.decode(await r.hget(k.state, "live")) == new
+    assert await store.detach(client_id, "s-old") is False
+    assert Attachment.decode(await r.hget(k.state, "live")) == new  # the new session's mark stays
+    assert (await store.save_batch_attached(client_id, [msg(0)])).attached == new
+    assert await store.detach(client_id, "s-new") is True
+    assert await r.hget(k.state, "live") is None and await store.attachment(client_id) is None
+    detached = await store.save_batch_attached(client_id, [msg(1)])
+    assert detached.attached is None and seqs(detached.messages) == [1]
+    assert [d.packet_id for d in detached.messages] == [0]  # stored, no packet id handed out
+    again = Attachment("connector-1", "s-again")
+    assert seqs(await store.fetch_undelivered(client_id, attach=again)) == [0, 1]
+    assert (await store.save_batch_attached(client_id, [msg(2)])).attached == again
+    assert await store.clear(client_id) == 3
+
+
 async def test_clear_removes_attachment(store_factory, client_id):
     store = await store_factory()
     await store.fetch_undelivered(client_id, attach=Attachment("connector-1", "s"))

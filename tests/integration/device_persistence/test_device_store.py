@@ -257,6 +257,26 @@ async def test_keys_emptied_by_acknowledgements_get_a_ttl_again(store_factory, c
     assert await r.pttl(k.state) <= state_ttl  # a shorter TTL does not move the deadline
 
 
+async def test_the_count_limit_holds_after_acknowledgements_emptied_the_store(store_factory, client_id):
+    """With every message acknowledged (state.bytes "0": the ZSET is empty) a save counts no members
+    (no ZCARD); the next one counts them again: the limit holds across both."""
+    store = await store_factory(messages_limit=3)
+    k = client_keys(client_id)
+    r = store.redis
+    await store.save_batch(client_id, [msg(0)])
+    assert [d.packet_id for d in await take(store, client_id)] == [1]
+    assert await store.acknowledge(client_id, 1) is True
+    assert await r.hget(k.state, "bytes") == b"0" and await r.exists(k.messages) == 0
+    assert [d.serial for d in await store.save_batch(client_id, [msg(i) for i in (1, 2, 3)])] == [2, 3, 4]
+    assert store.stats.trimmed == 0
+    await store.save_batch(client_id, [msg(4)])
+    assert store.stats.trimmed == 1
+    assert await r.zcard(k.messages) == 3
+    assert int(await r.hget(k.state, "bytes")) == sum(
+        int(m.split(b":")[1]) for m in await r.zrange(k.messages, 0, -1))
+    assert 0 < await r.pttl(k.messages)
+
+
 async def test_message_expiry(store_factory, client_id):
     store = await store_factory()
     k = client_keys(client_id)

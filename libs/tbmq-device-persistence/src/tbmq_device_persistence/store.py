@@ -12,7 +12,8 @@ every key of one client is in one slot and each Lua script touches one slot):
     <p>{tag}_messages_<serial> STRING with a TTL: the stored value (below)
     <p>{tag}_pids              HASH  packet id -> member: handed out and not acknowledged
     <p>{tag}_state             HASH  pid (last handed out), serial (last), bytes (stored), live (the
-                               attachment value whose last page reached the end: forwarded to)
+                               attachment value whose last page reached the end: forwarded to; only
+                               ever equal to _attached, removed with it by detach.lua)
     <p>{tag}_attached          STRING "<service_id>|<session_id>": the connection of the client (set by
                                fetch_undelivered.lua, read by save_messages.lua, deleted by detach.lua /
                                clear_all.lua)
@@ -906,7 +907,8 @@ class DeviceMsgStore:
     async def detach(self, client_id: str, session_id: str) -> bool:
         """Stop forwarding to the connection of `session_id`; no-op (False) when another session
         attached since or the client is not attached."""
-        return bool(await self._call("detach", [self.keys(client_id).attached], [session_id]))
+        k = self.keys(client_id)
+        return bool(await self._call("detach", [k.attached, k.state], [session_id]))
 
     async def count(self, client_id: str) -> int:
         """How many messages are stored for the client (diagnostics and tests; expired ones not met by a
