@@ -33,8 +33,9 @@ end
 -- the next `n` free packet ids after `last`, in hand-out order, and the new last id: one HMGET per round
 -- (not one HGET per id). The caller records them (record_pids) and writes them into the values. n + the
 -- ids in use <= 65534 (the callers' handed-out limit), so one turn of the id space finds them.
--- `none_in_use`: the caller knows `pids_key` is empty (HLEN 0: a live client whose messages were all
--- acknowledged, the usual save), so the next `n` ids are free and no HMGET is needed: the same ids.
+-- `none_in_use`: the caller knows no id is in use (HLEN 0, or nothing stored: an entry left in `pids_key`
+-- then names a message that is gone; a live client whose messages were all acknowledged, the usual save),
+-- so the next `n` ids are free and no HMGET is needed: the same ids (recording them overwrites such entries).
 local function free_pids(pids_key, last, n, msg_prefix, none_in_use)
   local ids = {}
   if none_in_use then

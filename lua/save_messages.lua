@@ -52,11 +52,11 @@ Returns: a flat array of 8 elements per client, in KEYS order: {trimmed, skipped
                 record whose origin was applied before (not stored), "0" for the others, in batch order;
                 `skipped` counts among the "0" ones
 
-Cost per client: a fixed handful of calls (HMGET of the state, ZADD, HSET; ZCARD unless state.bytes is 0,
-  i.e. every earlier message was acknowledged; when live HLEN, one HMGET finding the packet ids (none when
-  HLEN is 0: no id in use, the next ones are free) and one HSET recording them; a PEXPIREAT only for a key
-  this call created or when the keys' deadline moves) plus one SET per message, the forwarded ones SET with
-  their packet id already in the value; one TIME per call. The attachment is not read (state.live).
+Cost per client: a fixed handful of calls (HMGET of the state, ZADD, HSET; unless state.bytes is 0 (every
+  earlier message acknowledged: the usual save of a live client) ZCARD and, when live, HLEN and one HMGET
+  finding the packet ids; when live one HSET recording them; a PEXPIREAT only for a key this call created
+  or when the keys' deadline moves) plus one SET per message, the forwarded ones SET with their packet id
+  already in the value; one TIME per call. The attachment is not read (state.live).
 
 Rules (per client; a bad record or limit fails the whole call before anything is written):
   * A batch with a source header is applied once: device-persistence replays the records it saved but
@@ -196,6 +196,10 @@ for c = 1, clients do
   local serial = tonumber(state[2] or '0')
   local bytes = tonumber(state[3] or '0')
   local live = state[4]
+  -- state.bytes is the sum of the sizes (>= 3 each) of the ZSET's members, kept by every script that adds
+  -- or removes one (this one's saves and trims, remove_message.lua, fetch_undelivered.lua's cleanup of
+  -- expired references): "0" means nothing is stored, so no ZCARD and no look at the packet ids in use
+  local empty = state[3] == '0'
   local exp = tonumber(state[5] or '')
   local first_serial = serial + 1
 
@@ -268,8 +272,7 @@ for c = 1, clients do
   local trimmed = 0
   local members = 0  -- left in the ZSET before the ZADD (0: the ZADD creates it)
   if m > 0 then
-    -- state.bytes counts the size of every member (>= 3 each): "0" means an empty ZSET, no ZCARD needed
-    if state[3] ~= '0' then members = redis.call('ZCARD', zkey) end
+    if not empty then members = redis.call('ZCARD', zkey) end
     local excess = members + m - limit
     while excess > 0 or bytes + batch_bytes > blimit do
       local popped = redis.call('ZPOPMIN', zkey, math.max(excess, 1))
@@ -304,7 +307,9 @@ for c = 1, clients do
   local paused = 0
   local new_pids = false  -- the HSET of the ids creates the HASH
   if forwarding and m > 0 then
-    local in_use = handed_out(pkey, prefix, hlimit)
+    -- nothing stored (state.bytes "0"): every id the HASH may still hold names a message that is gone, so
+    -- none is in use and the next ones are free (no HLEN, no HMGET)
+    local in_use = empty and 0 or handed_out(pkey, prefix, hlimit)
     local forwarded = math.min(m, math.max(hlimit - in_use, 0))
     new_pids = in_use == 0 and forwarded > 0
     if forwarded > 0 then ids, last = free_pids(pkey, last, forwarded, prefix, in_use == 0) end

@@ -277,6 +277,34 @@ async def test_the_count_limit_holds_after_acknowledgements_emptied_the_store(st
     assert 0 < await r.pttl(k.messages)
 
 
+async def test_a_save_with_nothing_stored_hands_out_the_next_ids_over_stale_ones(store_factory, client_id):
+    """Nothing stored (state.bytes "0"): an id the packet-id HASH still holds names a message that is gone
+    (it expired unacknowledged), so a live save hands out the next ids without reading the HASH; an id that
+    wraps onto a stale entry takes it over and its acknowledgement removes the new message. On standalone
+    Redis the save is checked to read neither the HASH, the ZSET's size nor the attachment."""
+    store = await store_factory()
+    k = client_keys(client_id)
+    r = store.redis
+    await store.save_batch(client_id, [msg(0)])
+    assert [d.packet_id for d in await take(store, client_id)] == [1]
+    await r.delete(k.message(1))  # as if it expired unacknowledged
+    assert await take(store, client_id) == []  # the reference is cleaned up; the end: live
+    assert await r.hget(k.state, "bytes") == b"0" and await r.hlen(k.pids) == 1  # a stale entry for id 1
+    standalone = not hasattr(r, "get_nodes")
+    if standalone:
+        await r.config_resetstat()
+    assert [d.packet_id for d in await store.save_batch(client_id, [msg(1)])] == [2]
+    if standalone:
+        calls = {name.removeprefix("cmdstat_"): v["calls"] for name, v in (await r.info("commandstats")).items()}
+        assert calls.get("hmget") == 1 and not {"hlen", "zcard", "get"} & calls.keys()  # the state's HMGET only
+    assert await store.acknowledge(client_id, 2) is True
+    await r.hset(k.state, "pid", 65535)  # the next id wraps to 1, the stale entry's
+    assert [d.packet_id for d in await store.save_batch(client_id, [msg(2)])] == [1]
+    assert (await r.hget(k.pids, 1)).startswith(b"3:")  # now names the new message (serial 3)
+    assert await store.acknowledge(client_id, 1) is True
+    assert await store.fetch_undelivered(client_id) == [] and await r.hget(k.state, "bytes") == b"0"
+
+
 async def test_message_expiry(store_factory, client_id):
     store = await store_factory()
     k = client_keys(client_id)
