@@ -139,7 +139,7 @@ for c = 1, clients do
         if not p then
           return redis.error_reply('ERR save_messages: bad origin header of batch ' .. c)
         end
-        origins[no] = {p, tonumber(o), o}  -- the digits kept: written back as they came
+        origins[no] = {p, tonumber(o), o, 'o' .. p}  -- the digits kept: written back as they came; the mark's field
       end
     end
     pos = semi + 1
@@ -180,18 +180,25 @@ for c = 1, clients do
   local prefix = zkey .. '_'
 
   -- the state, with the origin marks of the partitions this batch's records come from (one HMGET)
-  local fields = {'pid', 'serial', 'bytes', 'live', 'exp', 'srcp', 'srco'}
   local mark_at = {}  -- origin partition -> its field's index in the HMGET reply
-  if origins then
-    for k = 1, n do
-      local o = origins[k]
-      if o and not mark_at[o[1]] then
-        fields[#fields + 1] = 'o' .. o[1]
-        mark_at[o[1]] = #fields
+  local state
+  local one = n == 1 and origins and origins[1]
+  if one then  -- the usual batch of a client: one record, with its origin
+    mark_at[one[1]] = 8
+    state = redis.call('HMGET', skey, 'pid', 'serial', 'bytes', 'live', 'exp', 'srcp', 'srco', one[4])
+  else
+    local fields = {'pid', 'serial', 'bytes', 'live', 'exp', 'srcp', 'srco'}
+    if origins then
+      for k = 1, n do
+        local o = origins[k]
+        if o and not mark_at[o[1]] then
+          fields[#fields + 1] = o[4]
+          mark_at[o[1]] = #fields
+        end
       end
     end
+    state = redis.call('HMGET', skey, unpack(fields))
   end
-  local state = redis.call('HMGET', skey, unpack(fields))
   local last = tonumber(state[1] or '0')
   local serial = tonumber(state[2] or '0')
   local bytes = tonumber(state[3] or '0')
@@ -223,7 +230,19 @@ for c = 1, clients do
 
   -- records routed again (an origin already applied) are dropped wherever they are in the batch
   local routed_again = ''
-  if origins and n > 0 then
+  if origins and n == 1 then  -- one record (the usual batch): the rule below without its tables
+    local o = origins[replayed + 1]
+    routed_again = '0'
+    if o then
+      local h = tonumber(state[mark_at[o[1]]] or '')
+      if h and o[2] <= h then
+        routed_again, n = '1', 0
+      else
+        src_fields[#src_fields + 1] = o[4]
+        src_fields[#src_fields + 1] = o[3]
+      end
+    end
+  elseif origins and n > 0 then
     local high, high_text = {}, {}
     for p, at in pairs(mark_at) do high[p] = tonumber(state[at] or '') end
     local t2, v2, marks = {}, {}, {}
@@ -326,7 +345,8 @@ for c = 1, clients do
     local ttl = ttls[k]
     local value = values[k]
     serial = serial + 1
-    local member = serial .. ':' .. #value
+    local digits = serial .. ''  -- converted once: the member, the value's key and the ZADD score
+    local member = digits .. ':' .. #value
     local pid = ids[k - skipped]
     if pid then
       local pb = pid_bytes(pid)
@@ -335,8 +355,8 @@ for c = 1, clients do
       hargs[#hargs + 1] = pid
       hargs[#hargs + 1] = member
     end
-    redis.call('SET', prefix .. serial, value, 'PX', ttl)
-    zargs[#zargs + 1] = serial
+    redis.call('SET', prefix .. digits, value, 'PX', ttl)
+    zargs[#zargs + 1] = digits
     zargs[#zargs + 1] = member
     bytes = bytes + #value
     if ttl > max_ttl then max_ttl = ttl end

@@ -489,6 +489,30 @@ async def test_a_record_routed_again_is_stored_once_per_origin(store_factory, cl
     await store.clear(other)
 
 
+async def test_a_single_record_routed_again_is_stored_once(store_factory, client_id):
+    """The usual save carries one record per client: the same origin rule (save_messages.lua takes a shorter
+    way for it) whether the record is new, routed again, below the mark, or without an origin."""
+    store = await store_factory()
+    k = client_keys(client_id)
+
+    async def save_one(seq: int, origin):
+        res = await store.save_many_attached({client_id: [msg(seq)]}, origins={client_id: [origin]})
+        return seqs(res[client_id].messages)
+
+    assert await save_one(1, (3, 5)) == [1]
+    assert await store.redis.hget(k.state, "o3") == b"5"
+    await take(store, client_id)  # live: the rule is the same for a forwarded record
+    assert await save_one(1, (3, 5)) == [] and store.stats.routed_again == 1  # routed again
+    assert await save_one(2, (3, 4)) == [] and store.stats.routed_again == 2  # below the mark
+    assert await save_one(3, None) == [3]  # no origin: stored as given, the mark unchanged
+    assert await store.redis.hget(k.state, "o3") == b"5"
+    assert await save_one(4, (7, 1)) == [4]  # another partition: its own mark
+    assert await save_one(5, (3, 6)) == [5]
+    assert (await store.redis.hget(k.state, "o3"), await store.redis.hget(k.state, "o7")) == (b"6", b"1")
+    assert seqs(await store.fetch_undelivered(client_id)) == [1, 3, 4, 5]
+    await store.clear(client_id)
+
+
 async def test_a_live_save_hands_out_the_next_ids_whether_or_not_ids_are_in_use(store_factory, client_id):
     """A live client's save takes the ids after the cursor, wrapping from 65535 to 1: when none is in use
     (its messages all acknowledged: save_messages.lua then needs no look-up of the ids) and when some are,
