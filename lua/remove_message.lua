@@ -15,8 +15,9 @@ ARGV:
            message (freed meanwhile and handed out again) and leaves it alone (not removed, the id stays
            handed out). Without one, whatever message holds the id is removed.
 Cost: per client and chunk of up to 4000 ids one HMGET, HDEL, ZMSCORE, ZREM and DEL (Redis >= 6.2), never a
-  call per id, and one HINCRBY of the state; for a client with one id (the usual batch of a live client) no
-  ZMSCORE: ZREM's count says whether it was still stored. An id listed twice counts once.
+  call per id, and one HINCRBY of the state; for a client with one id (the usual batch of a live client) an
+  HGET instead of the HMGET and no ZMSCORE (ZREM's count says whether it was still stored), without the
+  tables of the general case. An id listed twice counts once.
 Returns: integer, how many of them named a message that still existed (not expired, not already
   removed), all clients together. For one packet id: 1 = removed, 0 = unknown/expired/another serial. The
   packet id is free again unless it names another serial (only handed-out ids are in KEYS[2]: an id never
@@ -30,49 +31,62 @@ for c = 1, #KEYS / 3 do
   local zkey, pkey, skey = KEYS[3 * c - 2], KEYS[3 * c - 1], KEYS[3 * c]
   local prefix = zkey .. '_'
   local freed = 0
-  local pids, serials, seen = {}, {}, {}
-  local n_pids = 0
-  for item, pid, serial in string.gmatch(ARGV[c] or '', '((%d+):?(%d*))') do
-    if not seen[item] then
-      seen[item] = true
-      n_pids = n_pids + 1
-      pids[n_pids] = pid
-      serials[n_pids] = serial  -- '' = any
-    end
-  end
-  -- a few calls per chunk of ids (HMGET, HDEL, ZMSCORE, ZREM, DEL), never a call per id; chunked because
-  -- Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK = 8000)
-  for s = 1, #pids, 4000 do
-    local part = {unpack(pids, s, math.min(s + 3999, #pids))}
-    local members = redis.call('HMGET', pkey, unpack(part))
-    local found, found_members, sizes, mkeys, taken = {}, {}, {}, {}, {}
-    local n = 0
-    for i = 1, #part do
-      local member = members[i]
-      local serial, size
-      if member then serial, size = member_parts(member) end
-      local want = serials[s + i - 1]
-      if member and (want == '' or want == serial) and not taken[member] then  -- "7" and "7:<serial>": once
-        taken[member] = true
-        n = n + 1
-        found[n] = part[i]
-        found_members[n] = member
-        sizes[n] = size
-        mkeys[n] = prefix .. serial
+  local one_pid, one_serial = string.match(ARGV[c] or '', '^(%d+):?(%d*)$')
+  if one_pid then  -- one id (the usual batch of a live client): the rule below without its tables
+    local member = redis.call('HGET', pkey, one_pid)
+    if member then
+      local serial, size = member_parts(member)
+      if one_serial == '' or one_serial == serial then
+        redis.call('HDEL', pkey, one_pid)
+        if redis.call('ZREM', zkey, member) == 1 then freed = size end
+        removed = removed + redis.call('DEL', prefix .. serial)
       end
     end
-    if n > 0 then
-      redis.call('HDEL', pkey, unpack(found))
-      if n == 1 then
-        if redis.call('ZREM', zkey, found_members[1]) == 1 then freed = freed + sizes[1] end
-      else
-        local scores = redis.call('ZMSCORE', zkey, unpack(found_members))
-        for i = 1, n do
-          if scores[i] then freed = freed + sizes[i] end
+  else
+    local pids, serials, seen = {}, {}, {}
+    local n_pids = 0
+    for item, pid, serial in string.gmatch(ARGV[c] or '', '((%d+):?(%d*))') do
+      if not seen[item] then
+        seen[item] = true
+        n_pids = n_pids + 1
+        pids[n_pids] = pid
+        serials[n_pids] = serial  -- '' = any
+      end
+    end
+    -- a few calls per chunk of ids (HMGET, HDEL, ZMSCORE, ZREM, DEL), never a call per id; chunked because
+    -- Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK = 8000)
+    for s = 1, #pids, 4000 do
+      local part = {unpack(pids, s, math.min(s + 3999, #pids))}
+      local members = redis.call('HMGET', pkey, unpack(part))
+      local found, found_members, sizes, mkeys, taken = {}, {}, {}, {}, {}
+      local n = 0
+      for i = 1, #part do
+        local member = members[i]
+        local serial, size
+        if member then serial, size = member_parts(member) end
+        local want = serials[s + i - 1]
+        if member and (want == '' or want == serial) and not taken[member] then  -- "7" and "7:<serial>": once
+          taken[member] = true
+          n = n + 1
+          found[n] = part[i]
+          found_members[n] = member
+          sizes[n] = size
+          mkeys[n] = prefix .. serial
         end
-        redis.call('ZREM', zkey, unpack(found_members))
       end
-      removed = removed + redis.call('DEL', unpack(mkeys))
+      if n > 0 then
+        redis.call('HDEL', pkey, unpack(found))
+        if n == 1 then
+          if redis.call('ZREM', zkey, found_members[1]) == 1 then freed = freed + sizes[1] end
+        else
+          local scores = redis.call('ZMSCORE', zkey, unpack(found_members))
+          for i = 1, n do
+            if scores[i] then freed = freed + sizes[i] end
+          end
+          redis.call('ZREM', zkey, unpack(found_members))
+        end
+        removed = removed + redis.call('DEL', unpack(mkeys))
+      end
     end
   end
   if freed > 0 and redis.call('HINCRBY', skey, 'bytes', -freed) < 0 then
