@@ -64,12 +64,12 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
-
-if HIREDIS_AVAILABLE:
-    from hiredis import pack_command as _pack_command
 from tbmq.v1 import messages_pb2, services_pb2
 from tbmq_platform.wire import varint
 from tbmq_routing import expiry
+
+if HIREDIS_AVAILABLE:
+    from hiredis import pack_command as _pack_command
 
 __all__ = [
     "MAX_PACKET_ID",
