@@ -182,7 +182,15 @@ class Runner:
     def warm_up(self) -> dict | None:
         """Unmeasured p2p load right after the broker started: `broker_warmup` s, then more in chunks of
         `jit_chunk` s while the broker's JVM is still JIT-compiling (procmon.JitSettle), at most
-        `jit_settle_max` s more, so the measured steps see Kafka's steady state."""
+        `jit_settle_max` s more, so the measured steps see Kafka's steady state.
+
+        Every chunk starts with the clients connecting again, as a live fleet's sessions come and go while
+        messages flow. The session registry writes each connect and disconnect in a Kafka transaction, and
+        HotSpot's C2 compiles Kafka's produce path (KafkaApis.handleProduceRequest, LogValidator,
+        UnifiedLog.append, DelayedFetch) from the branches it has seen: compiled under pure message load,
+        the first transactional batch afterwards (the warm-up's clients leaving, the next step's arriving)
+        deoptimises all of it at once, and the recompilation used to land in the measured steps
+        (docs/performance.md, "The thirty-seventh round")."""
         p = self.prof
         if p.broker_warmup <= 0 or p.broker_warmup_rate <= 0:
             return None
@@ -205,6 +213,8 @@ class Runner:
                 settled = settle.feed(compiled, time.monotonic())
                 p.duration = p.jit_chunk
                 while not settled and extra + p.jit_chunk <= p.jit_settle_max:
+                    self._cleanup()
+                    self._setup(*self._p2p_clients("warm"))
                     r = self.step(p.broker_warmup_rate, label="warm-up (JIT) ")
                     extra += p.jit_chunk
                     compiled = jit_compile_cpu_s(jvm) or 0.0

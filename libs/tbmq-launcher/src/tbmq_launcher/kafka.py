@@ -35,10 +35,22 @@ DEFAULT_LOG4J = REPO_ROOT / "infra" / "kafka" / "log4j2.properties"
 
 # JVM flags chosen for a fast start on a small machine: the broker's own defaults (G1, 1 GB heap) are
 # sized for production. SerialGC and a small fixed heap keep the start at about 3.5 s on 2 cores.
+#
+# C2's thresholds at a tenth of HotSpot's (Tier4InvocationThreshold 5,000, Tier4MinInvocationThreshold 600,
+# Tier4CompileThreshold 15,000, Tier4BackEdgeThreshold 40,000). HotSpot counts invocations, and the suite's
+# services coalesce their records into about a hundred Kafka requests a second at 1,000 msg/s (one produce
+# request and one fetch per 20 ms round): under the defaults the request path (KafkaApis.handleProduceRequest,
+# ReplicaManager.appendRecords, LogValidator) ran in C1's profiling code for about three minutes after every
+# start, costing Kafka about twice its steady CPU. With these it is compiled by C2 after about 500 requests
+# (docs/performance.md, "The thirty-seventh round").
 JVM_FLAGS = (
     "-XX:+UseSerialGC",
     "-XX:+PerfDisableSharedMem",
     "-Xss512k",
+    "-XX:Tier4InvocationThreshold=500",
+    "-XX:Tier4MinInvocationThreshold=60",
+    "-XX:Tier4CompileThreshold=1500",
+    "-XX:Tier4BackEdgeThreshold=4000",
     "-Djava.awt.headless=true",
     "-Dlog4j2.formatMsgNoLookups=true",
 )
