@@ -36,6 +36,10 @@ DEFAULT_LOG4J = REPO_ROOT / "infra" / "kafka" / "log4j2.properties"
 # JVM flags chosen for a fast start on a small machine: the broker's own defaults (G1, 1 GB heap) are
 # sized for production. SerialGC and a small fixed heap keep the start at about 3.5 s on 2 cores.
 #
+# No perf data (-XX:-UsePerfData, which also means no hsperfdata file): its sampler woke the JVM's periodic
+# task thread 20 times a second, idle or not, for counters only jstat reads. jcmd <pid> (scripts/kafka_jfr.py)
+# attaches without them (docs/performance.md, "The thirty-eighth round").
+#
 # C2's thresholds at a tenth of HotSpot's (Tier4InvocationThreshold 5,000, Tier4MinInvocationThreshold 600,
 # Tier4CompileThreshold 15,000, Tier4BackEdgeThreshold 40,000). HotSpot counts invocations, and the suite's
 # services coalesce their records into about a hundred Kafka requests a second at 1,000 msg/s (one produce
@@ -45,7 +49,7 @@ DEFAULT_LOG4J = REPO_ROOT / "infra" / "kafka" / "log4j2.properties"
 # (docs/performance.md, "The thirty-seventh round").
 JVM_FLAGS = (
     "-XX:+UseSerialGC",
-    "-XX:+PerfDisableSharedMem",
+    "-XX:-UsePerfData",
     "-Xss512k",
     "-XX:Tier4InvocationThreshold=500",
     "-XX:Tier4MinInvocationThreshold=60",
