@@ -61,15 +61,21 @@ class SessionTable:
         await self.stop()
 
 
-async def committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
-    """The offsets `group` has committed, per partition (empty when the group has none or does not exist)."""
+async def committed_metadata(bootstrap: str, group: str) -> dict:
+    """What `group` has committed, per partition: OffsetAndMetadata (offset and metadata); empty when the group
+    has none or does not exist."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         found = await admin.list_consumer_group_offsets(group)
     finally:
         await admin.close()
-    return {tp: om.offset for tp, om in found.items() if om is not None and om.offset >= 0}
+    return {tp: om for tp, om in found.items() if om is not None and om.offset >= 0}
+
+
+async def committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+    """The offsets `group` has committed, per partition (empty when the group has none or does not exist)."""
+    return {tp: om.offset for tp, om in (await committed_metadata(bootstrap, group)).items()}
 
 
 async def group_members(bootstrap: str, group: str) -> tuple[str, int]:

@@ -10,9 +10,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from app_delivery_harness import committed_up_to, payload_ints, publish_msg
-from kafka_views import committed
+from kafka_views import committed, committed_metadata
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
+from app_delivery.tracking import decode_mark
 from tbmq_routing.naming import app_client_group
 from waits import wait_until
 
@@ -60,6 +61,45 @@ async def test_sigkill_mid_stream_loses_nothing_and_flags_dup(ad_suite, connecto
         assert not (set(payload_ints(after)) & {i for i in acked if i < min(payload_ints(after))})
     finally:
         await c2.close()
+
+
+async def _committed_mark(bootstrap: str, group: str) -> int | None:
+    """The DUP mark in `group`'s committed metadata (None: nothing committed)."""
+    om = next(iter((await committed_metadata(bootstrap, group)).values()), None)
+    return None if om is None else decode_mark(om.metadata)
+
+
+async def test_the_dup_mark_is_reserved_ahead_and_an_ended_stream_writes_the_exact_mark(ad_suite, connector,
+                                                                                       producer, unique):
+    """One offset commit reserves the DUP mark APP_DELIVERY_MAX_POLL_RECORDS (500) past a polled batch, so the
+    next polls are streamed without one; a stream that ends writes back the mark of what it streamed, so
+    the next stream sends newer records with DUP=0 (docs/app-delivery.md, "DUP")."""
+    client = cid(unique)
+    group = app_client_group(client)
+    await producer.to_client(client, [publish_msg(i) for i in range(5)])
+    st = connector.open(client, receive_maximum=100)
+    first = await st.take(5)
+    st.ack_many(first)
+    assert await _committed_mark(ad_suite.bootstrap_servers, group) == 4 + 500  # committed before streaming
+    for k in range(3):  # three more polls, one record each, under the reserved mark
+        await producer.to_client(client, [publish_msg(5 + k)])
+        more = await st.take(1)
+        assert payload_ints(more) == [5 + k] and not more[0].redelivery
+        st.ack_many(more)
+    await wait_until(committed_up_to(ad_suite, client, 8), 20, "offset 8 committed (every ack arrived)")
+    assert await _committed_mark(ad_suite.bootstrap_servers, group) == 504, "a poll under the mark reserved again"
+    await st.half_close()
+    await wait_until(lambda: _is(_committed_mark(ad_suite.bootstrap_servers, group), 7), 20,
+                     "the ended stream wrote back the exact mark (7)")
+    st2 = connector.open(client, receive_maximum=100)
+    await producer.to_client(client, [publish_msg(8)])
+    nxt = await st2.take(1)
+    assert payload_ints(nxt) == [8] and not nxt[0].redelivery, "a record never streamed came with DUP"
+    await st2.cancel()
+
+
+async def _is(value, expected) -> bool:
+    return await value == expected
 
 
 @pytest.mark.slow

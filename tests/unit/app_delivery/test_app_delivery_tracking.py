@@ -10,8 +10,8 @@ import pytest
 
 from app_delivery.settings import AppDeliverySettings, load_settings
 from app_delivery.tracking import (METADATA_MAX_CHARS, NO_MARK, AckTracker, BatchLimit, PartOrigins, SharedFilters,
-                                   decode_mark, decode_origins, encode_mark, is_redelivery, needs_reservation,
-                                   record_size)
+                                   decode_mark, decode_origins, encode_mark, exact_mark, is_redelivery,
+                                   needs_reservation, record_size, reservation_mark)
 from tbmq_platform.settings import SettingsError
 
 pytestmark = pytest.mark.unit
@@ -134,6 +134,24 @@ def test_redelivery_decision():
     assert not is_redelivery(0, NO_MARK)
     assert needs_reservation(10, 9)
     assert not needs_reservation(10, 10)
+
+
+def test_the_mark_is_reserved_ahead_so_later_polls_need_no_commit():
+    mark = reservation_mark(NO_MARK, 4, 500)              # a first batch 0..4
+    assert mark == 504
+    for last in (9, 250, 504):                            # the next polls stream under it: no commit
+        assert not needs_reservation(last, mark)
+    assert needs_reservation(505, mark)
+    assert reservation_mark(mark, 505, 500) == 1005       # the next reservation, ahead again
+    assert reservation_mark(1005, 505, 500) == 1005       # never backwards
+    assert reservation_mark(NO_MARK, 4, 0) == 4           # nothing ahead: the batch's last offset
+
+
+def test_a_stream_that_ends_writes_back_the_exact_mark():
+    assert exact_mark(NO_MARK, 9) == 9                    # streamed 0..9, reserved up to 509: 10.. get DUP=0
+    assert exact_mark(NO_MARK, None) == NO_MARK           # took nothing
+    assert exact_mark(700, 9) == 700                      # an earlier stream (a crash) may have sent up to 700
+    assert exact_mark(700, 800) == 800
 
 
 def test_shared_filters_match_and_cap():

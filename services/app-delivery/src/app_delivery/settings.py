@@ -22,7 +22,8 @@ class AppDeliverySettings(CommonSettings):
     commit_interval_ms: int = env("APP_DELIVERY_COMMIT_INTERVAL_MS", 500, parse=integer(10, 60_000),
                                   doc="how often a stream commits its acknowledged prefix")
     max_poll_records: int = env("APP_DELIVERY_MAX_POLL_RECORDS", 500, parse=integer(1, 100_000),
-                                doc="records fetched per poll (also the DUP-mark reservation granularity)")
+                                doc="records fetched per poll; also how far past a polled batch the DUP mark "
+                                    "is reserved (docs/app-delivery.md)")
     max_outstanding: int = env("APP_DELIVERY_MAX_OUTSTANDING", 65535, parse=integer(1, 1_000_000),
                                doc="unacknowledged records per stream when AppOpen.receive_maximum is 0; "
                                    "also the upper cap of receive_maximum")

@@ -42,7 +42,7 @@ from tbmq_routing.naming import app_client_group, app_shared_group
 
 from .settings import AppDeliverySettings
 from .tracking import (NO_MARK, AckTracker, BatchLimit, PartOrigins, SharedFilters, decode_mark, decode_origins,
-                       encode_mark, is_redelivery, needs_reservation, record_size)
+                       encode_mark, exact_mark, is_redelivery, needs_reservation, record_size, reservation_mark)
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("app_delivery")
@@ -265,15 +265,19 @@ class ClientSource(Source):
         found = await self.consumer._coordinator.fetch_committed_offsets([self.tp])
         return found.get(self.tp)
 
-    async def _commit(self, part: PartState, batch: tuple[int, int] | None = None) -> None:
-        """Commit the acknowledged prefix; `batch` = (first, last) offsets about to be streamed: `last`
-        becomes the DUP mark. Computed under the lock so that a mark never goes backwards."""
+    async def _commit(self, part: PartState, batch: tuple[int, int] | None = None, final: bool = False) -> None:
+        """Commit the acknowledged prefix; `batch` = (first, last) offsets about to be streamed: the DUP mark
+        is reserved up to APP_DELIVERY_MAX_POLL_RECORDS past `last` (tracking.reservation_mark); `final`
+        (the pump has stopped): the exact mark is written back (tracking.exact_mark). Computed under the lock
+        so that a mark never goes backwards while the pump runs."""
         async with self.commit_lock:
             point, mark = part.tracker.commit_point(), part.reserved
             if batch is not None:
-                mark = max(mark, batch[1])
+                mark = reservation_mark(mark, batch[1], self.s.max_poll_records)
                 if point is None:
                     point = batch[0]
+            elif final:
+                mark = exact_mark(part.prev_mark, part.tracker.last_seen)
             if point is None:
                 point = part.committed
             if point is None or (point == part.committed and mark == part.reserved):
@@ -292,7 +296,7 @@ class ClientSource(Source):
     async def commit(self, final: bool = False) -> None:
         part = self.parts.get(self.tp)
         if part is not None and self.consumer is not None:
-            await self._commit(part)
+            await self._commit(part, final=final)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -354,7 +358,8 @@ class SharedSource(Source):
         if not gone:
             return
         try:
-            await self._commit_parts(gone)
+            # exact marks: the pump streams nothing more of a partition once it is out of `parts`
+            await self._commit_parts(gone, exact=True)
         except (CommitFailedError, KafkaError) as exc:
             log.warning("%s: commit on revocation of %s failed (%r): their unacknowledged records will be "
                         "redelivered", self.session.client_id, [str(p.tp) for p in gone], exc)
@@ -391,20 +396,25 @@ class SharedSource(Source):
 
     # -- commits ----------------------------------------------------------------------------------
     async def _commit_parts(self, parts: list[PartState],
-                            reserve: dict[TopicPartition, tuple[int, int]] | None = None) -> None:
+                            reserve: dict[TopicPartition, tuple[int, int]] | None = None,
+                            exact: bool = False) -> None:
         """Commit the acknowledged prefixes of `parts`; `reserve`: tp -> (first, last) offsets of a batch
-        about to be streamed, whose last offset becomes the DUP mark. Computed under the lock so that a
-        mark never goes backwards."""
+        about to be streamed, whose DUP mark is reserved ahead (tracking.reservation_mark); `exact`: parts
+        the pump no longer streams (revoked, or the stream ended) get their exact mark back
+        (tracking.exact_mark). Computed under the lock so that a mark never goes backwards while streamed."""
         reserve = reserve or {}
+        ahead = self.s.max_poll_records
         async with self.commit_lock:
             offsets = {}
             for part in parts:
                 point, mark = part.tracker.commit_point(), part.reserved
                 if part.tp in reserve:
                     first, last = reserve[part.tp]
-                    mark = max(mark, last)
+                    mark = reservation_mark(mark, last, ahead)
                     if point is None:
                         point = first
+                elif exact:
+                    mark = exact_mark(part.prev_mark, part.tracker.last_seen)
                 if point is None:
                     point = part.committed
                 if point is None or (point == part.committed and mark == part.reserved):
@@ -433,7 +443,7 @@ class SharedSource(Source):
 
     async def commit(self, final: bool = False) -> None:
         try:
-            await self._commit_parts(list(self.parts.values()))
+            await self._commit_parts(list(self.parts.values()), exact=final)
         except (CommitFailedError, KafkaError) as exc:
             log.info("%s: commit of %s failed (%r); a rebalance will retry it", self.session.client_id,
                      self.group, exc)

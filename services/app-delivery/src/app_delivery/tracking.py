@@ -6,8 +6,12 @@
   metadata BEFORE anything beyond it is streamed (``reserve``); on the next assignment every record at
   or below that mark is flagged ``redelivery`` (MQTT DUP=1). Writing the mark ahead of sending makes the
   scheme crash-safe: a record streamed before a crash is always at or below a mark already in Kafka.
-  The price is over-flagging: records of a reserved batch that were never streamed also carry DUP=1
-  after a crash or disconnect (DUP is "may have been sent before", so this is allowed).
+  The mark is reserved ahead (``reservation_mark``): up to the batch's last offset plus ``ahead`` (the
+  poll size), so that one offset commit covers many polls instead of one per poll. A stream that ends
+  (a disconnect, a takeover, a shared partition revoked) writes the exact mark back (``exact_mark``: what
+  it streamed, or what an earlier owner may have): the price of reserving ahead, over-flagging, is paid
+  only after a crash: records never streamed that are at or below the reserved mark then carry DUP=1 (at
+  most ``ahead`` plus one poll; DUP is "may have been sent before", so this is allowed).
 * Origins: a router that crashed writes its uncommitted records' copies again; every copy names its
   tbmq.msg.all origin (``PublishMsg.origin_*``) and a partition streams one copy per origin
   (``PartOrigins``, the rule of tbmq_routing.origins). The highest origin offset per origin partition below
@@ -180,6 +184,20 @@ def is_redelivery(offset: int, mark: int) -> bool:
 def needs_reservation(last_offset: int, reserved: int) -> bool:
     """A batch ending at `last_offset` must be reserved (mark committed) before it is streamed."""
     return last_offset > reserved
+
+
+def reservation_mark(reserved: int, last_offset: int, ahead: int) -> int:
+    """The DUP mark to commit before streaming a batch ending at `last_offset`: `ahead` offsets past it, so
+    that the next polls need no commit until they pass it; never below what is reserved already."""
+    return max(reserved, last_offset + max(ahead, 0))
+
+
+def exact_mark(prev_mark: int, last_seen: int | None) -> int:
+    """The DUP mark a stream that ends writes back in place of the one reserved ahead: the highest offset it
+    took (`last_seen`), or the mark it found at assignment (`prev_mark`: what an earlier stream or owner may
+    have streamed), whichever is higher. Nothing above it was streamed by anyone, so the next stream sends
+    those records with DUP=0. Only once the pump has stopped: it may stream up to the reserved mark."""
+    return max(prev_mark, NO_MARK if last_seen is None else last_seen)
 
 
 # ------------------------------------------------------------------------------------------- batches
