@@ -93,8 +93,11 @@ class Source:
         self.adaptive: AdaptiveFetch | None = None
 
     def _adapt_fetches(self) -> None:
-        """Under load, fetches wait up to APP_DELIVERY_FETCH_WINDOW_MS so that one poll (one batch down)
-        carries what arrived meanwhile; when quiet they return at the first record (tbmq_platform.coalesce)."""
+        """With APP_DELIVERY_FETCH_WINDOW_MS set, fetches under load wait up to it so that one poll (one batch
+        down) carries what arrived meanwhile; when quiet they return at the first record
+        (tbmq_platform.coalesce). At 0 (the default) every fetch returns at the first record: the router
+        writes a client's copies once per routed batch, so a fetch already carries a batch (docs/app-delivery.md,
+        "Fetch window"). Either way an idle consumer long-polls (make_consumer's `long_poll`)."""
         if self.consumer is not None:
             self.adaptive = adaptive_fetch(self.consumer, self.s.fetch_window_ms)
 
@@ -243,7 +246,8 @@ class ClientSource(Source):
         await ensure_topics(s.bootstrap, [topics.app_topic(self.session.client_id)], layout=s.topic_layout)
         self.consumer = make_consumer(s.bootstrap, group_id=self.group,
                                       client_id=f"{s.instance_id}-{self.session.client_id}",
-                                      auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
+                                      auto_offset_reset="earliest", max_poll_records=s.max_poll_records,
+                                      long_poll=True)
         await self.consumer.start()
         self._adapt_fetches()
         self.consumer.assign([self.tp])
@@ -336,7 +340,7 @@ class SharedSource(Source):
         await ensure_topics(s.bootstrap, specs.values(), layout=s.topic_layout)
         self.consumer = make_consumer(
             s.bootstrap, group_id=self.group, client_id=f"{s.instance_id}-{self.session.client_id}",
-            auto_offset_reset="earliest", max_poll_records=s.max_poll_records,
+            auto_offset_reset="earliest", max_poll_records=s.max_poll_records, long_poll=True,
             session_timeout_ms=s.shared_session_timeout_ms, heartbeat_interval_ms=s.shared_heartbeat_ms)
         await self.consumer.start()
         self._adapt_fetches()
