@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PUBLISH, PUBACK, CONNECT, SUBSCRIBE, PINGREQ, DISCONNECT = 3, 4, 1, 8, 12, 14
+PUBLISH, CONNECT, SUBSCRIBE, PINGREQ, DISCONNECT = 3, 1, 8, 12, 14  # a PUBACK (4) is read and dropped
 SUBS: dict[bytes, "Relay"] = {}
 
 

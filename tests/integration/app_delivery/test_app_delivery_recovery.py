@@ -9,11 +9,11 @@ import time
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from app_delivery.tracking import decode_mark
 from app_delivery_harness import committed_up_to, payload_ints, publish_msg
 from kafka_views import committed, committed_metadata
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_platform import topics
-from app_delivery.tracking import decode_mark
 from tbmq_routing.naming import app_client_group
 from waits import wait_until
 
@@ -89,17 +89,16 @@ async def test_the_dup_mark_is_reserved_ahead_and_an_ended_stream_writes_the_exa
     await wait_until(committed_up_to(ad_suite, client, 8), 20, "offset 8 committed (every ack arrived)")
     assert await _committed_mark(ad_suite.bootstrap_servers, group) == 504, "a poll under the mark reserved again"
     await st.half_close()
-    await wait_until(lambda: _is(_committed_mark(ad_suite.bootstrap_servers, group), 7), 20,
-                     "the ended stream wrote back the exact mark (7)")
+
+    async def exact_mark_written() -> bool:
+        return await _committed_mark(ad_suite.bootstrap_servers, group) == 7
+
+    await wait_until(exact_mark_written, 20, "the ended stream wrote back the exact mark (7)")
     st2 = connector.open(client, receive_maximum=100)
     await producer.to_client(client, [publish_msg(8)])
     nxt = await st2.take(1)
     assert payload_ints(nxt) == [8] and not nxt[0].redelivery, "a record never streamed came with DUP"
     await st2.cancel()
-
-
-async def _is(value, expected) -> bool:
-    return await value == expected
 
 
 @pytest.mark.slow

@@ -73,6 +73,24 @@ class PartState:
         p = self.tracker.commit_point()
         return self.committed if p is None else p
 
+    def commit_target(self, batch: tuple[int, int] | None, exact: bool, ahead: int) -> tuple[int, int] | None:
+        """(offset, DUP mark) to commit, or None when neither moved: the acknowledged prefix; with `batch` =
+        (first, last) offsets about to be streamed, the mark reserved `ahead` past `last`
+        (tracking.reservation_mark); with `exact` (the pump no longer streams this partition), the exact mark
+        written back (tracking.exact_mark)."""
+        point, mark = self.tracker.commit_point(), self.reserved
+        if batch is not None:
+            mark = reservation_mark(mark, batch[1], ahead)
+            if point is None:
+                point = batch[0]
+        elif exact:
+            mark = exact_mark(self.prev_mark, self.tracker.last_seen)
+        if point is None:
+            point = self.committed
+        if point is None or (point == self.committed and mark == self.reserved):
+            return None
+        return point, mark
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -275,17 +293,10 @@ class ClientSource(Source):
         (the pump has stopped): the exact mark is written back (tracking.exact_mark). Computed under the lock
         so that a mark never goes backwards while the pump runs."""
         async with self.commit_lock:
-            point, mark = part.tracker.commit_point(), part.reserved
-            if batch is not None:
-                mark = reservation_mark(mark, batch[1], self.s.max_poll_records)
-                if point is None:
-                    point = batch[0]
-            elif final:
-                mark = exact_mark(part.prev_mark, part.tracker.last_seen)
-            if point is None:
-                point = part.committed
-            if point is None or (point == part.committed and mark == part.reserved):
+            target = part.commit_target(batch, final, self.s.max_poll_records)
+            if target is None:
                 return
+            point, mark = target
             current = await self._fetch_committed()
             if current is not None and (part.committed is None or current.offset > part.committed):
                 raise OffsetsReset(f"committed offset of {self.group} moved to {current.offset} by someone "
@@ -407,23 +418,12 @@ class SharedSource(Source):
         the pump no longer streams (revoked, or the stream ended) get their exact mark back
         (tracking.exact_mark). Computed under the lock so that a mark never goes backwards while streamed."""
         reserve = reserve or {}
-        ahead = self.s.max_poll_records
         async with self.commit_lock:
             offsets = {}
             for part in parts:
-                point, mark = part.tracker.commit_point(), part.reserved
-                if part.tp in reserve:
-                    first, last = reserve[part.tp]
-                    mark = reservation_mark(mark, last, ahead)
-                    if point is None:
-                        point = first
-                elif exact:
-                    mark = exact_mark(part.prev_mark, part.tracker.last_seen)
-                if point is None:
-                    point = part.committed
-                if point is None or (point == part.committed and mark == part.reserved):
-                    continue
-                offsets[part.tp] = (part, point, mark)
+                target = part.commit_target(reserve.get(part.tp), exact, self.s.max_poll_records)
+                if target is not None:
+                    offsets[part.tp] = (part, *target)
             if not offsets or self.consumer is None:
                 return
             await self.consumer.commit({tp: OffsetAndMetadata(point, encode_mark(mark, part.origins.at(point)))
