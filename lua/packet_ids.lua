@@ -26,6 +26,14 @@ local function member_parts(member)
   return serial, tonumber(size) or 0
 end
 
+-- a whole number as the decimal text Redis reads. Every number a script hands to redis.call is formatted by
+-- Redis 7.0 with "%.17g" (glibc's floating-point path, about 0.56 µs each on the bench's host) and every
+-- `n .. ''` by Lua's "%.14g" (0.37 µs); "%d" takes the integer path (0.20 µs). Exact below 2^53, as
+-- every serial, packet id, size and deadline here is.
+local function int_text(n)
+  return string.format('%d', n)
+end
+
 local function pid_bytes(pid)
   return string.char(math.floor(pid / 256), pid % 256)
 end

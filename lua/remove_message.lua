@@ -89,10 +89,10 @@ for c = 1, #KEYS / 3 do
       end
     end
   end
-  if freed > 0 and redis.call('HINCRBY', skey, 'bytes', -freed) < 0 then
+  if freed > 0 and redis.call('HINCRBY', skey, 'bytes', int_text(-freed)) < 0 then
     -- below 0: either the state was gone (cleared; HINCRBY just made one holding only `bytes`: delete it
     -- again, nothing may outlive the client without a TTL) or the count drifted (clamp to 0)
-    if redis.call('HLEN', skey) == 1 then redis.call('DEL', skey) else redis.call('HSET', skey, 'bytes', 0) end
+    if redis.call('HLEN', skey) == 1 then redis.call('DEL', skey) else redis.call('HSET', skey, 'bytes', '0') end
   end
 end
 return removed

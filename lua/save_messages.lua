@@ -28,7 +28,8 @@ ARGV:
                    ("-": unknown); a record at or below the highest origin offset already applied for the
                    client from that partition (state field "o<partition>") is a copy routed again and is
                    not stored
-           ttl_ms  decimal TTL in milliseconds (> 0)
+           ttl_ms  TTL in milliseconds: 1 to 15 decimal digits, no sign, no leading zero (> 0); passed to
+                   SET PX as written
            length  decimal byte length of value (>= 3)
            value   1 type byte ("P" = PUBLISH, "R" = PUBREL) + "\0\0" (no packet id yet) + a
                    serialized tbmq.v1.PublishMsg
@@ -147,9 +148,11 @@ for c = 1, clients do
   while pos <= size do
     local comma = string.find(blob, ',', pos, true)
     local colon = comma and string.find(blob, ':', comma + 1, true)
-    local ttl = comma and tonumber(string.sub(blob, pos, comma - 1))
+    -- the TTL stays text: SET gets it as written (a Lua number would be formatted by "%.17g"; int_text)
+    local ttl = comma and string.sub(blob, pos, comma - 1)
     local len = colon and tonumber(string.sub(blob, comma + 1, colon - 1))
-    if not (ttl and len) or ttl <= 0 or len < 3 or colon + len > size then
+    if not (ttl and len) or #ttl > 15 or not string.find(ttl, '^[1-9]%d*$') or len < 3 or len % 1 ~= 0
+        or colon + len > size then
       return redis.error_reply('ERR save_messages: bad record at byte ' .. pos .. ' of batch ' .. c)
     end
     ttls[#ttls + 1] = ttl
@@ -200,14 +203,16 @@ for c = 1, clients do
     state = redis.call('HMGET', skey, unpack(fields))
   end
   local last = tonumber(state[1] or '0')
-  local serial = tonumber(state[2] or '0')
+  local serial_text = state[2] or '0'  -- written back as it is when no message is stored (a trim only)
+  local serial = tonumber(serial_text)
   local bytes = tonumber(state[3] or '0')
   local live = state[4]
   -- state.bytes is the sum of the sizes (>= 3 each) of the ZSET's members, kept by every script that adds
   -- or removes one (this one's saves and trims, remove_message.lua, fetch_undelivered.lua's cleanup of
   -- expired references): "0" means nothing is stored, so no ZCARD and no look at the packet ids in use
   local empty = state[3] == '0'
-  local exp = tonumber(state[5] or '')
+  local exp_text = state[5]  -- the keys' deadline, passed to PEXPIREAT as it is while it does not move
+  local exp = tonumber(exp_text or '')
   local first_serial = serial + 1
 
   -- a replay (records already applied, same partition) is dropped from the front of the batch
@@ -345,21 +350,23 @@ for c = 1, clients do
     local ttl = ttls[k]
     local value = values[k]
     serial = serial + 1
-    local digits = serial .. ''  -- converted once: the member, the value's key and the ZADD score
-    local member = digits .. ':' .. #value
+    local digits = int_text(serial)  -- converted once: the member, the value's key, the ZADD score, the state
+    serial_text = digits
+    local member = digits .. ':' .. int_text(#value)
     local pid = ids[k - skipped]
     if pid then
       local pb = pid_bytes(pid)
       value = string.sub(value, 1, 1) .. pb .. string.sub(value, 4)
       pids[#pids + 1] = pb
-      hargs[#hargs + 1] = pid
+      hargs[#hargs + 1] = int_text(pid)
       hargs[#hargs + 1] = member
     end
     redis.call('SET', prefix .. digits, value, 'PX', ttl)
     zargs[#zargs + 1] = digits
     zargs[#zargs + 1] = member
     bytes = bytes + #value
-    if ttl > max_ttl then max_ttl = ttl end
+    local ttl_ms = tonumber(ttl)
+    if ttl_ms > max_ttl then max_ttl = ttl_ms end
   end
   if #hargs > 0 then record_pids(pkey, hargs) end
 
@@ -369,13 +376,15 @@ for c = 1, clients do
       redis.call('ZADD', zkey, unpack(zargs, i, math.min(i + 6999, #zargs)))
     end
     if exp == nil or now + max_ttl > exp then  -- the deadline moves: all three keys
-      exp = now + max_ttl + math.min(math.floor(max_ttl / 8), 3600000)
-      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes, 'exp', exp, unpack(src_fields))
-      for _, key in ipairs({zkey, pkey, skey}) do redis.call('PEXPIREAT', key, exp) end
+      exp_text = int_text(now + max_ttl + math.min(math.floor(max_ttl / 8), 3600000))
+      redis.call('HSET', skey, 'pid', int_text(last), 'serial', serial_text, 'bytes', int_text(bytes),
+                 'exp', exp_text, unpack(src_fields))
+      for _, key in ipairs({zkey, pkey, skey}) do redis.call('PEXPIREAT', key, exp_text) end
     else  -- the state keeps its TTL; only a ZSET or HASH created by this call needs one
-      redis.call('HSET', skey, 'pid', last, 'serial', serial, 'bytes', bytes, unpack(src_fields))
-      if members == 0 then redis.call('PEXPIREAT', zkey, exp) end
-      if new_pids then redis.call('PEXPIREAT', pkey, exp) end
+      redis.call('HSET', skey, 'pid', int_text(last), 'serial', serial_text, 'bytes', int_text(bytes),
+                 unpack(src_fields))
+      if members == 0 then redis.call('PEXPIREAT', zkey, exp_text) end
+      if new_pids then redis.call('PEXPIREAT', pkey, exp_text) end
     end
   end
   reply[#reply + 1] = trimmed

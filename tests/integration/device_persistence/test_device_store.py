@@ -592,6 +592,12 @@ async def test_save_messages_bad_batch_writes_nothing(store_factory):
         await store._call("save_messages", keys, [*limits, good, b"604800000,9:P\x00\x00x"])
     with pytest.raises(ResponseError, match="bad record"):  # shorter than type byte + packet id
         await store._call("save_messages", keys, [*limits, good, b"604800000,2:Px"])
+    # the TTL goes to SET PX as written: only plain digits (Lua's tonumber would take these, Redis would not
+    # take them all, and a refusal half-way would leave the first client's message written)
+    for ttl in (b"0604800000", b" 604800000", b"+604800000", b"6.048e8", b"0x240C8400", b"604800000.0", b"0",
+                b"1" * 16):
+        with pytest.raises(ResponseError, match="bad record"):
+            await store._call("save_messages", keys, [*limits, good, ttl + b",4:P\x00\x00x"])
     assert await store.redis.exists(first.messages, first.message(1), second.messages) == 0
     with pytest.raises(ResponseError, match="source offsets of batch 2 must ascend"):
         await store._call("save_messages", keys, [*limits, good, b"@0:5,5;" + good + good])
