@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,7 @@ def clean() -> None:
         for made in [src.with_suffix(".c"), *src.parent.glob(src.stem + ".cpython-*.so")]:
             made.unlink(missing_ok=True)
     for build_dir in {(ROOT / rel).parents[1] / "build" for rel in MODULES}:
-        subprocess.run(["rm", "-rf", str(build_dir)], check=True)
+        shutil.rmtree(build_dir, ignore_errors=True)
     status()
 
 
