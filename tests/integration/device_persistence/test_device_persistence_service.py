@@ -543,10 +543,19 @@ async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka
             await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id=conn,
                                                                       session_id="s"))
             payload = b"x" * 16384
+            details: dict = {}
+
+            async def handled() -> bool:  # every batch so far forwarded, or the queue overflowed
+                details.update(await h.details())
+                return (details.get("forward_overflows", 0) > 0
+                        or details.get("forwarded", 0) + details.get("forward_dropped", 0) >= total)
+
             # batches of 20 x 16 KiB until the transport's windows are full and the queue overflows
-            # (bounded: 8000 messages = 128 MiB)
-            while (await h.details()).get("forward_overflows", 0) == 0:
-                assert total < 8000, "the forward queue never overflowed"
+            # (bounded: 8000 messages = 128 MiB). Each batch is produced once the last one was handled:
+            # this instance's group reads tbmq.msg.persisted from the start (the earlier tests' records first),
+            # and a batch still unread when the check runs proves nothing
+            while details.get("forward_overflows", 0) == 0:
+                assert total < 8000, f"the forward queue never overflowed: {details}"
                 futures = []
                 for i in range(total, total + 20):
                     value = pb.PersistedMsg(client_id=cid, msg=pb.PublishMsg(
@@ -554,6 +563,7 @@ async def test_a_stream_that_does_not_keep_up_is_ended_and_nothing_is_lost(kafka
                     futures.append(await h.producer.send(MSG_PERSISTED, value=value, key=cid.encode()))
                 await asyncio.gather(*futures)
                 total += 20
+                await wait_until(handled, BOUND, lambda: f"the batch up to {total} forwarded: {details}")
             assert await stuck.wait_ended() == grpc.StatusCode.RESOURCE_EXHAUSTED
         stored: list[int] = []
 

@@ -122,7 +122,8 @@ def nonempty(raw: str) -> str:
     return raw.strip()
 
 
-# The busy window of every adaptive fetch and linger on the message path (tbmq_platform.coalesce), in ms.
+# The busy window of an adaptive fetch (tbmq_platform.coalesce.FetchWindow's default; the consumers' windows are
+# `<PREFIX>_FETCH_WINDOW_MS`, 0 unless set: fetch_window_env), in ms.
 # 10, not 5: on the 2-core co-hosted benchmark it cut the stack's CPU per message by a quarter at 1,000
 # msg/s and a sixth at 2,500 for about 5 ms more p50, with p99 no worse; 20 pushed p99 at 1,000 msg/s
 # past 70 ms (docs/performance.md, "The fifth round"). Quiet traffic never waits for it.
@@ -145,8 +146,13 @@ LINGER_ENTER_RATE = 300.0
 LINGER_LEAVE_RATE = 100.0
 
 
-def fetch_window_env(name: str, topic: str, default: float = WINDOW_MS) -> Any:
-    """The `<PREFIX>_FETCH_WINDOW_MS` setting of a consumer on the message path (tbmq_platform.coalesce)."""
+def fetch_window_env(name: str, topic: str, default: float = 0.0) -> Any:
+    """The `<PREFIX>_FETCH_WINDOW_MS` setting of a consumer on the message path (tbmq_platform.coalesce).
+    0 by default for every consumer: each topic on the path is written once per batch of its producer (the
+    connector's linger paces tbmq.msg.all, the router's batches its outputs), so a window at the consumer is a
+    second one in series: fetches expire empty and every message waits up to the window more
+    (docs/performance.md, the twenty-seventh, thirty-ninth and forty-first rounds). Several producers feeding
+    one consumer: a window coalesces their batches again."""
     return env(name, default, parse=number(0),
                doc=f"adaptive fetch window of {topic} (ms): under load a fetch waits up to this long so the "
                    "records of the window are handled as one batch; when quiet it returns at the first "

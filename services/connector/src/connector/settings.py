@@ -323,8 +323,7 @@ class ConnectorSettings(CommonSettings):
         "DEVICE_ACK_MAX_CALLS", ACK_MAX_CALLS, parse=integer(1, 1000),
         doc="acknowledgement batches in flight at once (of them at most one with PUBRECs, which keep their "
             "order); more acknowledgements wait for the next one")
-    fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>",
-                                              default=0.0)
+    fetch_window_ms: float = fetch_window_env("CONNECTOR_FETCH_WINDOW_MS", "tbmq.msg.downlink.basic.<svc>")
     producer_linger_ms: float = env(
         "CONNECTOR_PRODUCER_LINGER_MS", PRODUCER_LINGER_MS, parse=number(0),
         doc="adaptive linger of the PUBLISHes produced to tbmq.msg.all (ms): from 300 PUBLISHes a second (down "

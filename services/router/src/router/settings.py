@@ -38,7 +38,7 @@ class RouterSettings(CommonSettings):
                          doc="producer linger (ms): how long records wait to be batched per partition "
                              "(more batch while a request is in flight)")
     # 0: the connector's producer holds the window of tbmq.msg.all (tbmq_platform.settings.PRODUCER_LINGER_MS)
-    fetch_window_ms: float = fetch_window_env("ROUTER_FETCH_WINDOW_MS", "tbmq.msg.all", default=0.0)
+    fetch_window_ms: float = fetch_window_env("ROUTER_FETCH_WINDOW_MS", "tbmq.msg.all")
     consumer_in_loop: bool = env(
         "ROUTER_CONSUMER_IN_LOOP", True,
         doc="run Faust's Kafka consumer on the worker's event loop instead of a thread of its own "
