@@ -68,9 +68,9 @@ def test_zero_window_never_waits():
 
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError):
-        FetchWindow(tau_s=0)
+        FetchWindow(max_wait_s=0.01, tau_s=0)
     with pytest.raises(ValueError):
-        FetchWindow(enter_records=1, leave_records=2)
+        FetchWindow(max_wait_s=0.01, enter_records=1, leave_records=2)
 
 
 class _Fetcher:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import aiokafka
 
 from .kafka import CHECKED_AIOKAFKA, IDLE_FETCH_WAIT_MS
-from .settings import LINGER_ENTER_RATE, LINGER_LEAVE_RATE, WINDOW_MS
+from .settings import LINGER_ENTER_RATE, LINGER_LEAVE_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class Window:
 
 
 class FetchWindow:
-    def __init__(self, *, max_wait_s: float = WINDOW_MS / 1000, idle_wait_ms: int = IDLE_FETCH_WAIT_MS,
+    def __init__(self, *, max_wait_s: float, idle_wait_ms: int = IDLE_FETCH_WAIT_MS,
                  busy_min_bytes: int = 1 << 20,
                  enter_records: float = 3.0, leave_records: float = 1.0, tau_s: float = 0.05) -> None:
         if tau_s <= 0:

@@ -122,13 +122,6 @@ def nonempty(raw: str) -> str:
     return raw.strip()
 
 
-# The busy window of an adaptive fetch (tbmq_platform.coalesce.FetchWindow's default; the consumers' windows are
-# `<PREFIX>_FETCH_WINDOW_MS`, 0 unless set: fetch_window_env), in ms.
-# 10, not 5: on the 2-core co-hosted benchmark it cut the stack's CPU per message by a quarter at 1,000
-# msg/s and a sixth at 2,500 for about 5 ms more p50, with p99 no worse; 20 pushed p99 at 1,000 msg/s
-# past 70 ms (docs/performance.md, "The fifth round"). Quiet traffic never waits for it.
-WINDOW_MS = 10.0
-
 # The window of tbmq.msg.all is paid once, at the producer: the connector's producer lingers up to
 # PRODUCER_LINGER_MS under load (tbmq_platform.coalesce.AdaptiveLinger), so one produce request carries the
 # window's PUBLISHes, and the router's fetch returns at the first record (ROUTER_FETCH_WINDOW_MS 0). The
