@@ -15,6 +15,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tbmq_platform import topics as catalogue
 from tbmq_platform.kafka import DirectSend, ensure_topics, make_admin, make_consumer, make_producer
+from waits import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +85,12 @@ async def test_more_partitions_move_keys_as_send_moves_them(kafka, unique):
         before = [await (await direct(topic, b"x", k)) for k in keys]
         assert {m.partition for m in before} == {0, 1}
         await admin.create_partitions({topic: NewPartitions(total_count=6)})
-        await producer.client.force_metadata_update()  # as the producer's periodic refresh would
+
+        async def six_listed() -> bool:  # as the producer's periodic refresh would, once the broker lists them
+            await producer.client.force_metadata_update()
+            return len(producer.client.cluster.partitions_for_topic(topic) or ()) == 6
+        # the broker's metadata cache may answer the first refresh before it has the new partitions
+        await wait_until(six_listed, 30, "the producer's metadata listing the 6 partitions")
         after = [await (await direct(topic, b"x", k)) for k in keys]
         by_send = [await (await producer.send(topic, b"x", key=k)) for k in keys]
     finally:
