@@ -139,14 +139,14 @@ LINGER_ENTER_RATE = 300.0
 LINGER_LEAVE_RATE = 100.0
 
 
-def fetch_window_env(name: str, topic: str, default: float = 0.0) -> Any:
+def fetch_window_env(name: str, topic: str) -> Any:
     """The `<PREFIX>_FETCH_WINDOW_MS` setting of a consumer on the message path (tbmq_platform.coalesce).
     0 by default for every consumer: each topic on the path is written once per batch of its producer (the
     connector's linger paces tbmq.msg.all, the router's batches its outputs), so a window at the consumer is a
     second one in series: fetches expire empty and every message waits up to the window more
     (docs/performance.md, the twenty-seventh, thirty-ninth and forty-first rounds). Several producers feeding
     one consumer: a window coalesces their batches again."""
-    return env(name, default, parse=number(0),
+    return env(name, 0.0, parse=number(0),
                doc=f"adaptive fetch window of {topic} (ms): under load a fetch waits up to this long so the "
                    "records of the window are handled as one batch; when quiet it returns at the first "
                    "record (0 = always at once); tbmq_platform.coalesce")

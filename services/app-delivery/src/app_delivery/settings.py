@@ -30,7 +30,8 @@ class AppDeliverySettings(CommonSettings):
     batch_max_bytes: int = env("APP_DELIVERY_BATCH_MAX_BYTES", 1 << 20, parse=integer(1024, 64 << 20),
                                doc="bytes of records per AppRecordBatch message, about (a larger single "
                                    "record goes alone); records per batch are bounded by the free window")
-    fetch_window_ms: float = fetch_window_env("APP_DELIVERY_FETCH_WINDOW_MS", "the per-client consumers (tbmq.msg.app.*)")
+    fetch_window_ms: float = fetch_window_env("APP_DELIVERY_FETCH_WINDOW_MS",
+                                              "the per-client consumers (tbmq.msg.app.*)")
     trace_spans: bool = trace_spans_env("APP_DELIVERY_TRACE_SPANS", "the per-record span (app-delivery deliver)")
     shared_session_timeout_ms: int = env(
         "APP_DELIVERY_SHARED_SESSION_TIMEOUT_MS", 10000, parse=integer(6000, 300_000),
