@@ -872,6 +872,45 @@ async def test_tbmq_msg_persisted_records_of_a_refused_client_are_dead_lettered_
         await dp.stub.Clear(spb.ClearRequest(client_id=cid))
 
 
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+async def test_a_group_without_offsets_starts_where_auto_offset_reset_says(kafka, tmp_path_factory, reset):
+    """DEVICE_PERSISTENCE_AUTO_OFFSET_RESET (docs/operations.md, "A consumer group without offsets"): a new group
+    on tbmq.msg.persisted stores a copy written before it started with `earliest` (the default: nothing lost)
+    and skips it with `latest`, storing only what comes after its start."""
+    from tbmq_platform.kafka import ensure_topics
+    from tbmq_platform.topics import spec
+
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    await ensure_topics(kafka.bootstrap_servers, [spec(MSG_PERSISTED)])
+    producer = make_producer(kafka.bootstrap_servers, client_id="dp-test-before", linger_ms=1)
+    await producer.start()
+    try:  # the copy written before the group exists
+        await producer.send_and_wait(MSG_PERSISTED, key=cid.encode(), value=pb.PersistedMsg(
+            client_id=cid, msg=pb.PublishMsg(topic=f"t/{cid}", payload=b"0", qos=1)).SerializeToString())
+    finally:
+        await producer.stop()
+    env = {} if reset == "earliest" else {"DEVICE_PERSISTENCE_AUTO_OFFSET_RESET": reset}
+    async with own_suite(kafka, tmp_path_factory, f"reset-{reset}", env) as h:
+        sent = [0]
+        stored: list[int] = []
+
+        async def a_later_copy_stored() -> bool:  # one more copy per look: the first written after the start
+            stored[:] = await h.stored(cid)
+            if any(seq > 0 for seq in stored):
+                return True
+            sent.append(sent[-1] + 1)
+            await h.publish(cid, [sent[-1]])
+            return False
+
+        await wait_until(a_later_copy_stored, BOUND, "a copy written after the start stored", step=0.2)
+        stored[:] = await h.wait_stored(cid, lambda got: got and got[-1] == sent[-1])
+        if reset == "earliest":
+            assert stored == sent  # the copy written before the start too, then every later one, in order
+        else:
+            assert stored[0] > 0 and stored == sent[sent.index(stored[0]):]  # 0 skipped, none after it
+        await h.stub.Clear(spb.ClearRequest(client_id=cid))
+
+
 async def test_the_copies_of_persist_streams_are_tallied_per_second_for_the_statistics(kafka, tmp_path_factory):
     """Each second that had Persist-stream copies gets one PersistTally on tbmq.msg.persisted.tally (key = the
     instance), written once the second is over: together they count every copy answered, with its QoS and

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tbmq_platform.settings import (
     DEVICE_PERSISTENCE_GRPC_PORT,
     CommonSettings,
+    auto_offset_reset_env,
     env,
     fetch_window_env,
     host_ports,
@@ -63,6 +64,7 @@ class DevicePersistenceSettings(CommonSettings):
                               doc="TTL (s) of a stored message without an MQTT 5 message expiry")
     group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence", parse=nonempty,
                         doc="consumer group of tbmq.msg.persisted")
+    auto_offset_reset: str = auto_offset_reset_env("DEVICE_PERSISTENCE_AUTO_OFFSET_RESET", "tbmq.msg.persisted")
     save_attempts: int = env("DEVICE_PERSISTENCE_SAVE_ATTEMPTS", 5, parse=integer(1, 1000),
                              doc="attempts of a batch's save that Redis refuses for a client's data (a key of "
                                  "another type, an error inside a script) before each client is saved apart "

@@ -152,6 +152,18 @@ def fetch_window_env(name: str, topic: str) -> Any:
                    "record (0 = always at once); tbmq_platform.coalesce")
 
 
+def auto_offset_reset_env(name: str, topic: str) -> Any:
+    """The `<PREFIX>_AUTO_OFFSET_RESET` setting of a consumer group that must not lose a record: where the group
+    starts on `topic` when it has no committed offsets (a new group id, or offsets Kafka expired after the group
+    stayed empty for `offsets.retention.minutes`, 7 days by default). `earliest`, the default, reads what the
+    topic still holds, so nothing written before the group first committed is lost; the records its earlier
+    members had already handled are handled again (docs/operations.md, "A consumer group without offsets").
+    `latest` skips them, and with them whatever was written while no member ran."""
+    return env(name, "earliest", parse=choice("earliest", "latest"),
+               doc=f"where the consumer group starts on {topic} without committed offsets: earliest (nothing "
+                   "lost; what the topic still holds is handled again) or latest (skipped)")
+
+
 def trace_spans_env(name: str, spans: str) -> Any:
     """The `<PREFIX>_TRACE_SPANS` setting of a service whose `spans` are made only when exported or asked for
     (tbmq_platform.tracing.spans_on)."""

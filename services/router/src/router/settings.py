@@ -6,8 +6,8 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (CommonSettings, choice, device_persistence_targets_env, env, fetch_window_env,
-                                   integer, nonempty, number, port, trace_spans_env)
+from tbmq_platform.settings import (CommonSettings, auto_offset_reset_env, choice, device_persistence_targets_env, env,
+                                   fetch_window_env, integer, nonempty, number, port, trace_spans_env)
 
 
 def _default_data_dir() -> str:
@@ -49,9 +49,7 @@ class RouterSettings(CommonSettings):
     trace_spans: bool = trace_spans_env("ROUTER_TRACE_SPANS", "a routing span per message")
     rebuild_timeout_s: float = env("ROUTER_REBUILD_TIMEOUT_S", 120.0, parse=number(1),
                                    doc="start-up fails if the state topics are not read within this time")
-    auto_offset_reset: str = env("ROUTER_AUTO_OFFSET_RESET", "earliest", parse=nonempty,
-                                 doc="where a consumer group without committed offsets starts "
-                                     "(earliest: no message lost)")
+    auto_offset_reset: str = auto_offset_reset_env("ROUTER_AUTO_OFFSET_RESET", "tbmq.msg.all")
 
     persist_via: str = env(
         "ROUTER_PERSIST_VIA", "grpc", parse=choice("grpc", "local", "kafka"),
@@ -76,8 +74,6 @@ class RouterSettings(CommonSettings):
                    if self.local_target else
                    "ROUTER_LOCAL_TARGET: with ROUTER_PERSIST_VIA=local and more than one of "
                    "DEVICE_PERSISTENCE_GRPC_TARGETS, name the one this process is")
-        if self.auto_offset_reset not in ("earliest", "latest"):
-            yield f"ROUTER_AUTO_OFFSET_RESET={self.auto_offset_reset!r}: not one of earliest, latest"
 
     @property
     def faust_data_dir(self) -> str:
