@@ -187,10 +187,18 @@ def fixed_steps(r: dict) -> list[dict]:
     return r.get("fixed_steps") or ([r["fixed"]] if r.get("fixed") else [])
 
 
+def step_speed_text(speed: dict | None) -> str:
+    """The host's speed during a step (`cpu_speed_us`: cpu -> median µs of the probe's 1,000 Python operations,
+    bench.procmon), one figure per cpu ("329 / 364"; "–" for a result file without it). Brokers measured one
+    after another can meet the host at different speeds: a CPU figure is comparable only beside its speed."""
+    return " / ".join(_num(v) for _, v in sorted((speed or {}).items(), key=lambda kv: int(kv[0]))) or "–"
+
+
 def fixed_steps_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
-    """Every fixed-rate step: rates, e2e percentiles, loss, the cool-down before it, broker CPU per message."""
+    """Every fixed-rate step: rates, e2e percentiles, loss, the cool-down before it, broker CPU per message and
+    the host's speed while it ran."""
     head = ["scenario", "broker", "rate/s", "in/s", "out/s", "p50 ms", "p95 ms", "p99 ms", "lost / dup",
-            "cool-down s", "broker CPU %", "µs/msg", "ok"]
+            "cool-down s", "broker CPU %", "µs/msg", "host µs", "ok"]
     rows = []
     for scen, b, r in _ok_results(results, brokers):
         for st in fixed_steps(r):
@@ -201,7 +209,8 @@ def fixed_steps_table(results: dict, brokers: list[str], fmt: str = "text") -> s
             rows.append([scen, b, _num(st["rate"]), _num(st.get("in_rate")), _num(st.get("out_rate")),
                          _num(e.get("p50")), _num(e.get("p95")), _num(e.get("p99")),
                          f"{_num(st.get('lost'))} / {_num(st.get('dup'))}", cd, _num(st.get("broker_cpu_pct")),
-                         _num(total), "yes" if st.get("ok") else "no: " + str(st.get("reason", ""))])
+                         _num(total), step_speed_text(st.get("cpu_speed_us")),
+                         "yes" if st.get("ok") else "no: " + str(st.get("reason", ""))])
     return _render(head, rows, fmt) if rows else ""
 
 
@@ -658,8 +667,10 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
                   "", table(res, brokers, "md"), ""]
         fs = fixed_steps_table(res, brokers, "md")
         if fs:
-            lines += ["Fixed-rate steps (µs/msg: CPU of all the broker's processes per delivered message):", "", fs,
-                      ""]
+            lines += ["Fixed-rate steps (µs/msg: CPU of all the broker's processes per delivered message; host µs: "
+                      "the host's speed during the step, the median µs of bench/calibrate.py's 1,000 Python "
+                      "operations on each cpu, higher = slower, so the µs/msg of steps at different speeds of the "
+                      "host are not comparable):", "", fs, ""]
         for b, pt in per_process_tables(res, brokers, "md"):
             lines += [f"{b}: CPU µs per delivered message of each process (instances of a service summed), "
                       "fixed-rate steps and backlog drains:", "", pt, ""]

@@ -100,10 +100,11 @@ def test_us_per_msg_sums_instances_and_leaves_the_generator_out():
     assert us_per_msg(procs, 0) == {}
 
 
-def _step(rate, us, ok=True, cool=None):
+def _step(rate, us, ok=True, cool=None, speed=None):
     return {"rate": rate, "in_rate": rate, "out_rate": rate, "e2e_ms": {"p50": 1.0, "p95": 2.0, "p99": 3.0},
             "lost": 0, "dup": 0, "ok": ok, "reason": "" if ok else "p99 200 ms > 100", "broker_cpu_pct": 50.0,
-            "broker_us_per_msg": us.get("total"), "us_per_msg": us, "cooldown": cool}
+            "broker_us_per_msg": us.get("total"), "us_per_msg": us, "cooldown": cool,
+            **({"cpu_speed_us": speed} if speed is not None else {})}
 
 
 TBMQ_US = {"kafka": 300.0, "connector": 200.0, "redis": 20.0, "router": 150.0, "device-persistence": 180.0,
@@ -134,6 +135,19 @@ def test_fixed_steps_table_shows_cooldown_and_failures():
     assert len(rows) == 2
     assert "857" in rows[0] and rows[0].rstrip().endswith("yes")
     assert "30.0 (not reached)" in rows[1] and "no: p99 200 ms" in rows[1]
+
+
+def test_fixed_steps_table_shows_the_host_speed_of_each_step():
+    """The per-step probe beside the CPU figure, cpus in order (cpu 10 after cpu 2); "–" for an older result
+    file without it."""
+    res = {"p2p": {"tbmq": {"fixed_steps": [_step(1000.0, TBMQ_US, speed={"10": 712.4, "2": 329.0}),
+                                            _step(2500.0, TBMQ_US)]}}}
+    md = report.fixed_steps_table(res, ["tbmq"], "md").splitlines()
+    cols = [c.strip() for c in md[0].strip("|").split("|")]
+    at = cols.index("host µs")
+    assert cols[at - 1] == "µs/msg"
+    assert [c.strip() for c in md[2].strip("|").split("|")][at] == "329 / 712"
+    assert [c.strip() for c in md[3].strip("|").split("|")][at] == "–"
 
 
 def test_idle_table_new_and_old_format():
