@@ -68,6 +68,9 @@ class PartState:
     committed: int | None           # offset last committed (by us) or found at assignment
     tracker: AckTracker = field(default_factory=AckTracker)
     origins: PartOrigins = field(default_factory=PartOrigins)  # one copy per tbmq.msg.all record
+    # (offset, DUP mark, metadata) of a commit sent whose answer was not seen yet: a commit cancelled
+    # (the stream closing) may still have reached Kafka, and then `committed`/`reserved` are behind it
+    in_flight: tuple[int, int, str] | None = None
 
     def point(self) -> int | None:
         p = self.tracker.commit_point()
@@ -87,9 +90,28 @@ class PartState:
             mark = exact_mark(self.prev_mark, self.tracker.last_seen)
         if point is None:
             point = self.committed
-        if point is None or (point == self.committed and mark == self.reserved):
+        if point is None or (self.in_flight is None and point == self.committed and mark == self.reserved):
             return None
         return point, mark
+
+    def sending(self, point: int, mark: int, metadata: str) -> None:
+        """A commit of (point, mark) is about to be sent with `metadata`."""
+        self.in_flight = (point, mark, metadata)
+
+    def sent(self) -> None:
+        """Kafka acknowledged the commit in flight."""
+        if self.in_flight is not None:
+            self.committed, self.reserved = self.in_flight[0], self.in_flight[1]
+            self.in_flight = None
+
+    def moved_by_others(self, offset: int, metadata: str | None) -> bool:
+        """Kafka holds `offset` (with `metadata`) for this partition: did someone else (the registry's clean
+        start) move it past what we committed? A commit of ours that reached Kafka after its sender was
+        cancelled is not someone else's: it is taken as acknowledged."""
+        if self.in_flight is not None and (offset, metadata or "") == (self.in_flight[0], self.in_flight[2]):
+            self.sent()
+            return False
+        return self.committed is None or offset > self.committed
 
 
 def now_ms() -> int:
@@ -298,11 +320,13 @@ class ClientSource(Source):
                 return
             point, mark = target
             current = await self._fetch_committed()
-            if current is not None and (part.committed is None or current.offset > part.committed):
+            if current is not None and part.moved_by_others(current.offset, current.metadata):
                 raise OffsetsReset(f"committed offset of {self.group} moved to {current.offset} by someone "
                                    f"else (ours {part.committed}); not committing {point}")
-            await self.consumer.commit({part.tp: OffsetAndMetadata(point, encode_mark(mark, part.origins.at(point)))})
-            part.committed, part.reserved = point, mark
+            metadata = encode_mark(mark, part.origins.at(point))
+            part.sending(point, mark, metadata)
+            await self.consumer.commit({part.tp: OffsetAndMetadata(point, metadata)})
+            part.sent()
 
     async def reserve(self, part: PartState, first: int, last: int) -> bool:
         await self._commit(part, (first, last))
@@ -426,10 +450,13 @@ class SharedSource(Source):
                     offsets[part.tp] = (part, *target)
             if not offsets or self.consumer is None:
                 return
-            await self.consumer.commit({tp: OffsetAndMetadata(point, encode_mark(mark, part.origins.at(point)))
+            metadata = {tp: encode_mark(mark, part.origins.at(point)) for tp, (part, point, mark) in offsets.items()}
+            for tp, (part, point, mark) in offsets.items():
+                part.sending(point, mark, metadata[tp])
+            await self.consumer.commit({tp: OffsetAndMetadata(point, metadata[tp])
                                         for tp, (part, point, mark) in offsets.items()})
-            for part, point, mark in offsets.values():
-                part.committed, part.reserved = point, mark
+            for part, _point, _mark in offsets.values():
+                part.sent()
 
     async def reserve(self, part: PartState, first: int, last: int) -> bool:
         try:
