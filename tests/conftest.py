@@ -35,6 +35,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from tbmq_launcher.kafka import KafkaBroker  # noqa: E402
 from tbmq_launcher.launcher import Suite, new_tag  # noqa: E402
+from tbmq_launcher.process import tail  # noqa: E402
 
 
 class ExternalKafka:
@@ -146,6 +147,7 @@ async def make_suite(kafka, tmp_path_factory):
         await suite.start()
         return suite
 
+    make.suites = suites  # for the log tails of a failed test (pytest_runtest_makereport)
     try:
         yield make
     finally:
@@ -166,6 +168,33 @@ async def suite(kafka, tmp_path_factory):
         yield s
     finally:
         await s.stop()
+
+
+LOG_TAIL_LINES = 30
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the last lines of every service log of the suites it used (its
+    fixtures' Suites and make_suite's): a failure in CI, where the run directory is gone afterwards, can
+    then be read from the output alone."""
+    report = yield
+    if report.failed and call.when in ("setup", "call"):
+        for suite in _suites_of(item):
+            for proc in suite.procs.values():
+                text = tail(proc.log_path, LOG_TAIL_LINES)
+                if text:
+                    report.sections.append((f"last {LOG_TAIL_LINES} lines of {proc.service_id}'s log", text))
+    return report
+
+
+def _suites_of(item) -> list[Suite]:
+    found: list[Suite] = []
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, Suite):
+            found.append(value)
+        found.extend(s for s in getattr(value, "suites", ()) if isinstance(s, Suite))
+    return found
 
 
 def pytest_sessionfinish(session, exitstatus):
