@@ -113,6 +113,9 @@ def _run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--mqtt-version", type=int, choices=(4, 5), help="3.1.1 (4, default) or 5 (amqtt: always 4)")
     ap.add_argument("--workers", type=int, default=0, help="generator processes (default: 2, or generator cpus)")
     ap.add_argument("--no-pin", action="store_true", help="same as --layout whole")
+    ap.add_argument("--interleave", default="p2p", choices=("p2p", "none"),
+                    help="p2p (default): with several brokers, they take turns at each of p2p's fixed rates (all "
+                         "started at once); none: each broker runs all its scenarios alone, one after the other")
     ap.add_argument("--nice", type=int, default=None,
                     help="nice value for the broker and generator processes (e.g. -5 on a shared machine; root)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -181,7 +184,13 @@ def _start_broker(bname: str, workdir: Path, bcpus, args, mon: ProcMonitor) -> t
 
 def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Profile, args, mon: ProcMonitor,
                workdir: Path, all_cpus: set[int]) -> dict:
-    """Every broker, one after the other, in one cpu layout → {layout, pinning, brokers (meta), results}."""
+    """Every broker in one cpu layout → {layout, pinning, brokers (meta), results}.
+
+    Brokers run one after the other, except p2p's fixed-rate steps with `--interleave p2p` (the default
+    when several brokers run): every broker is started, warmed up and measured idle first, then they take
+    turns at each rate (tbmq-py, Mosquitto, amqtt at 100 msg/s, then at 1,000, ...), so that the ratios of
+    one rate compare steps measured minutes apart, not an hour; each broker's other scenarios follow, one
+    broker after the other, while the brokers not yet done wait idle."""
     bcpus, gcpus = layout_cpus(layout)
     n_workers = args.workers or max(2, len(gcpus or ()))
     os.sched_setaffinity(0, gcpus or all_cpus)  # the generator's workers (spawned from here) inherit it
@@ -192,70 +201,135 @@ def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Prof
     meta: dict = {}
     t_start = time.monotonic()
     gen = Generator(n_workers, gcpus)
+    interleave = getattr(args, "interleave", "none") == "p2p" and len(brokers) > 1 and "p2p" in scenarios
 
     def watch_gen() -> None:
         for k, v in gen.pids().items():
             mon.add(k, v)
 
+    def new_gen() -> None:
+        """A worker that timed out may still be busy: a new generator for every runner."""
+        nonlocal gen
+        gen.close()
+        mon.remove_prefix("generator-")
+        gen = Generator(n_workers, gcpus)
+        watch_gen()
+        for r in runners.values():
+            r.gen = gen
+
+    def failed(bname: str, error: str) -> None:
+        meta[bname]["error"] = error[:2000]
+        for s in scenarios:
+            results[s].setdefault(bname, {"error": error[:300]})
+
+    def prepare(bname: str) -> None:
+        """Start, warm up and measure idle: `runners[bname]` when the broker is usable."""
+        print(f"\n=== {bname} ({layout}) ===")
+        broker, meta[bname] = _start_broker(bname, workdir / layout, bcpus, args, mon)
+        if broker is None:
+            for s in scenarios:
+                results[s][bname] = {"error": meta[bname]["error"][:300]}
+            return
+        started[bname] = broker
+        runner = Runner(broker, gen, mon, prof)
+        try:
+            w = runner.warm_up()
+            if w:
+                meta[bname]["warmup_load"] = w
+                print(f"  warm-up load: {w['seconds']:.0f}s of p2p at {w['rate']:.0f}/s (not measured), "
+                      f"broker {w['broker_cpu_pct']:.0f}% of a core, {w['us_per_msg'].get('total', math.nan):.0f}"
+                      " µs/msg")
+                if w.get("jit"):
+                    j = w["jit"]
+                    print(f"  JIT: {'settled' if j['settled'] else 'NOT settled'} after {j['extra_s']:.0f}s more "
+                          f"(compiler threads {j['last_chunk_pct']:.1f}% of a core in the last chunk, "
+                          f"{j['compile_cpu_s']:.0f}s of CPU since the JVM started)")
+            idle = runner.measure_idle()
+            meta[bname]["idle"] = idle
+            parts = ", ".join("%s %.1f%%" % (k, v["cpu_pct"]) for k, v in idle["processes"].items())
+            print(f"  idle CPU after {idle['after_s']:.0f}s with no clients: {idle['total_pct']:.1f}% of one core "
+                  f"({parts})")
+        except Exception as e:  # warm-up / idle failed: the broker is unusable, the others still run
+            print(f"  ERROR before the scenarios: {type(e).__name__}: {e}")
+            failed(bname, f"{type(e).__name__}: {e}")
+            return
+        runners[bname] = runner
+
+    def scenario(bname: str, s: str, steps: list[dict] | None = None) -> None:
+        broker, runner = started[bname], runners[bname]
+        if hasattr(broker, "repin"):
+            broker.repin()
+        try:
+            results[s][bname] = runner.p2p(s in prof.search, steps) if steps is not None else runner.run(
+                s, s in prof.search)
+        except Exception as e:
+            print(f"    ERROR: {type(e).__name__}: {e}")
+            results[s][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            new_gen()
+
+    def finish(bname: str) -> None:
+        broker = started.pop(bname)
+        runners.pop(bname, None)
+        for label in broker.pids():
+            mon.remove_prefix(label)
+        broker.stop()
+
+    def interleaved_p2p() -> dict[str, list[dict]]:
+        """p2p's fixed-rate steps, the brokers taking turns at each rate; every broker's processes back near
+        their idle CPU before each step (not only those of the broker measured)."""
+        steps: dict[str, list[dict]] = {b: [] for b in runners}
+        print(f"\n=== p2p, fixed rates interleaved: {', '.join(runners)} at each rate ===")
+        for rate in prof.rates["p2p"]:
+            for bname in [b for b in runners if b in steps]:
+                print(f"  -- {bname}")
+                for other, r in runners.items():
+                    if other != bname:
+                        r.cooldown()
+                try:
+                    steps[bname].append(runners[bname].interleaved_step(rate))
+                except Exception as e:  # no p2p for this broker; its other scenarios still run
+                    print(f"    ERROR: {type(e).__name__}: {e}")
+                    results["p2p"][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
+                    del steps[bname]
+                    new_gen()
+                if not started[bname].alive():
+                    print("    broker died")
+                    failed(bname, "the broker died during the interleaved p2p steps")
+                    runners.pop(bname)
+                    steps.pop(bname, None)
+        return steps
+
+    started: dict = {}
+    runners: dict[str, Runner] = {}
     watch_gen()
     try:
+        fixed: dict[str, list[dict]] = {}
+        if interleave:
+            for bname in brokers:
+                prepare(bname)
+            fixed = interleaved_p2p()
         for bname in brokers:
-            print(f"\n=== {bname} ({layout}) ===")
-            broker, meta[bname] = _start_broker(bname, workdir / layout, bcpus, args, mon)
-            if broker is None:
+            if not interleave:
+                prepare(bname)
+            if bname in runners:
                 for s in scenarios:
-                    results[s][bname] = {"error": meta[bname]["error"][:300]}
-                continue
-            runner = Runner(broker, gen, mon, prof)
-            try:
-                w = runner.warm_up()
-                if w:
-                    meta[bname]["warmup_load"] = w
-                    print(f"  warm-up load: {w['seconds']:.0f}s of p2p at {w['rate']:.0f}/s (not measured), "
-                          f"broker {w['broker_cpu_pct']:.0f}% of a core, {w['us_per_msg'].get('total', math.nan):.0f}"
-                          " µs/msg")
-                    if w.get("jit"):
-                        j = w["jit"]
-                        print(f"  JIT: {'settled' if j['settled'] else 'NOT settled'} after {j['extra_s']:.0f}s more "
-                              f"(compiler threads {j['last_chunk_pct']:.1f}% of a core in the last chunk, "
-                              f"{j['compile_cpu_s']:.0f}s of CPU since the JVM started)")
-                idle = runner.measure_idle()
-                meta[bname]["idle"] = idle
-                parts = ", ".join("%s %.1f%%" % (k, v["cpu_pct"]) for k, v in idle["processes"].items())
-                print(f"  idle CPU after {idle['after_s']:.0f}s with no clients: {idle['total_pct']:.1f}% of one core "
-                      f"({parts})")
-                for s in scenarios:
-                    print(f"  -- {s}")
-                    if hasattr(broker, "repin"):
-                        broker.repin()
-                    try:
-                        results[s][bname] = runner.run(s, s in prof.search)
-                    except Exception as e:
-                        print(f"    ERROR: {type(e).__name__}: {e}")
-                        results[s][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
-                        # a worker that timed out may still be busy: restart the generator
-                        gen.close()
-                        mon.remove_prefix("generator-")
-                        gen = Generator(n_workers, gcpus)
-                        watch_gen()
-                        runner.gen = gen
-                    if not broker.alive():
+                    if interleave and s == "p2p" and bname not in fixed:
+                        continue  # its error is recorded
+                    print(f"  -- {s} ({bname})")
+                    scenario(bname, s, fixed.get(bname) if s == "p2p" else None)
+                    if not started[bname].alive():
                         print("    broker died")
                         break
-            except Exception as e:  # warm-up / idle failed: the broker is unusable, the others still run
-                print(f"  ERROR before the scenarios: {type(e).__name__}: {e}")
-                meta[bname]["error"] = f"{type(e).__name__}: {e}"[:2000]
-                for s in scenarios:
-                    results[s].setdefault(bname, {"error": meta[bname]["error"][:300]})
-            finally:
-                for label in broker.pids():
-                    mon.remove_prefix(label)
-                broker.stop()
+            if bname in started:
+                finish(bname)
     finally:
+        for bname in list(started):
+            finish(bname)
         gen.close()
         mon.remove_prefix("generator-")
     return {"layout": layout, "pinning": {"broker": sorted(bcpus) if bcpus else None,
                                           "generator": sorted(gcpus) if gcpus else None, "workers": n_workers},
+            "interleaved": ["p2p"] if interleave else [],
             "brokers": meta, "results": results, "elapsed_s": round(time.monotonic() - t_start, 1)}
 
 

@@ -334,10 +334,20 @@ def faults_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
     return _render(head, lines, fmt)
 
 
+INTERLEAVED_TEXT = (
+    "p2p's fixed-rate steps interleaved (`--interleave p2p`): every broker was started, warmed up and measured "
+    "idle first, then the brokers took turns at each rate (each step with its own clients, connected before it "
+    "and gone after it; every broker back near its idle CPU before each step), so that the brokers' steps at "
+    "one rate meet the host minutes apart, not an hour. The brokers not measured wait idle beside the one "
+    "measured. The other scenarios ran one broker after the other.")
+
+
 def layout_text(run: dict, brokers: list[str]) -> str:
     """Everything printed for one layout at the end of a run."""
     res, meta = run["results"], run.get("brokers") or {}
     parts = [table(res, brokers)]
+    if "p2p" in (run.get("interleaved") or ()):
+        parts.append(INTERLEAVED_TEXT)
     ft = faults_table(res, brokers)
     if ft:
         parts.append("faults (acknowledged messages lost must be 0; * = owed messages still missing at the end "
@@ -652,6 +662,8 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
         else:
             lines.append(f"Nothing pinned: the broker's processes and the load generator ({pin.get('workers')} "
                          "worker processes) share every cpu.")
+        if "p2p" in (run.get("interleaved") or ()):
+            lines += ["", INTERLEAVED_TEXT]
         lines.append("")
         for b in brokers:
             w = (meta.get(b) or {}).get("warmup_load")

@@ -139,15 +139,20 @@ class Runner:
     def _procs(self, win: dict) -> dict:
         return win
 
+    def _mine(self, procs: dict) -> dict:
+        """`procs` without other brokers' processes (they run beside this one when steps are interleaved)."""
+        labels = self.broker_labels
+        return {k: v for k, v in procs.items() if k in labels or k.startswith("generator-")}
+
     def _broker_cpu(self, procs: dict) -> tuple[float, float, float]:
         """(cpu seconds, cpu % of one core, peak RSS MB) summed over the broker's processes."""
-        labels = [k for k in procs if not k.startswith("generator-")]
+        labels = [k for k in procs if not k.startswith("generator-") and k in self.broker_labels]
         return (sum(procs[k]["cpu_s"] for k in labels), sum(procs[k]["cpu_pct"] for k in labels),
                 sum(procs[k]["rss_mb"] for k in labels))
 
     def _broker_window(self, win: dict) -> dict:
         """The window since `win` (ProcMonitor.window_end) of the broker's processes only."""
-        return {k: v for k, v in self.mon.window_end(win).items() if not k.startswith("generator-")}
+        return {k: v for k, v in self.mon.window_end(win).items() if k in self.broker_labels}
 
     def measure_idle(self) -> dict:
         """Idle CPU of the broker's processes: nothing connected for `idle_warmup` s, then a window of
@@ -235,6 +240,7 @@ class Runner:
         self.step_no += 1
         step = self.step_no & 0x7FFF
         start_ns = time.monotonic_ns() + int(0.3e9)
+        started_at = time.time() + 0.3  # wall clock of the step's start (the order of interleaved steps)
         args = [{"rate": rate * share, "start_ns": start_ns, "warmup": p.warmup, "duration": p.duration,
                  "step": step, "ack_timeout": p.drain} for share in self._pub_share]
         self.gen.send("run", args)
@@ -245,7 +251,7 @@ class Runner:
         jit0 = jit_compile_cpu_s(jvm) if jvm else None
         win = self.mon.window_start()
         time.sleep(max(w0 + p.duration - time.monotonic(), 0))
-        procs = self.mon.window_end(win)
+        procs = self._mine(self.mon.window_end(win))
         speed = self.mon.window_speed(win)
         jit1 = jit_compile_cpu_s(jvm) if jit0 is not None else None
         runs = self.gen.recv(p.warmup + p.duration + p.drain + 30)
@@ -277,6 +283,7 @@ class Runner:
             "jit_cpu_pct": None if jit1 is None else round(100.0 * (jit1 - jit0) / p.duration, 1),
             # median µs of bench.calibrate's workload per cpu during the window (ProcMonitor's probe)
             "cpu_speed_us": speed,
+            "started_at": round(started_at, 3),
         }
         # rate × duration is not an integer: allow one message per publishing worker of rounding
         slack = sum(1 for share in self._pub_share if share > 0) / p.duration
@@ -303,13 +310,30 @@ class Runner:
                     if res.get("stragglers") else ""))
         return res
 
-    def _rate_scenario(self, name: str, subs: list[dict], pubs: list[dict], out_factor: float, search: bool) -> dict:
-        p = self.prof
-        self._setup(subs, pubs)
-        result: dict = {"params": {"subscribers": len(subs), "publishers": len(pubs), "payload": p.payload,
-                                   "duration": p.duration, "warmup": p.warmup, "out_per_in": out_factor}}
+    def interleaved_step(self, rate: float) -> dict:
+        """One fixed-rate p2p step with its own clients (connected before, their sessions dropped after), for
+        `bench run --interleave p2p`: the brokers take turns at each rate, so that they meet the host at the
+        same moment (a 2-vCPU guest's speed moves by a factor of two within the hour)."""
+        self._setup(*self._p2p_clients())
         try:
-            steps = result["fixed_steps"] = [self.step(rate, label="fixed ") for rate in p.rates[name]]
+            return self.step(rate, label="fixed ")
+        finally:
+            self._cleanup()
+
+    def _rate_scenario(self, name: str, subs: list[dict], pubs: list[dict], out_factor: float, search: bool,
+                       steps: list[dict] | None = None) -> dict:
+        """`steps`: the fixed-rate steps, measured already (interleaved with the other brokers')."""
+        p = self.prof
+        result: dict = {"params": {"subscribers": len(subs), "publishers": len(pubs), "payload": p.payload,
+                                   "duration": p.duration, "warmup": p.warmup, "out_per_in": out_factor,
+                                   "interleaved": steps is not None}}
+        connected = steps is None or search
+        if connected:
+            self._setup(subs, pubs)
+        try:
+            if steps is None:
+                steps = [self.step(rate, label="fixed ") for rate in p.rates[name]]
+            result["fixed_steps"] = steps
             start = p.start_rate(name)
             # "fixed": the step at the search's start rate (the table's "@rate" rows), else the first
             result["fixed"] = next((st for st in steps if st["rate"] == start), steps[0])
@@ -328,7 +352,8 @@ class Runner:
                                     "unbounded": bool(sst) and all(x.ok for x in sst),
                                     "steps": [x.to_dict() for x in sst]}
         finally:
-            self._cleanup()
+            if connected:
+                self._cleanup()
         return result
 
     # -- scenarios -------------------------------------------------------------------------------------
@@ -342,8 +367,8 @@ class Runner:
                 for i in range(n)]
         return subs, pubs
 
-    def p2p(self, search: bool) -> dict:
-        return self._rate_scenario("p2p", *self._p2p_clients(), 1.0, search)
+    def p2p(self, search: bool, steps: list[dict] | None = None) -> dict:
+        return self._rate_scenario("p2p", *self._p2p_clients(), 1.0, search, steps)
 
     def fan_in(self, kind: str, search: bool) -> dict:
         """kind "app": the subscriber's client id matches bench-app-… (an APPLICATION client in tbmq-py);
@@ -394,7 +419,7 @@ class Runner:
             rc = self.gen.call("reconnect", {"step": step}, timeout=60)
             collect_s = max(60.0, count / 200)
             cols = self.gen.call("collect", {"ranges": ranges, "timeout": collect_s}, timeout=collect_s + 30)
-            procs = self.mon.window_end(win)
+            procs = self._mine(self.mon.window_end(win))
             start_ns = rc[0]["start_ns"]
             last = max(c["last_recv_ns"] for c in cols)
             lost = sum(c["missing"] for c in cols)
@@ -444,7 +469,7 @@ class Runner:
             time.sleep(0.3)
             win = self.mon.window_start()
             rs = self.gen.recv(p.storm_step + 60)
-            procs = self.mon.window_end(win)
+            procs = self._mine(self.mon.window_end(win))
             lat = latency_summary(x for r in rs for x in r["lat_us"])
             started = sum(r["started"] for r in rs)
             okc = sum(r["ok_count"] for r in rs)
@@ -474,7 +499,7 @@ class Runner:
 
     def _rss_now(self) -> dict[str, int]:
         """The broker's processes' RSS in bytes now (label → bytes)."""
-        return {k: rss for k, (_, rss) in self.mon.sample().items() if not k.startswith("generator-")}
+        return {k: rss for k, (_, rss) in self.mon.sample().items() if k in self.broker_labels}
 
     def held_connections(self) -> dict:
         """Memory and CPU per connection held: `held_connections` clean-session clients, each subscribed at

@@ -289,3 +289,13 @@ def test_per_process_tables_only_for_multi_process_brokers():
                    "mosquitto": {"fixed_steps": [_step(100.0, {"mosquitto": 60.0, "total": 60.0})]}}}
     for fmt in ("text", "md"):
         assert [b for b, _ in report.per_process_tables(res, ["tbmq", "mosquitto"], fmt)] == ["tbmq"]
+
+
+def test_doc_section_says_when_p2p_steps_were_interleaved():
+    doc = _doc(["whole", "one-core"])
+    assert report.INTERLEAVED_TEXT not in report.doc_section(doc)  # results of runs before --interleave
+    doc["layouts"]["whole"]["interleaved"] = ["p2p"]
+    sec = report.doc_section(doc)
+    whole, one_core = sec.split("### Layout: one core")
+    assert report.INTERLEAVED_TEXT in whole and report.INTERLEAVED_TEXT not in one_core
+

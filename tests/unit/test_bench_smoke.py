@@ -69,3 +69,32 @@ def test_held_connections_smoke_against_mosquitto(tmp_path, capsys):
     assert growth > 0 and r["bytes_per_conn"]["mosquitto"] == r["bytes_per_conn"]["total"] > 0
     assert abs(r["bytes_per_conn"]["total"] * 300 / 2**20 - growth) < 0.11  # MB figures are rounded to 0.1
     assert "held connections, per process" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(240)
+def test_interleaved_p2p_takes_turns_at_each_rate(tmp_path, capsys):
+    """Two real brokers started at once: at each fixed rate Mosquitto's step, then amqtt's; each step's CPU is
+    that broker's processes only, though the other runs beside it; the other scenario runs per broker."""
+    rc = main(["--brokers", "mosquitto,amqtt", "--scenarios", "p2p,connections", "--quick", "--search", "none",
+               "--layout", "whole", "--broker-warmup", "0", "--idle-warmup", "0", "--idle-window", "0.5",
+               "--cooldown-max", "2", "--duration", "2", "--pairs", "5", "--rate", "p2p=100,200",
+               "--connections", "50", "--hold-window", "0.5", "--out", str(tmp_path)])
+    assert rc == 0
+    run = json.loads(sorted(tmp_path.glob("*.json"))[0].read_text())["layouts"]["whole"]
+    assert run["interleaved"] == ["p2p"]
+    p2p = run["results"]["p2p"]
+    steps = {b: p2p[b]["fixed_steps"] for b in ("mosquitto", "amqtt")}
+    for b, own, other in (("mosquitto", "mosquitto", "amqtt"), ("amqtt", "amqtt", "mosquitto")):
+        assert "error" not in p2p[b], p2p[b]
+        assert p2p[b]["params"]["interleaved"] is True
+        assert [st["rate"] for st in steps[b]] == [100, 200]
+        for st in steps[b]:
+            assert st["lost"] == 0 and st["sent"] == st["expected"] > 0
+            assert own in st["processes"] and other not in st["processes"]
+            assert st["us_per_msg"][own] == st["us_per_msg"]["total"]
+    order = sorted((st["started_at"], b, st["rate"]) for b, sts in steps.items() for st in sts)
+    assert [(b, r) for _, b, r in order] == [("mosquitto", 100), ("amqtt", 100), ("mosquitto", 200), ("amqtt", 200)]
+    for b in ("mosquitto", "amqtt"):
+        held = run["results"]["connections"][b]
+        assert "error" not in held and held["connected"] == 50, held
+    assert "took turns at each rate" in capsys.readouterr().out
