@@ -335,8 +335,8 @@ def faults_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
 
 
 INTERLEAVED_TEXT = (
-    "p2p's fixed-rate steps interleaved (`--interleave p2p`): every broker was started, warmed up and measured "
-    "idle first, then the brokers took turns at each rate (each step with its own clients, connected before it "
+    "p2p's fixed-rate steps interleaved (`--interleave p2p`): every broker was started, warmed up, measured "
+    "idle and put through the scenarios listed before p2p first, then the brokers took turns at each rate (each step with its own clients, connected before it "
     "and gone after it; every broker back near its idle CPU before each step), so that the brokers' steps at "
     "one rate meet the host minutes apart, not an hour. The brokers not measured wait idle beside the one "
     "measured. The other scenarios ran one broker after the other.")

@@ -74,8 +74,9 @@ def test_held_connections_smoke_against_mosquitto(tmp_path, capsys):
 @pytest.mark.timeout(240)
 def test_interleaved_p2p_takes_turns_at_each_rate(tmp_path, capsys):
     """Two real brokers started at once: at each fixed rate Mosquitto's step, then amqtt's; each step's CPU is
-    that broker's processes only, though the other runs beside it; the other scenario runs per broker."""
-    rc = main(["--brokers", "mosquitto,amqtt", "--scenarios", "p2p,connections", "--quick", "--search", "none",
+    that broker's processes only, though the other runs beside it; the scenario listed before p2p runs per
+    broker before the turns."""
+    rc = main(["--brokers", "mosquitto,amqtt", "--scenarios", "connections,p2p", "--quick", "--search", "none",
                "--layout", "whole", "--broker-warmup", "0", "--idle-warmup", "0", "--idle-window", "0.5",
                "--cooldown-max", "2", "--duration", "2", "--pairs", "5", "--rate", "p2p=100,200",
                "--connections", "50", "--hold-window", "0.5", "--out", str(tmp_path)])
