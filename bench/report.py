@@ -194,11 +194,20 @@ def step_speed_text(speed: dict | None) -> str:
     return " / ".join(_num(v) for _, v in sorted((speed or {}).items(), key=lambda kv: int(kv[0]))) or "–"
 
 
+def jit_us_per_msg(step: dict) -> float | None:
+    """CPU µs per delivered message of the broker's JVM JIT compiler threads during a step (counted in its
+    µs/msg, in "kafka"): a start-up transient, not the steady state. None for a broker without a JVM."""
+    pct, out = step.get("jit_cpu_pct"), step.get("out_rate")
+    if pct is None or not out or "kafka" not in (step.get("us_per_msg") or {}):
+        return None  # (files of the first interleaved runs gave other brokers' steps tbmq-py's JIT figure)
+    return pct * 1e4 / out  # % of one core = pct × 10,000 µs of CPU per second
+
+
 def fixed_steps_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
-    """Every fixed-rate step: rates, e2e percentiles, loss, the cool-down before it, broker CPU per message and
-    the host's speed while it ran."""
+    """Every fixed-rate step: rates, e2e percentiles, loss, the cool-down before it, broker CPU per message (of
+    it, the JVM's JIT compiling) and the host's speed while it ran."""
     head = ["scenario", "broker", "rate/s", "in/s", "out/s", "p50 ms", "p95 ms", "p99 ms", "lost / dup",
-            "cool-down s", "broker CPU %", "µs/msg", "host µs", "ok"]
+            "cool-down s", "broker CPU %", "µs/msg", "of it JIT", "host µs", "ok"]
     rows = []
     for scen, b, r in _ok_results(results, brokers):
         for st in fixed_steps(r):
@@ -209,7 +218,7 @@ def fixed_steps_table(results: dict, brokers: list[str], fmt: str = "text") -> s
             rows.append([scen, b, _num(st["rate"]), _num(st.get("in_rate")), _num(st.get("out_rate")),
                          _num(e.get("p50")), _num(e.get("p95")), _num(e.get("p99")),
                          f"{_num(st.get('lost'))} / {_num(st.get('dup'))}", cd, _num(st.get("broker_cpu_pct")),
-                         _num(total), step_speed_text(st.get("cpu_speed_us")),
+                         _num(total), _num(jit_us_per_msg(st)), step_speed_text(st.get("cpu_speed_us")),
                          "yes" if st.get("ok") else "no: " + str(st.get("reason", ""))])
     return _render(head, rows, fmt) if rows else ""
 
@@ -679,7 +688,9 @@ def doc_section(doc: dict, profile_md: str | None = None) -> str:
                   "", table(res, brokers, "md"), ""]
         fs = fixed_steps_table(res, brokers, "md")
         if fs:
-            lines += ["Fixed-rate steps (µs/msg: CPU of all the broker's processes per delivered message; host µs: "
+            lines += ["Fixed-rate steps (µs/msg: CPU of all the broker's processes per delivered message; of it "
+                      "JIT: the part that was the JVM's JIT compiler threads (Kafka's, tbmq-py only), a start-up "
+                      "transient the warm-up waits out but that comes back in bursts; host µs: "
                       "the host's speed during the step, the median µs of bench/calibrate.py's 1,000 Python "
                       "operations on each cpu, higher = slower, so the µs/msg of steps at different speeds of the "
                       "host are not comparable):", "", fs, ""]

@@ -182,7 +182,7 @@ class Runner:
 
     def _jvm_pid(self) -> int | None:
         """The broker's JVM (tbmq-py's Kafka), if it has one."""
-        return self.mon.labels.get("kafka")
+        return self.mon.labels.get("kafka") if "kafka" in self.broker_labels else None
 
     def warm_up(self) -> dict | None:
         """Unmeasured p2p load right after the broker started: `broker_warmup` s, then more in chunks of
