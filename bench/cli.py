@@ -256,6 +256,12 @@ def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Prof
             return
         runners[bname] = runner
 
+    def scenario_failed(bname: str, s: str, e: Exception) -> None:
+        """A scenario (or an interleaved step) raised: recorded; the generator is replaced."""
+        print(f"    ERROR: {type(e).__name__}: {e}")
+        results[s][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        new_gen()
+
     def scenario(bname: str, s: str, steps: list[dict] | None = None) -> None:
         broker, runner = started[bname], runners[bname]
         if hasattr(broker, "repin"):
@@ -264,9 +270,7 @@ def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Prof
             results[s][bname] = runner.p2p(s in prof.search, steps) if steps is not None else runner.run(
                 s, s in prof.search)
         except Exception as e:
-            print(f"    ERROR: {type(e).__name__}: {e}")
-            results[s][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
-            new_gen()
+            scenario_failed(bname, s, e)
 
     def finish(bname: str) -> None:
         broker = started.pop(bname)
@@ -289,10 +293,8 @@ def run_layout(layout: str, brokers: list[str], scenarios: list[str], prof: Prof
                 try:
                     steps[bname].append(runners[bname].interleaved_step(rate))
                 except Exception as e:  # no p2p for this broker; its other scenarios still run
-                    print(f"    ERROR: {type(e).__name__}: {e}")
-                    results["p2p"][bname] = {"error": f"{type(e).__name__}: {e}"[:500]}
                     del steps[bname]
-                    new_gen()
+                    scenario_failed(bname, "p2p", e)
                 if not started[bname].alive():
                     print("    broker died")
                     results["p2p"].setdefault(bname, {"error": "the broker died during the interleaved steps"})

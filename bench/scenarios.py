@@ -146,7 +146,7 @@ class Runner:
 
     def _broker_cpu(self, procs: dict) -> tuple[float, float, float]:
         """(cpu seconds, cpu % of one core, peak RSS MB) summed over the broker's processes."""
-        labels = [k for k in procs if not k.startswith("generator-") and k in self.broker_labels]
+        labels = [k for k in procs if k in self.broker_labels]
         return (sum(procs[k]["cpu_s"] for k in labels), sum(procs[k]["cpu_pct"] for k in labels),
                 sum(procs[k]["rss_mb"] for k in labels))
 
