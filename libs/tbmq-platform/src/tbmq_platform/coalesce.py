@@ -30,10 +30,12 @@ produce request carries the records of the window; quiet: the short linger of `m
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiokafka
 
@@ -142,15 +144,26 @@ class AdaptiveLinger:
     `busy_ms`, so one produce
     request carries what arrived in that window and its fixed cost (aiokafka's sender task and response
     handling, Kafka's request handling and request metrics) is paid once per window instead of once per
-    one to three records. Call `sending(now)` before each `send`.
+    one to three records. Call `sending(now)` before each `send` of the records the rate is about.
 
     The rate is observed at most once per `observe_every_s` (1 ms): records handed over meanwhile are
     counted into the next observation, so at load the EWMA costs once per millisecond, not once per
     record (the same rate: an observation of n records over t is the n single ones summed, to first order
-    in t / tau). The mode can so switch up to that much later."""
+    in t / tau). The mode can so switch up to that much later.
+
+    The busy mode lapses with time, not only with the next record: while busy, a timer observes again
+    every `busy_ms` (what arrived meanwhile, often nothing), so once the load stops the producer is back to
+    its short linger within a few windows. Without it the last mode stayed until the next counted record,
+    and every other record of the producer (a connector's session requests, subscription marks,
+    subscriptions: the CONNACK and SUBACK path) lingered the whole window after a burst had ended: a
+    persistent reconnect after a backlog was stored took 55 ms to its CONNACK instead of 20
+    (docs/performance.md, "The forty-fourth round"). `clock` and `call_later` are injectable (tests);
+    by default the monotonic clock and the running event loop's `call_later`."""
 
     def __init__(self, producer, *, busy_ms: float, observe_every_s: float = 0.001,
-                 enter_rate: float = LINGER_ENTER_RATE, leave_rate: float = LINGER_LEAVE_RATE) -> None:
+                 enter_rate: float = LINGER_ENTER_RATE, leave_rate: float = LINGER_LEAVE_RATE,
+                 clock: Callable[[], float] = time.monotonic,
+                 call_later: Callable[[float, Callable[[], None]], Any] | None = None) -> None:
         check_producer(producer)
         self._acc = producer._message_accumulator
         busy_s = busy_ms / 1000
@@ -160,6 +173,9 @@ class AdaptiveLinger:
         self._every = observe_every_s
         self._next = -math.inf  # monotonic time of the next observation
         self._pending = 0       # records handed over since the last observation
+        self._clock = clock
+        self._call_later = call_later
+        self._timer = None      # the lapse check, armed while busy
 
     def sending(self, now: float, records: int = 1) -> None:
         pending = self._pending + records
@@ -167,10 +183,29 @@ class AdaptiveLinger:
             self._pending = pending
             return
         self._pending = 0
+        self._observe(pending, now)
+
+    def _observe(self, records: int, now: float) -> None:
         self._next = now + self._every
-        linger = self._busy_s if self.window.observe(pending, now).busy else self._quiet_s
+        busy = self.window.observe(records, now).busy
+        linger = self._busy_s if busy else self._quiet_s
         if linger != self._acc._linger_time:
             self._acc._linger_time = linger
+        if busy and self._timer is None and self._busy_s > 0:
+            later = self._call_later or asyncio.get_running_loop().call_later
+            self._timer = later(self._busy_s, self._lapse)
+
+    def _lapse(self) -> None:
+        """A busy window went by: observe what arrived in it (class docstring)."""
+        self._timer = None
+        pending, self._pending = self._pending, 0
+        self._observe(pending, self._clock())
+
+    def close(self) -> None:
+        """Cancel the lapse check (the producer is stopping)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def health(self) -> dict:
         """For /readyz: whether batches linger long now, the observed rate, how often the mode changed."""

@@ -561,6 +561,8 @@ class ConnectorService(Service):
             await self.apps.close()
         if self.http_auth is not None:
             await self.http_auth.close()
+        if self.linger is not None:
+            self.linger.close()
         if self.producer is not None:
             await self.producer.stop()
         if self._password_pool is not None:
