@@ -1,5 +1,6 @@
 """The adaptive fetch window (tbmq_platform.coalesce): pure decisions on an injected clock."""
 
+import asyncio
 import pytest
 from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow, check_fetcher
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS
@@ -273,6 +274,57 @@ async def test_adaptive_linger_lapse_counts_the_records_handed_over_since_the_la
     assert a.health()["linger_switches"] == 1
 
 
+async def test_an_urgent_record_opens_a_batch_with_the_short_linger_while_busy():
+    """A session request or a subscription set sent while PUBLISHes keep the producer busy does not wait out
+    the busy window: its batch gets the short linger, and the PUBLISHes after it the window again."""
+    from aiokafka.producer.message_accumulator import MessageBatch
+    from tbmq_platform.coalesce import AdaptiveLinger
+
+    clock = _Timers()
+    p = _producer()
+    acc = p._message_accumulator
+    a = AdaptiveLinger(p, busy_ms=20, clock=lambda: clock.now, call_later=clock.call_later)
+    for _ in range(5000):
+        clock.advance(0.0002)
+        a.sending(clock.now)
+    assert acc._linger_time == 0.02
+    opened = {}
+
+    def open_batch(topic: str) -> MessageBatch:  # what add_message does for a partition without a batch
+        opened[topic] = acc._append_batch(acc.create_builder(), _tp(topic))
+        return opened[topic]
+
+    open_batch("tbmq.msg.all")            # PUBLISHes lingering the busy window on a partition
+    opened["tbmq.msg.all"].append(b"k", b"publish", None)
+    open_batch("tbmq.client.session")     # and on another one
+    opened["tbmq.client.session"].append(b"k", b"v", None)
+    with a.urgent():
+        open_batch("tbmq.session.event.request")
+    assert opened["tbmq.session.event.request"]._linger_time == 0.001
+    waiter = acc._waiter_future = asyncio.get_running_loop().create_future()  # as the sender leaves it
+    with a.urgent():
+        opened["tbmq.msg.all"].append(b"k", None, None)  # a mark joins the lingering batch
+    assert opened["tbmq.msg.all"]._linger_time == 0.001   # it leaves without waiting out the window
+    assert waiter.done()                  # the sender is woken to see it
+    assert opened["tbmq.client.session"]._linger_time == 0.02  # what the urgent records did not join waits
+    waiter = acc._waiter_future = asyncio.get_running_loop().create_future()
+    with a.urgent():
+        pass                              # nothing joined: nothing hurried, nobody woken
+    assert not waiter.done()
+    open_batch("tbmq.msg.all.next")
+    assert opened["tbmq.msg.all.next"]._linger_time == 0.02  # PUBLISHes after it: the window again
+    clock.advance(1.0)                    # quiet by now: urgent() leaves the short linger as it was
+    with a.urgent():
+        pass
+    assert acc._linger_time == 0.001
+
+
+def _tp(topic: str):
+    from aiokafka.structs import TopicPartition
+
+    return TopicPartition(topic, 0)
+
+
 async def test_the_real_aiokafka_accumulator_reads_the_linger_when_it_opens_a_batch():
     """The pinned aiokafka gives each new MessageBatch the accumulator's _linger_time."""
     import inspect
@@ -283,5 +335,7 @@ async def test_the_real_aiokafka_accumulator_reads_the_linger_when_it_opens_a_ba
     src = inspect.getsource(message_accumulator.MessageAccumulator._append_batch)
     assert "self._linger_time" in src
     check_producer(_producer())
+    src = inspect.getsource(message_accumulator.MessageBatch.remaining_linger)
+    assert "self._linger_time" in src     # urgent(): a batch's own linger, read whenever the sender drains
     with pytest.raises(RuntimeError, match="adaptive linger"):
         check_producer(object())

@@ -31,9 +31,10 @@ produce request carries the records of the window; quiet: the short linger of `m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,13 +128,15 @@ class AdaptiveFetch:
 
 
 def check_producer(producer) -> None:
-    """The aiokafka internal AdaptiveLinger writes exists (MessageAccumulator._linger_time, in seconds, read
-    when a partition's next batch is opened)."""
+    """The aiokafka internals AdaptiveLinger writes exist: MessageAccumulator._linger_time (in seconds, read
+    when a partition's next batch is opened), its batches per partition (`_batches`: deques of MessageBatch,
+    each with its own `_linger_time` and `record_count`) and the sender's wake-up (`_waiter_future`)."""
     acc = getattr(producer, "_message_accumulator", None)
     if not aiokafka.__version__.startswith(CHECKED_AIOKAFKA) or acc is None or not isinstance(
-            getattr(acc, "_linger_time", None), (int, float)):
+            getattr(acc, "_linger_time", None), (int, float)) or not isinstance(
+            getattr(acc, "_batches", None), Mapping) or not hasattr(acc, "_waiter_future"):
         raise RuntimeError(f"aiokafka {aiokafka.__version__}: the adaptive linger needs MessageAccumulator."
-                           f"_linger_time as in {CHECKED_AIOKAFKA} (requirements.lock)")
+                           f"_linger_time, _batches and _waiter_future as in {CHECKED_AIOKAFKA} (requirements.lock)")
 
 
 class AdaptiveLinger:
@@ -200,6 +203,29 @@ class AdaptiveLinger:
         self._timer = None
         pending, self._pending = self._pending, 0
         self._observe(pending, self._clock())
+
+    @contextlib.contextmanager
+    def urgent(self) -> Iterator[None]:
+        """Around the `send`s of records someone waits on (a session request, a subscription set, marks):
+        they do not wait out the busy window. A batch they open gets the short linger, and a lingering
+        batch of PUBLISHes they joined leaves after the short linger too (the sender is woken to see it).
+        Records other tasks send meanwhile, if a send waits (metadata, a full batch), get the same."""
+        acc = self._acc
+        quiet = self._quiet_s
+        before = {tp: (q[-1], q[-1].record_count) for tp, q in acc._batches.items() if q}
+        acc._linger_time = quiet
+        try:
+            yield
+        finally:
+            acc._linger_time = self._busy_s if self.window.window.busy else quiet
+            hurried = False
+            for tp, (batch, count) in before.items():
+                if batch._linger_time > quiet and batch in acc._batches.get(tp, ()) \
+                        and batch.record_count > count:
+                    batch._linger_time = quiet
+                    hurried = True
+            if hurried and not acc._waiter_future.done():
+                acc._waiter_future.set_result(None)
 
     def close(self) -> None:
         """Cancel the lapse check (the producer is stopping)."""

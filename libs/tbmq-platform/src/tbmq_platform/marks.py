@@ -19,8 +19,9 @@ the mark was read, so after the change was appended) and routes the mark's batch
 only once its views reached them. It does the same for the first batch after every assignment: a mark
 consumed and committed by the partition's previous owner was appended before that assignment.
 
-Cost: one produce of `partitions` records per round (one request to each leader), at most one round in
-flight per connector (`tbmq_platform.inflight.AfterCall`: the changes acknowledged while a round is on its
+Cost: one produce of `partitions` records per round (one request to each leader; sent `urgent` through a
+connector's adaptive linger: the PUBLISH batches a round joins leave without waiting out the busy window),
+at most one round in flight per connector (`tbmq_platform.inflight.AfterCall`: the changes acknowledged while a round is on its
 way share the next one), and one ListOffsets per router batch that holds a mark. A batch without a mark
 is routed at once. Readers of tbmq.msg.all other than the router skip marks (Spark: tbmq_spark.decode).
 """
@@ -28,6 +29,9 @@ is routed at once. Readers of tbmq.msg.all other than the router skip marks (Spa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from .inflight import AfterCall
@@ -45,10 +49,12 @@ def is_mark(value: bytes | None) -> bool:
 class MarkWriter:
     """One round of marks on every partition of `topic` per `mark()`, coalesced (module docstring)."""
 
-    def __init__(self, producer: "AIOKafkaProducer", writer: str, topic: str = MSG_ALL) -> None:
+    def __init__(self, producer: "AIOKafkaProducer", writer: str, topic: str = MSG_ALL,
+                 urgent: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> None:
         self._producer = producer
         self._key = writer.encode("utf-8")
         self._topic = topic
+        self._urgent = urgent  # around the round's sends: a producer's adaptive linger (coalesce.AdaptiveLinger)
         self._after = AfterCall(self._round)
 
     @property
@@ -62,5 +68,6 @@ class MarkWriter:
     async def _round(self) -> None:
         send, key = self._producer.send, self._key
         partitions = sorted(await self._producer.partitions_for(self._topic))
-        futs = [await send(self._topic, None, key=key, partition=p) for p in partitions]
+        with self._urgent():  # someone waits for the round (a CONNACK, a SUBACK): no busy window
+            futs = [await send(self._topic, None, key=key, partition=p) for p in partitions]
         await asyncio.gather(*futs)

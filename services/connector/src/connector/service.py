@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib.metadata
 import logging
 import os
@@ -177,6 +178,7 @@ class ConnectorService(Service):
                                   settings.login_ban_s, self.service_id)
         self.adaptive_fetch: AdaptiveFetch | None = None
         self.linger: AdaptiveLinger | None = None
+        self.urgent = contextlib.nullcontext  # start(): the linger's urgent() when it has one
         self._servers: list[asyncio.base_events.Server] = []
         self._proxy_listeners: list[socket.socket] = []  # MQTT_PROXY_PROTOCOL listeners (_listen_proxied)
         self._proxy_pending = 0  # their accepted sockets not yet handed to a Connection (header, TLS handshake)
@@ -219,16 +221,18 @@ class ConnectorService(Service):
                                       max_request_size=max(1 << 20, s.max_packet_size + 65536))
         await self.producer.start()
         self.direct = DirectSend(self.producer)  # a PUBLISH's records (produce_publish)
-        self.marks = MarkWriter(self.producer, self.service_id)
         if s.producer_linger_ms > 0:
             self.linger = AdaptiveLinger(self.producer, busy_ms=s.producer_linger_ms)  # quiet: its 1 ms
+        # the records a CONNACK or SUBACK waits for do not wait out the PUBLISHes' busy window
+        self.urgent = self.linger.urgent if self.linger is not None else contextlib.nullcontext
+        self.marks = MarkWriter(self.producer, self.service_id, urgent=self.urgent)
         # this run is known (alive) before its .<svc> topics are made again: the registry deletes the topics of
         # a service whose latest run is dead, never those of a service that came back; and before any CONNECT
         await self._heartbeat()
         # from now on: rebuilding the views below may take longer than the registry's timeout
         self.spawn(self._heartbeat_loop(), "heartbeat")
         await ensure_topics(bootstrap, service_topics(self.service_id), layout=s.topic_layout)
-        self.sessions = SessionEvents(self.producer, self.incarnation)
+        self.sessions = SessionEvents(self.producer, self.incarnation, self.urgent)
         # the three compacted views on one consumer (tbmq_platform.compacted)
         self.views = CompactedViews(bootstrap, client_id=f"{self.service_id}-views")
         self.retained_view = self.views.view(MSG_RETAINED, self._apply_retained)
@@ -822,8 +826,9 @@ class ConnectorService(Service):
         marks on tbmq.msg.all (tbmq_platform.marks): a PUBLISH sent after the SUBACK / UNSUBACK is routed
         with the new set on every router instance."""
         cs = pb.ClientSubscriptions(client_id=client_id, subscriptions=list(subs), client_type=client_type)
-        fut = await self.producer.send(CLIENT_SUBSCRIPTIONS, cs.SerializeToString(),
-                                       key=client_id.encode("utf-8"), headers=kafka_headers())
+        with self.urgent():
+            fut = await self.producer.send(CLIENT_SUBSCRIPTIONS, cs.SerializeToString(),
+                                           key=client_id.encode("utf-8"), headers=kafka_headers())
         await fut
         await self.marks.mark()
 

@@ -12,11 +12,13 @@ never a loss). A connector crash reports nothing (the same: at worst one duplica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 
 from aiokafka import AIOKafkaProducer
 from tbmq.v1 import messages_pb2 as pb
@@ -27,8 +29,10 @@ log = logging.getLogger(__name__)
 
 
 class SessionEvents:
-    def __init__(self, producer: AIOKafkaProducer, incarnation: str = "") -> None:
+    def __init__(self, producer: AIOKafkaProducer, incarnation: str = "",
+                 urgent: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> None:
         self._producer = producer
+        self._urgent = urgent  # around a CONNECT's request: the producer's adaptive linger (no busy window)
         # this connector run (ConnectorHeartbeat.incarnation): stamped on every request, so that the registry
         # refuses the CONNECTs of a run it declared dead (fencing)
         self._incarnation = incarnation
@@ -48,8 +52,9 @@ class SessionEvents:
             req = pb.SessionEventRequest(request_id=request_id, type=pb.SESSION_EVENT_CONNECTION_REQUEST,
                                          session=session, request_time_ms=int(time.time() * 1000))
             async with asyncio.timeout(timeout):
-                sent = await self._producer.send(SESSION_EVENT_REQUEST, req.SerializeToString(),
-                                                 key=session.client_id.encode(), headers=kafka_headers())
+                with self._urgent():
+                    sent = await self._producer.send(SESSION_EVENT_REQUEST, req.SerializeToString(),
+                                                     key=session.client_id.encode(), headers=kafka_headers())
                 await sent
                 return await fut
         finally:
