@@ -1,14 +1,12 @@
 """Fakes for driving connector.connection.Connection (the asyncio adapter) without Kafka or gRPC: a
 `ConnectionPort` (FakePort), a device-persistence client whose fetches wait for the test's answer
-(FakeDevice), a transport that records what is written (FakeTransport) and timers on a clock the test
-advances (FakeTimers)."""
+(FakeDevice) and a transport that records what is written (FakeTransport). Timers on a clock the test
+advances: tests/fake_timers.py."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
-import itertools
 from collections import Counter
 
 from connector.connection import Connection
@@ -250,33 +248,3 @@ def v5_connect(*, client_id: str = "dev", clean_start: bool, sei: int | None, ke
     props = Properties(session_expiry_interval=sei) if sei is not None else Properties()
     return Connect(protocol_level=5, client_id=client_id, clean_start=clean_start, keep_alive=keep_alive,
                    properties=props)
-
-
-class FakeTimers:
-    """`call_later` on a clock the test advances (`advance(seconds)` runs what falls due, in order)."""
-
-    class Handle:
-        def __init__(self) -> None:
-            self.cancelled = False
-
-        def cancel(self) -> None:
-            self.cancelled = True
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._due: list = []
-        self._seq = itertools.count()
-
-    def call_later(self, delay: float, fn, *args) -> "FakeTimers.Handle":
-        h = FakeTimers.Handle()
-        heapq.heappush(self._due, (self.now + delay, next(self._seq), h, fn, args))
-        return h
-
-    def advance(self, seconds: float) -> None:
-        until = self.now + seconds
-        while self._due and self._due[0][0] <= until:
-            at, _, h, fn, args = heapq.heappop(self._due)
-            self.now = at
-            if not h.cancelled:
-                fn(*args)
-        self.now = until

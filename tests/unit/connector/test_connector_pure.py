@@ -21,7 +21,7 @@ from tbmq_connection.flow import (
 from connector.grpc_clients import pick_target
 from connector.settings import ConnectorSettings
 from connector.wills import Wills
-from connector_fakes import FakeTimers
+from fake_timers import FakeTimers
 from tbmq.v1 import messages_pb2 as pb
 from tbmq_mqtt import Connect, Properties, Publish, ReasonCode, Will
 from tbmq_platform.settings import SettingsError, load

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tbmq.v1 import messages_pb2 as pb
 
 from connector.wills import Wills
-from connector_fakes import FakeTimers
+from fake_timers import FakeTimers
 
 
 def wills_on_fake_clock():

@@ -2,6 +2,7 @@
 
 import asyncio
 import pytest
+from fake_timers import FakeTimers
 from tbmq_platform.coalesce import AdaptiveFetch, FetchWindow, check_fetcher
 from tbmq_platform.kafka import IDLE_FETCH_WAIT_MS
 
@@ -197,47 +198,13 @@ async def test_adaptive_linger_observes_once_per_millisecond_and_counts_every_re
     assert 8000 < a.window.rate < 11000 and a.health()["linger_busy"]
 
 
-class _Timers:
-    """An injected clock and `call_later`: timers fire when the test moves the clock past them."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.due: list = []
-
-    def call_later(self, delay: float, fn):
-        timer = _Timer(self.now + delay, fn, self)
-        self.due.append(timer)
-        return timer
-
-    def advance(self, seconds: float) -> None:
-        end = self.now + seconds
-        while True:
-            ready = sorted((t for t in self.due if t.at <= end), key=lambda t: t.at)
-            if not ready:
-                break
-            t = ready[0]
-            self.due.remove(t)
-            self.now = t.at
-            t.fn()
-        self.now = end
-
-
-class _Timer:
-    def __init__(self, at: float, fn, timers: _Timers) -> None:
-        self.at, self.fn, self._timers = at, fn, timers
-
-    def cancel(self) -> None:
-        if self in self._timers.due:
-            self._timers.due.remove(self)
-
-
 async def test_adaptive_linger_lapses_to_the_short_linger_when_the_load_stops_without_another_record():
     """The producer's other records (session requests, marks, subscriptions: the CONNACK and SUBACK path)
     are not counted, so after a burst nothing but time tells the linger the load stopped: within a few
     windows it is back to 1 ms, and it keeps no timer while quiet."""
     from tbmq_platform.coalesce import AdaptiveLinger
 
-    clock = _Timers()
+    clock = FakeTimers()
     p = _producer()
     acc = p._message_accumulator
     a = AdaptiveLinger(p, busy_ms=20, clock=lambda: clock.now, call_later=clock.call_later)
@@ -245,18 +212,18 @@ async def test_adaptive_linger_lapses_to_the_short_linger_when_the_load_stops_wi
         clock.advance(0.0002)
         a.sending(clock.now)
     assert acc._linger_time == 0.02 and a.health()["linger_busy"]
-    assert len(clock.due) == 1            # one lapse check while busy, however many records
+    assert clock.pending() == 1           # one lapse check while busy, however many records
     clock.advance(0.02)                   # one window without a record: still busy (hysteresis, EWMA)
     assert acc._linger_time == 0.02
     clock.advance(0.5)                    # half a second without one: quiet again, no record needed
     assert acc._linger_time == 0.001 and not a.health()["linger_busy"]
-    assert clock.due == []                # and no timer left while quiet
+    assert clock.pending() == 0           # and no timer left while quiet
     for _ in range(2000):                 # busy again; closing cancels the check
         clock.advance(0.0002)
         a.sending(clock.now)
-    assert a.health()["linger_busy"] and len(clock.due) == 1
+    assert a.health()["linger_busy"] and clock.pending() == 1
     a.close()
-    assert clock.due == []
+    assert clock.pending() == 0
 
 
 async def test_adaptive_linger_lapse_counts_the_records_handed_over_since_the_last_observation():
@@ -264,7 +231,7 @@ async def test_adaptive_linger_lapse_counts_the_records_handed_over_since_the_la
     busy load the checks do not make it look quieter than it is."""
     from tbmq_platform.coalesce import AdaptiveLinger
 
-    clock = _Timers()
+    clock = FakeTimers()
     a = AdaptiveLinger(_producer(), busy_ms=20, observe_every_s=0.01, clock=lambda: clock.now,
                        call_later=clock.call_later)
     for _ in range(20000):                # 2,000 records/s for 10 s, observed at most every 10 ms
@@ -280,7 +247,7 @@ async def test_an_urgent_record_opens_a_batch_with_the_short_linger_while_busy()
     from aiokafka.producer.message_accumulator import MessageBatch
     from tbmq_platform.coalesce import AdaptiveLinger
 
-    clock = _Timers()
+    clock = FakeTimers()
     p = _producer()
     acc = p._message_accumulator
     a = AdaptiveLinger(p, busy_ms=20, clock=lambda: clock.now, call_later=clock.call_later)
