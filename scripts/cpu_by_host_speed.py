@@ -1,0 +1,66 @@
+"""tbmq-py's CPU per message at one fixed rate, split by the host's speed during each step (issue 12, goal 2b: the
+whole stack at most 400 µs of CPU per message at 1,000 msg/s). Every fixed step of `make bench` records the
+bench's probe of each cpu's speed while it ran (`cpu_speed_us`: µs per 1,000 Python operations); this reads the
+result files given, takes tbmq-py's p2p steps at `--rate` in `--layout`, and prints each step (stamp, µs per
+message, the slower cpu's probe, p99) and a summary for the steps whose every cpu's probe was at most
+`--threshold` (the host's normal speed) and for the others.
+
+    .venv/bin/python scripts/cpu_by_host_speed.py bench/results/20261206-*.json \\
+        [--rate 1000] [--layout whole] [--threshold 450] [--goal 400] [--exclude STAMP ...]
+
+A reading tool (docs/performance.md, "The forty-fifth round" and "The forty-sixth round"), not a test."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list[tuple[str, float, float, float]]:
+    """(stamp, µs per message, slower cpu's probe, p99 ms) of every matching step, in file order."""
+    found = []
+    for p in sorted(paths):
+        stamp = Path(p).stem
+        if stamp in exclude:
+            continue
+        try:
+            data = json.loads(Path(p).read_text())
+        except (OSError, ValueError):
+            continue
+        tbmq = data.get("layouts", {}).get(layout, {}).get("results", {}).get("p2p", {}).get("tbmq", {})
+        for s in tbmq.get("fixed_steps", []):
+            speed = s.get("cpu_speed_us") or {}
+            if s.get("rate") != rate or not speed:
+                continue
+            found.append((stamp, s["broker_us_per_msg"], max(speed.values()), s["e2e_ms"]["p99"]))
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--layout", default="whole")
+    ap.add_argument("--threshold", type=float, default=450.0, help="the probe (µs) up to which a step counts as normal speed")
+    ap.add_argument("--goal", type=float, default=400.0, help="µs per message")
+    ap.add_argument("--exclude", nargs="*", default=[], help="result stamps to leave out (A/B variants of other code)")
+    a = ap.parse_args()
+    found = steps(a.files, a.rate, a.layout, set(a.exclude))
+    for stamp, us, probe, p99 in found:
+        print(f"{stamp}  {us:7.1f} µs/msg  probe {probe:6.1f}  p99 {p99:6.1f} ms")
+    for name, group in (("normal speed", [f for f in found if f[2] <= a.threshold]),
+                        ("slow", [f for f in found if f[2] > a.threshold])):
+        if not group:
+            print(f"{name}: no step")
+            continue
+        us = [f[1] for f in group]
+        print(f"{name} (probe {'<=' if name == 'normal speed' else '>'} {a.threshold:g}): {len(us)} steps, "
+              f"{min(us):.0f}-{max(us):.0f} µs, median {statistics.median(us):.0f}, "
+              f"{sum(u <= a.goal for u in us)} at or under {a.goal:g}; p99 {min(f[3] for f in group):.1f}-"
+              f"{max(f[3] for f in group):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
