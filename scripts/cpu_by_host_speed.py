@@ -15,7 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.report import fixed_steps  # noqa: E402
 
 
 def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list[tuple[str, float, float, float]]:
@@ -30,7 +35,7 @@ def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list
         except (OSError, ValueError):
             continue
         tbmq = data.get("layouts", {}).get(layout, {}).get("results", {}).get("p2p", {}).get("tbmq", {})
-        for s in tbmq.get("fixed_steps", []):
+        for s in fixed_steps(tbmq):
             speed = s.get("cpu_speed_us") or {}
             if s.get("rate") != rate or not speed:
                 continue
