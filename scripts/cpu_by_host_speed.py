@@ -5,10 +5,15 @@ result files given, takes tbmq-py's p2p steps at `--rate` in `--layout`, and pri
 message, the slower cpu's probe, p99) and a summary for the steps whose every cpu's probe was at most
 `--threshold` (the host's normal speed) and for the others.
 
-    .venv/bin/python scripts/cpu_by_host_speed.py bench/results/20261206-*.json \\
-        [--rate 1000] [--layout whole] [--threshold 450] [--goal 400] [--exclude STAMP ...]
+With `--against BROKER` (amqtt, mosquitto) it prints instead, for every result file where that broker ran the same
+step, tbmq-py's µs per message divided by the broker's and the median of those ratios: the host's speed moves
+the two Python brokers alike, so this is the figure that compares across hosts (issue 12's goal 2b was set on a
+host where amqtt used 710 and Mosquitto 70 µs per message at 1,000 msg/s: 0.56 and 5.7 times theirs).
 
-A reading tool (docs/performance.md, "The forty-fifth round" and "The forty-sixth round"), not a test."""
+    .venv/bin/python scripts/cpu_by_host_speed.py bench/results/20261206-*.json \\
+        [--rate 1000] [--layout whole] [--threshold 450] [--goal 400] [--exclude STAMP ...] [--against amqtt]
+
+A reading tool (docs/performance.md, "The forty-fifth round" to "The forty-seventh round"), not a test."""
 
 from __future__ import annotations
 
@@ -20,12 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.report import fixed_steps  # noqa: E402
+from bench.report import fixed_steps, step_us_per_msg  # noqa: E402
 
 
-def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list[tuple[str, float, float, float]]:
-    """(stamp, µs per message, slower cpu's probe, p99 ms) of every matching step, in file order."""
-    found = []
+def _p2p(paths: list[str], layout: str, exclude: set[str]):
+    """(stamp, {broker: p2p result}) of every readable result file in `layout`, in file order."""
     for p in sorted(paths):
         stamp = Path(p).stem
         if stamp in exclude:
@@ -34,12 +38,36 @@ def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list
             data = json.loads(Path(p).read_text())
         except (OSError, ValueError):
             continue
-        tbmq = data.get("layouts", {}).get(layout, {}).get("results", {}).get("p2p", {}).get("tbmq", {})
-        for s in fixed_steps(tbmq):
-            speed = s.get("cpu_speed_us") or {}
-            if s.get("rate") != rate or not speed:
-                continue
-            found.append((stamp, s["broker_us_per_msg"], max(speed.values()), s["e2e_ms"]["p99"]))
+        yield stamp, data.get("layouts", {}).get(layout, {}).get("results", {}).get("p2p", {})
+
+
+def _at(result, rate: float) -> dict | None:
+    """The fixed step of a broker's p2p result at `rate`, if it ran one with a CPU figure."""
+    if not isinstance(result, dict):
+        return None
+    return next((s for s in fixed_steps(result) if s.get("rate") == rate and step_us_per_msg(s)), None)
+
+
+def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list[tuple[str, float, float, float]]:
+    """(stamp, µs per message, slower cpu's probe, p99 ms) of every matching step, in file order."""
+    found = []
+    for stamp, p2p in _p2p(paths, layout, exclude):
+        s = _at(p2p.get("tbmq"), rate)
+        speed = (s or {}).get("cpu_speed_us") or {}
+        if s and speed:
+            found.append((stamp, step_us_per_msg(s), max(speed.values()), s["e2e_ms"]["p99"]))
+    return found
+
+
+def ratios(paths: list[str], rate: float, layout: str, exclude: set[str],
+           other: str) -> list[tuple[str, float, float, float]]:
+    """(stamp, tbmq-py's µs per message, `other`'s, their ratio) of every file where both passed the step (as in
+    bench.report.relative_cpu_table: an overloaded broker's figure compares with nothing)."""
+    found = []
+    for stamp, p2p in _p2p(paths, layout, exclude):
+        t, o = _at(p2p.get("tbmq"), rate), _at(p2p.get(other), rate)
+        if t and o and t.get("ok") and o.get("ok"):
+            found.append((stamp, step_us_per_msg(t), step_us_per_msg(o), step_us_per_msg(t) / step_us_per_msg(o)))
     return found
 
 
@@ -51,7 +79,18 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=450.0, help="the probe (µs) up to which a step counts as normal speed")
     ap.add_argument("--goal", type=float, default=400.0, help="µs per message")
     ap.add_argument("--exclude", nargs="*", default=[], help="result stamps to leave out (A/B variants of other code)")
+    ap.add_argument("--against", help="another broker of the same runs (amqtt, mosquitto): print tbmq-py ÷ it")
     a = ap.parse_args()
+    if a.against:
+        pairs = ratios(a.files, a.rate, a.layout, set(a.exclude), a.against)
+        for stamp, t, o, r in pairs:
+            print(f"{stamp}  tbmq {t:7.1f}  {a.against} {o:7.1f} µs/msg  ratio {r:5.2f}")
+        if pairs:
+            rs = [p[3] for p in pairs]
+            print(f"{len(rs)} runs: tbmq ÷ {a.against} {min(rs):.2f}-{max(rs):.2f}, median {statistics.median(rs):.2f}")
+        else:
+            print(f"no run with both tbmq and {a.against} at {a.rate:g} msg/s")
+        return
     found = steps(a.files, a.rate, a.layout, set(a.exclude))
     for stamp, us, probe, p99 in found:
         print(f"{stamp}  {us:7.1f} µs/msg  probe {probe:6.1f}  p99 {p99:6.1f} ms")

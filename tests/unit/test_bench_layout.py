@@ -312,3 +312,22 @@ def test_doc_section_says_when_p2p_steps_were_interleaved():
     whole, one_core = sec.split("### Layout: one core")
     assert report.INTERLEAVED_TEXT in whole and report.INTERLEAVED_TEXT not in one_core
 
+
+
+def test_relative_cpu_table_divides_the_first_brokers_cpu_by_each_others_at_the_same_rate():
+    """tbmq-py ÷ Mosquitto and ÷ amqtt per scenario and rate; a rate another broker did not pass (amqtt overloaded
+    at 2,500) shows "–" for it, a rate only tbmq-py ran is left out, and a run of one broker has no table."""
+    res = {"p2p": {"tbmq": {"fixed_steps": [_step(1000.0, {"total": 400.0}), _step(2500.0, {"total": 300.0}),
+                                            _step(100.0, {"total": 2000.0})]},
+                   "mosquitto": {"fixed_steps": [_step(1000.0, {"mosquitto": 50.0, "total": 50.0}),
+                                                 _step(2500.0, {"mosquitto": 40.0, "total": 40.0})]},
+                   "amqtt": {"fixed_steps": [_step(1000.0, {"amqtt": 500.0, "total": 500.0}),
+                                             _step(2500.0, {"amqtt": 900.0, "total": 900.0}, ok=False)]}}}
+    md = report.relative_cpu_table(res, ["tbmq", "mosquitto", "amqtt"], "md").splitlines()
+    cols = [c.strip() for c in md[0].strip("|").split("|")]
+    assert cols == ["scenario", "rate/s", "tbmq µs/msg", "mosquitto µs/msg", "amqtt µs/msg", "tbmq ÷ mosquitto",
+                    "tbmq ÷ amqtt"]
+    rows = [[c.strip() for c in row.strip("|").split("|")] for row in md[2:]]
+    assert rows == [["p2p", "1,000", "400", "50.0", "500", "8.00", "0.80"],
+                    ["p2p", "2,500", "300", "40.0", "–", "7.50", "–"]]
+    assert report.relative_cpu_table(res, ["tbmq"]) == ""
