@@ -31,6 +31,23 @@ async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[s
     return out
 
 
+async def test_a_topic_is_in_the_brokers_metadata_once_ensure_topics_returns(kafka, unique):
+    """A client asking right after ensure_topics returns is told of the topic and every partition at once, with
+    no refresh: a consumer that subscribed in the moment between Kafka's CreateTopics answer and its broker's
+    metadata would join its group with no partition and wait out metadata.max.age.ms (5 minutes; a CI run saw
+    app-delivery's shared stream do that). Ten topics, each asked about once, the moment it is returned."""
+    admin = await _admin(kafka.bootstrap_servers)
+    try:
+        for i in range(10):
+            topic = unique(f"md{i}")
+            spec = catalogue.TopicSpec(topic, "k", "bytes", 4, "test", "test")
+            assert await ensure_topics(kafka.bootstrap_servers, [spec]) == [topic]
+            (md,) = await admin.describe_topics([topic])
+            assert (md["topic"], md["error_code"], len(md["partitions"])) == (topic, 0, 4)
+    finally:
+        await admin.close()
+
+
 async def test_produce_and_consume_with_the_idempotent_producer(kafka, unique):
     topic = unique("pc")
     spec = catalogue.TopicSpec(topic, "k", "bytes", 3, "test", "test")

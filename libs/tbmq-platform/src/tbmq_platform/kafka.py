@@ -276,6 +276,13 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, layout: T
     created names.
 
     Idempotent: an existing topic is left as it is (TopicAlreadyExists is not an error).
+
+    Returns only once the broker serves every topic it had to create in its metadata. Kafka answers
+    CreateTopics when its controller has committed the topics; a broker's metadata cache takes them in a
+    moment later, and a consumer that subscribes in between (app-delivery's shared streams, right after this)
+    is told "not found in cluster metadata", joins its group with no partition of the topic, and learns of them
+    only at its next periodic metadata refresh (metadata.max.age.ms, 5 minutes): a CI run on a slow host saw
+    exactly that. A topic another process created a moment ago is waited for the same way.
     """
     specs = list(specs)
     admin = await _admin(bootstrap, timeout_s)
@@ -299,9 +306,28 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, layout: T
             pass
         if created:
             log.info("created topics %s", ", ".join(created))
+        await _until_served(admin, [t.name for t in todo], timeout_s)
         return created
     finally:
         await admin.close()
+
+
+async def _until_served(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    """Return once a metadata request names every topic of `names` with its partitions (ensure_topics);
+    RuntimeError naming the missing ones after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline, backoff = loop.time() + timeout_s, 0.005
+    while True:
+        served = {t["topic"] for t in await admin.describe_topics(names)
+                  if t.get("error_code") == 0 and t.get("partitions")}
+        missing = [n for n in names if n not in served]
+        if not missing:
+            return
+        if loop.time() > deadline:
+            raise RuntimeError(f"topics created but not in the broker's metadata after {timeout_s:g} s: "
+                               + ", ".join(missing))
+        await asyncio.sleep(backoff)  # a retry's backoff (the broker's metadata catches up within milliseconds)
+        backoff = min(backoff * 2, 0.2)
 
 
 async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: float = 30.0) -> None:
