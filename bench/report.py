@@ -209,6 +209,19 @@ def step_us_per_msg(step: dict) -> float | None:
     return (step.get("us_per_msg") or {}).get("total", step.get("broker_us_per_msg"))
 
 
+def passed_us_per_msg(results: dict, brokers: list[str]) -> dict[tuple[str, float], dict[str, float]]:
+    """{(scenario, rate): {broker: CPU µs per delivered message}} of every fixed step that passed: what the
+    brokers' ratios are drawn from (relative_cpu_table; scripts/cpu_by_host_speed.py --against). An overloaded
+    broker's CPU per delivered message compares with nothing, so a failed step is left out."""
+    by: dict[tuple[str, float], dict[str, float]] = {}
+    for scen, b, r in _ok_results(results, brokers):
+        for st in fixed_steps(r):
+            us = step_us_per_msg(st)
+            if us and st.get("ok"):
+                by.setdefault((scen, st["rate"]), {})[b] = us
+    return by
+
+
 def relative_cpu_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
     """The first broker's CPU per delivered message as a multiple of each other broker's, at every fixed rate of
     every scenario where both were measured. The host's speed moves a step's µs/msg by up to a factor of two
@@ -220,14 +233,8 @@ def relative_cpu_table(results: dict, brokers: list[str], fmt: str = "text") -> 
     if len(brokers) < 2:
         return ""
     first, others = brokers[0], brokers[1:]
-    by: dict[tuple[str, float], dict[str, float]] = {}
-    for scen, b, r in _ok_results(results, brokers):
-        for st in fixed_steps(r):
-            us = step_us_per_msg(st)
-            if us and st.get("ok"):  # an overloaded broker's CPU per delivered message compares with nothing
-                by.setdefault((scen, st["rate"]), {})[b] = us
     rows = []
-    for (scen, rate), us in by.items():
+    for (scen, rate), us in passed_us_per_msg(results, brokers).items():
         if first not in us or not any(o in us for o in others):
             continue
         rows.append([scen, _num(rate), _num(us[first]), *[_num(us.get(o)) for o in others],

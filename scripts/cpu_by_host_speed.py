@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.report import fixed_steps, step_us_per_msg  # noqa: E402
+from bench.report import fixed_steps, passed_us_per_msg, step_us_per_msg  # noqa: E402
 
 
-def _p2p(paths: list[str], layout: str, exclude: set[str]):
-    """(stamp, {broker: p2p result}) of every readable result file in `layout`, in file order."""
+def _results(paths: list[str], layout: str, exclude: set[str]):
+    """(stamp, the layout's results by scenario) of every readable result file, in file order."""
     for p in sorted(paths):
         stamp = Path(p).stem
         if stamp in exclude:
@@ -38,36 +38,29 @@ def _p2p(paths: list[str], layout: str, exclude: set[str]):
             data = json.loads(Path(p).read_text())
         except (OSError, ValueError):
             continue
-        yield stamp, data.get("layouts", {}).get(layout, {}).get("results", {}).get("p2p", {})
-
-
-def _at(result, rate: float) -> dict | None:
-    """The fixed step of a broker's p2p result at `rate`, if it ran one with a CPU figure."""
-    if not isinstance(result, dict):
-        return None
-    return next((s for s in fixed_steps(result) if s.get("rate") == rate and step_us_per_msg(s)), None)
+        yield stamp, data.get("layouts", {}).get(layout, {}).get("results", {})
 
 
 def steps(paths: list[str], rate: float, layout: str, exclude: set[str]) -> list[tuple[str, float, float, float]]:
     """(stamp, µs per message, slower cpu's probe, p99 ms) of every matching step, in file order."""
     found = []
-    for stamp, p2p in _p2p(paths, layout, exclude):
-        s = _at(p2p.get("tbmq"), rate)
-        speed = (s or {}).get("cpu_speed_us") or {}
-        if s and speed:
-            found.append((stamp, step_us_per_msg(s), max(speed.values()), s["e2e_ms"]["p99"]))
+    for stamp, results in _results(paths, layout, exclude):
+        for s in fixed_steps(results.get("p2p", {}).get("tbmq", {})):
+            speed = s.get("cpu_speed_us") or {}
+            if s.get("rate") == rate and speed and step_us_per_msg(s):
+                found.append((stamp, step_us_per_msg(s), max(speed.values()), s["e2e_ms"]["p99"]))
     return found
 
 
 def ratios(paths: list[str], rate: float, layout: str, exclude: set[str],
            other: str) -> list[tuple[str, float, float, float]]:
-    """(stamp, tbmq-py's µs per message, `other`'s, their ratio) of every file where both passed the step (as in
-    bench.report.relative_cpu_table: an overloaded broker's figure compares with nothing)."""
+    """(stamp, tbmq-py's µs per message, `other`'s, their ratio) of every file where both passed the p2p step
+    (bench.report.passed_us_per_msg, as the run's own table)."""
     found = []
-    for stamp, p2p in _p2p(paths, layout, exclude):
-        t, o = _at(p2p.get("tbmq"), rate), _at(p2p.get(other), rate)
-        if t and o and t.get("ok") and o.get("ok"):
-            found.append((stamp, step_us_per_msg(t), step_us_per_msg(o), step_us_per_msg(t) / step_us_per_msg(o)))
+    for stamp, results in _results(paths, layout, exclude):
+        us = passed_us_per_msg({"p2p": results.get("p2p", {})}, ["tbmq", other]).get(("p2p", rate), {})
+        if "tbmq" in us and other in us:
+            found.append((stamp, us["tbmq"], us[other], us["tbmq"] / us[other]))
     return found
 
 

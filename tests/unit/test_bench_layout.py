@@ -313,7 +313,6 @@ def test_doc_section_says_when_p2p_steps_were_interleaved():
     assert report.INTERLEAVED_TEXT in whole and report.INTERLEAVED_TEXT not in one_core
 
 
-
 def test_relative_cpu_table_divides_the_first_brokers_cpu_by_each_others_at_the_same_rate():
     """tbmq-py ÷ Mosquitto and ÷ amqtt per scenario and rate; a rate another broker did not pass (amqtt overloaded
     at 2,500) shows "–" for it, a rate only tbmq-py ran is left out, and a run of one broker has no table."""
