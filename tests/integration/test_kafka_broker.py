@@ -11,7 +11,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tbmq_platform import topics as catalogue
-from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer
+from tbmq_platform.kafka import ensure_topics, make_consumer, make_producer, remove_static_members
+from waits import poll, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -184,3 +185,38 @@ async def test_a_restart_on_a_formatted_log_dir_skips_the_format_tool_and_keeps_
     assert log.count("--- StorageTool format: skipped, the log dir is formatted") == 1
     assert broker.cluster_id == first_id
     assert got == [b"before the restart"]
+
+
+async def test_a_stopped_static_member_taken_out_of_its_group_hands_its_partitions_over_at_once(kafka, unique):
+    """A static member (group.instance.id) that stops keeps its partitions until its session times out: a
+    new member with another id gets nothing meanwhile. remove_static_members ends that wait: the new member is
+    given every partition at once, far inside the old member's 45 s session. Removing it again, or from a
+    group that does not exist, removes nothing and is no error."""
+    topic, group = unique("t"), unique("g")
+    await ensure_topics(kafka.bootstrap_servers, [catalogue.TopicSpec(topic, "k", "bytes", 4, "t", "t")])
+    every = {TopicPartition(topic, p) for p in range(4)}
+
+    def member(instance_id: str):
+        return make_consumer(kafka.bootstrap_servers, topic, group_id=group, client_id=instance_id,
+                             group_instance_id=instance_id, session_timeout_ms=45000, heartbeat_interval_ms=3000,
+                             rebalance_timeout_ms=60000, request_timeout_ms=70000)
+
+    old = member("old-1")
+    await old.start()
+    try:
+        await wait_until(lambda: old.assignment() == every, 30, "the first member owns every partition")
+    finally:
+        await old.stop()  # a static member: no LeaveGroup
+
+    new = member("new-1")
+    joining = asyncio.create_task(new.start())  # start() returns once the member has joined its group
+    try:
+        assert not await poll(joining.done, 3), "the new member joined while the old one held its partitions"
+        assert await remove_static_members(kafka.bootstrap_servers, group, ["old-1", "never-1"]) == ["old-1"]
+        await asyncio.wait_for(joining, 10)
+        await wait_until(lambda: new.assignment() == every, 10, "the new member owns every partition")
+        assert await remove_static_members(kafka.bootstrap_servers, group, ["old-1"]) == []
+        assert await remove_static_members(kafka.bootstrap_servers, unique("nogroup"), ["old-1"]) == []
+    finally:
+        joining.cancel()
+        await new.stop()

@@ -26,6 +26,9 @@ FAKE = textwrap.dedent('''
     rec = os.environ["FAKE_RECORD"]
     sid = os.environ["TBMQ_SERVICE_ID"]
     if os.environ.get("FAKE_FAIL"):
+        after = os.environ.get("FAKE_FAIL_AFTER_START_OF")  # a service id prefix: fail once it has started
+        while after and not (os.path.exists(rec) and f'"id": "{after}' in open(rec).read()):
+            time.sleep(0.05)
         print(f"{sid}: failing on purpose", flush=True)
         sys.exit(int(os.environ["FAKE_FAIL"]))
     if os.environ.get("FAKE_CHILD"):   # a grandchild that must not outlive the service
@@ -117,6 +120,33 @@ async def test_services_start_in_order_each_after_the_previous_is_ready(kafka, f
     assert _descendants() - before == set()
     terms = [e["id"].rsplit("-", 1)[0] for e in fake.events() if e["event"] == "term"]
     assert terms == ["fake-c-1", "fake-b-1", "fake-a-1"]  # graceful, in reverse order
+
+
+async def test_a_tiers_services_start_together_and_the_front_door_after_all_of_them_are_ready(fake, make_suite):
+    """START_TIERS: the back-ends (here the registry and two routers) start at once, none waiting for
+    another's readiness; the connector starts only once every one of them is ready. Each fake needs
+    FAKE_DELAY s to become ready, so starting one after the other would put that much between their starts."""
+    delay = 2.0
+    names = ["session-registry", "router", "connector"]
+    await make_suite(services=names, instances={"router": 2}, create_topics=False,
+                     service_defs=fake(*names, FAKE_DELAY=str(delay)))
+    start = {e["id"].rsplit("-", 1)[0]: e["t"] for e in fake.events() if e["event"] == "start"}
+    back_ends = [start["session-registry-1"], start["router-1"], start["router-2"]]
+    assert max(back_ends) - min(back_ends) < delay, start
+    assert start["connector-1"] >= max(back_ends) + delay, start
+
+
+async def test_a_service_failing_in_its_tier_stops_its_tier_mates_and_the_next_tier_never_starts(fake, make_suite):
+    before = _descendants()
+    defs = {**fake("session-registry", "connector", FAKE_DELAY="60"),
+            **fake("router", FAKE_FAIL="3", FAKE_FAIL_AFTER_START_OF="session-registry-1")}
+    with pytest.raises(ServiceStartError, match="exited with code 3"):
+        await make_suite(services=["session-registry", "router", "connector"], create_topics=False,
+                         service_defs=defs)
+    assert _descendants() - before == set()
+    events = [(e["event"], e["id"].rsplit("-", 1)[0]) for e in fake.events()]
+    # the registry, started with the router and never ready, was stopped gracefully; the connector never started
+    assert events == [("start", "session-registry-1"), ("term", "session-registry-1")], events
 
 
 async def test_stop_kill_restart_of_one_instance(fake, make_suite):

@@ -32,7 +32,8 @@ from .admin_user import ensure_admin_user
 from .kafka import KafkaBroker
 from .process import tail
 from .tls import DevCerts, ensure_dev_certs, issue_peer_cert
-from .services import ORDER, SERVICES, ServiceDef, ServiceProcess, ServiceStartError, _COLORS, sort_services
+from .services import (DEVICE_PERSISTENCE_GROUP, ORDER, SERVICES, ServiceDef, ServiceProcess, ServiceStartError,
+                       _COLORS, sort_services, start_tiers)
 from .supervisor import RestartPolicy, Supervisor, Unit
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class Suite:
     """The whole local stack, or any part of it.
 
     Parameters (all keyword-only):
-      services        names to start (default: all six, ORDER), started in ORDER; unknown names need a
+      services        names to start (default: all six, ORDER), started by START_TIERS; unknown names need a
                       `service_defs` entry (tests run fake services this way). [] = Kafka + Redis only.
       connectors      number of connector instances (default 1).
       instances       instance counts of other services, e.g. {"app-delivery": 2} (default 1 each).
@@ -504,7 +505,8 @@ class Suite:
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Kafka, Redis, topics, then every service in order, each waited for. On any failure (or
+        """Kafka, Redis, topics, then the services tier by tier (START_TIERS: the instances of a tier together,
+        every one waited for before the next tier starts). On any failure (or
         cancellation) everything already started is stopped before the error propagates."""
         if self._started:
             raise SuiteError("suite already started")
@@ -533,9 +535,8 @@ class Suite:
                 raise errors[0]
             if self.create_topics:
                 await self.ensure_topics()
-            for name in self.service_names:
-                for p in self.instances_of(name):
-                    await self._start_proc(p)
+            for tier in start_tiers(self.service_names):
+                await self._start_together([p for name in tier for p in self.instances_of(name)])
             if self.spark_job is not None:
                 await self.start_spark()
         except BaseException:
@@ -599,6 +600,18 @@ class Suite:
             specs.extend(catalogue.service_topics(sid))
         await ensure(self.bootstrap_servers, specs, layout=catalogue.TopicLayout(self.topic_profile))
 
+    async def _start_together(self, procs: list[ServiceProcess]) -> None:
+        """Start `procs` at once and wait for every one's readiness; on the first failure the others' starts
+        are cancelled (each stops what it started) before the error propagates."""
+        tasks = [asyncio.create_task(self._start_proc(p), name=f"start:{p.service_id}") for p in procs]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
     async def _start_proc(self, p: ServiceProcess) -> None:
         p.env = self.service_environment(p.name, p.instance)
         log.info("starting %s", p.service_id)
@@ -636,12 +649,44 @@ class Suite:
             if procs:
                 await asyncio.gather(*(p.stop(timeout=self.stop_timeout) for p in procs),
                                      return_exceptions=True)
+        await self._leave_static_groups()
         if self._own_kafka and self.kafka is not None:
             with contextlib.suppress(Exception):
                 await self.kafka.stop(timeout=self.kafka_stop_timeout)
         if self._own_redis and self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.stop()
+
+    def static_members(self) -> dict[str, list[str]]:
+        """Consumer group -> the instances of this suite that joined it as static members (their
+        TBMQ_SERVICE_ID is their group.instance.id): every started instance of a service with `static_groups`,
+        and a router running device-persistence (ROUTER_PERSIST_VIA=local) in that one's group too."""
+        groups: dict[str, list[str]] = {}
+        for p in self.processes():
+            if not p.env:  # never started
+                continue
+            wanted = list(p.sdef.static_groups)
+            if p.env.get("ROUTER_PERSIST_VIA") == "local":
+                wanted.append(DEVICE_PERSISTENCE_GROUP)
+            for var, default in wanted:
+                groups.setdefault(p.env.get(var, default), []).append(p.env.get("TBMQ_SERVICE_ID", p.service_id))
+        return groups
+
+    async def _leave_static_groups(self) -> None:
+        """Once the services have stopped: take their static members out of their groups
+        (tbmq_platform.kafka.remove_static_members). A stopped static member keeps its partitions until its
+        session times out, waiting for a restart with its id; a suite that stops is not coming back with
+        these instances (another one sharing this Kafka, a test's next suite, has its own ids), and its
+        successors' group joins would otherwise wait out that timeout. Best effort: never raises."""
+        if self.kafka is not None and not self.kafka.running:  # stopped (a test's fault): the members expire
+            return
+        from tbmq_platform.kafka import remove_static_members
+
+        for group, ids in self.static_members().items():
+            try:
+                await asyncio.wait_for(remove_static_members(self.bootstrap_servers, group, ids, timeout_s=5), 10)
+            except Exception as e:  # noqa: BLE001 - best effort: the members expire with their sessions
+                log.warning("could not take %s out of group %s: %r", ", ".join(ids), group, e)
 
     async def start_service(self, name: str, instance: int = 1) -> ServiceProcess:
         """(Re)start one instance and wait for its readiness. A connector started for the first time

@@ -47,6 +47,9 @@ class ServiceDef:
     http_port: int | None = None  # an HTTP listener besides the health port (admin: the API and web UI)
     http_port_env: str | None = None  # the variable the service reads it from
     grpc_callers: tuple[str, ...] = ()  # the services that call its gRPC surface (GRPC_TLS_PEER_NAMES)
+    # the consumer groups it joins as a static member (TBMQ_KAFKA_STATIC_MEMBERSHIP): (the variable naming the
+    # group, the service's default for it); Suite.stop takes its stopped instances out of them
+    static_groups: tuple[tuple[str, str], ...] = ()
     command: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -59,25 +62,31 @@ class ServiceDef:
         return [sys.executable, "-m", self.package]
 
 
+DEVICE_PERSISTENCE_GROUP = ("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence")
+
 SERVICES: dict[str, ServiceDef] = {
     s.name: s
     for s in (
         ServiceDef("session-registry", "session_registry", health_port=8086),
         ServiceDef("device-persistence", "device_persistence", health_port=8087, grpc_port=DEVICE_PERSISTENCE_GRPC_PORT,
                    grpc_port_env="DEVICE_PERSISTENCE_GRPC_PORT",
-                   grpc_callers=("connector", "router", "session-registry")),
+                   grpc_callers=("connector", "router", "session-registry"), static_groups=(DEVICE_PERSISTENCE_GROUP,)),
         ServiceDef("app-delivery", "app_delivery", health_port=8085, grpc_port=APP_DELIVERY_GRPC_PORT,
                    grpc_port_env="APP_DELIVERY_GRPC_PORT", grpc_callers=("connector",)),
-        ServiceDef("router", "router", health_port=8082),
+        ServiceDef("router", "router", health_port=8082, static_groups=(("ROUTER_GROUP_ID", "router"),)),
         ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883, tls_port=8883, ws_port=8083,
                    wss_port=8084),
         ServiceDef("admin", "admin", health_port=8088, http_port=8080, http_port_env="ADMIN_HTTP_PORT"),
     )
 }
 
-# Start order: the session authority first, the stores next, the router, the MQTT front door, and the admin
-# API and web UI over all of them last.
-ORDER: tuple[str, ...] = ("session-registry", "device-persistence", "app-delivery", "router", "connector", "admin")
+# Start order, in tiers: the session authority, the stores and the router first, then the MQTT front door and
+# the admin API and web UI over all of them, so that a client reaching a connector finds every service behind
+# it ready. The instances of one tier start together (none waits for another's readiness: each retries its
+# peers), the tiers one after the other.
+START_TIERS: tuple[tuple[str, ...], ...] = (("session-registry", "device-persistence", "app-delivery", "router"),
+                                            ("connector", "admin"))
+ORDER: tuple[str, ...] = tuple(n for tier in START_TIERS for n in tier)
 
 
 class ServiceStartError(RuntimeError):
@@ -273,3 +282,10 @@ async def readyz(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> di
 def sort_services(names: Sequence[str]) -> list[str]:
     """Known services in ORDER, unknown (custom) ones after them in the given order."""
     return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), list(names).index(n)))
+
+
+def start_tiers(names: Sequence[str]) -> list[list[str]]:
+    """`names` grouped by START_TIERS (the empty tiers left out), then each unknown (custom) one alone, in the
+    given order: the groups Suite.start starts one after the other."""
+    tiers = [[n for n in tier if n in names] for tier in START_TIERS]
+    return [t for t in tiers if t] + [[n] for n in names if n not in ORDER]

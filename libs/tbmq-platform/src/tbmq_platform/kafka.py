@@ -22,6 +22,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 from aiokafka.partitioner import murmur2
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
 from .topics import TopicLayout, TopicSpec
 
@@ -340,6 +342,72 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: floa
         names = [n for n in names if n in existing]
         if names:
             await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+UNKNOWN_MEMBER_ID = 25  # Kafka error codes: the group has no such member (it left or expired already),
+GROUP_ID_NOT_FOUND = 69  # there is no such group
+
+
+class _LeaveGroupResponse_v3(Response):
+    API_KEY = 13
+    API_VERSION = 3
+    SCHEMA = Schema(("throttle_time_ms", Int32), ("error_code", Int16),
+                    ("members", Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8")),
+                                      ("error_code", Int16))))
+
+
+class _LeaveGroupRequest_v3(RequestStruct):
+    """LeaveGroup v3 (KIP-345): members named by group.instance.id, which aiokafka's own LeaveGroup (v0/v1,
+    one member id) cannot say."""
+    API_KEY = 13
+    API_VERSION = 3
+    RESPONSE_TYPE = _LeaveGroupResponse_v3
+    SCHEMA = Schema(("group_id", String("utf-8")),
+                    ("members", Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8")))))
+
+
+class _RemoveStaticMembers(Request[_LeaveGroupRequest_v3]):
+    API_KEY = 13
+
+    def __init__(self, group_id: str, instance_ids: list[str]):
+        self._group_id = group_id
+        self._instance_ids = instance_ids
+
+    def build(self, request_struct_class: type[_LeaveGroupRequest_v3]) -> _LeaveGroupRequest_v3:
+        return request_struct_class(self._group_id, [("", i) for i in self._instance_ids])
+
+
+async def remove_static_members(bootstrap: str, group_id: str, instance_ids: Iterable[str], *,
+                                timeout_s: float = 10.0) -> list[str]:
+    """Take the static members `instance_ids` (group.instance.id, TBMQ_KAFKA_STATIC_MEMBERSHIP) out of
+    consumer group `group_id` now, as Kafka's AdminClient.removeMembersFromConsumerGroup does; returns the
+    ones that were members.
+
+    A static member does not leave its group when it stops: its partitions wait, up to the session timeout,
+    for an instance of the same id to come back (a restart then gets them at once). When the instance is
+    not coming back (its deployment was stopped for good), every other member's rebalance waits out that
+    timeout instead; this ends the wait. Call it only once the instances have stopped: a running member
+    named here is fenced and has to join again. An id that is no member is not an error."""
+    instance_ids = list(instance_ids)
+    if not instance_ids:
+        return []
+    admin = await _admin(bootstrap, timeout_s)
+    try:
+        coordinator = await admin.find_coordinator(group_id)
+        response = await admin._send_request_to_node(coordinator, _RemoveStaticMembers(group_id, instance_ids))
+        if response.error_code in (UNKNOWN_MEMBER_ID, GROUP_ID_NOT_FOUND):
+            return []
+        if response.error_code:
+            raise RuntimeError(f"removing members of group {group_id} failed with Kafka error {response.error_code}")
+        removed = []
+        for _member_id, instance_id, code in response.members:
+            if code == 0:
+                removed.append(instance_id)
+            elif code != UNKNOWN_MEMBER_ID:
+                raise RuntimeError(f"removing {instance_id} from group {group_id} failed with Kafka error {code}")
+        return removed
     finally:
         await admin.close()
 
