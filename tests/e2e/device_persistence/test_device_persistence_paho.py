@@ -140,11 +140,12 @@ async def test_offline_10000_then_reconnect_all_in_order(stack, v5):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("v5", [False, True], ids=["mqtt311", "mqtt5"])
-async def test_offline_100000_then_reconnect_all_in_order(stack, v5):
+async def test_offline_100000_then_reconnect_all_in_order(stack):
     """Issue 12 goal 6b: 100,000 QoS 1 messages for an offline persistent DEVICE client (more than the
-    65,535 packet ids: ids are handed out per page and kept until acknowledged) all arrive, in order."""
-    await offline_then_all_in_order(stack, v5, 100_000, "100k", fast_publish)
+    65,535 packet ids: ids are handed out per page and kept until acknowledged) all arrive, in order. With an
+    MQTT 5 subscriber only: packet ids and pages are the same in both versions, and the 10,000 test above
+    runs each version (a second 100,000 took 20-25 s of the suite's time for nothing more)."""
+    await offline_then_all_in_order(stack, True, 100_000, "100k", fast_publish)
 
 
 @pytest.mark.timeout(600)
