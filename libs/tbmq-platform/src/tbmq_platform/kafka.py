@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import aiokafka
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import GroupIdNotFound, KafkaConnectionError, TopicAlreadyExistsError, UnknownMemberIdError
 from aiokafka.partitioner import murmur2
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
@@ -346,10 +346,6 @@ async def delete_topics(bootstrap: str, names: Iterable[str], *, timeout_s: floa
         await admin.close()
 
 
-UNKNOWN_MEMBER_ID = 25  # Kafka error codes: the group has no such member (it left or expired already),
-GROUP_ID_NOT_FOUND = 69  # there is no such group
-
-
 class _LeaveGroupResponse_v3(Response):
     API_KEY = 13
     API_VERSION = 3
@@ -397,7 +393,7 @@ async def remove_static_members(bootstrap: str, group_id: str, instance_ids: Ite
     try:
         coordinator = await admin.find_coordinator(group_id)
         response = await admin._send_request_to_node(coordinator, _RemoveStaticMembers(group_id, instance_ids))
-        if response.error_code in (UNKNOWN_MEMBER_ID, GROUP_ID_NOT_FOUND):
+        if response.error_code in (UnknownMemberIdError.errno, GroupIdNotFound.errno):  # none of them is a member
             return []
         if response.error_code:
             raise RuntimeError(f"removing members of group {group_id} failed with Kafka error {response.error_code}")
@@ -405,7 +401,7 @@ async def remove_static_members(bootstrap: str, group_id: str, instance_ids: Ite
         for _member_id, instance_id, code in response.members:
             if code == 0:
                 removed.append(instance_id)
-            elif code != UNKNOWN_MEMBER_ID:
+            elif code != UnknownMemberIdError.errno:  # not a member (any more): nothing to remove
                 raise RuntimeError(f"removing {instance_id} from group {group_id} failed with Kafka error {code}")
         return removed
     finally:

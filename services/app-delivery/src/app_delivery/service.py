@@ -7,6 +7,7 @@ import contextlib
 import logging
 
 import grpc
+from aiokafka.errors import GroupIdNotFound, NonEmptyGroup
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from opentelemetry import trace
 from tbmq.v1 import messages_pb2 as pb
@@ -23,9 +24,6 @@ from .streams import StreamSession
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("app_delivery")
-
-GROUP_ID_NOT_FOUND = 69
-NON_EMPTY_GROUP = 68
 
 
 class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
@@ -181,8 +179,8 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
             coordinator = await admin.find_coordinator(group)
             response = await admin._send_request(DeleteGroupsRequest([group]), coordinator)
             for name, code in response.results:
-                if code not in (0, GROUP_ID_NOT_FOUND):
-                    if code == NON_EMPTY_GROUP:
+                if code not in (0, GroupIdNotFound.errno):
+                    if code == NonEmptyGroup.errno:
                         log.warning("group %s still has members: not deleted", name)
                     else:
                         raise RuntimeError(f"deleting group {name} failed with Kafka error {code}")
