@@ -224,6 +224,43 @@ def test_a_changed_faust_stops_the_router_with_a_message(monkeypatch):
     with pytest.raises(RuntimeError, match="consumer._read_offset is missing"):
         router_app.check_faust_internals(Bare())
 
+    # the worker's shutdown step RouterWorker replaces (its 1 s sleep): renamed by an upgrade, the override
+    # would silently stop applying
+    import mode.worker
+
+    monkeypatch.delattr(mode.worker.Worker, "_sentinel_task")
+    with pytest.raises(RuntimeError, match="Worker._sentinel_task is missing"):
+        router_app.check_faust_internals()
+
+
+async def test_the_router_has_no_table_and_starts_its_table_manager_without_fausts_wait():
+    """RouterTableManager replaces TableManager.on_start, whose only other work is the 1 s sleep (kept for tables
+    defined while an app starts; the router defines none)."""
+    import inspect
+
+    from faust.tables.manager import TableManager
+    from router.app import RouterTableManager
+    from router.settings import RouterSettings
+    from tbmq_platform.settings import load
+
+    app, _runtime = create_app(load(RouterSettings, {}))
+    assert type(app.tables) is RouterTableManager and len(app.tables) == 0
+    faust_start = inspect.getsource(TableManager.on_start)
+    assert "self.sleep(1.0)" in faust_start and "_update_channels()" in faust_start
+    assert "recovery.start()" in faust_start
+    assert "sleep" not in inspect.getsource(RouterTableManager.on_start)
+
+
+def test_the_router_worker_replaces_the_shutdown_step_mode_names():
+    """RouterWorker's override is the method mode's Worker._shutdown_loop runs (not a name of our own)."""
+    import inspect
+
+    import mode.worker
+    from router.__main__ import RouterWorker
+
+    assert "self._sentinel_task()" in inspect.getsource(mode.worker.Worker._shutdown_loop)
+    assert RouterWorker._sentinel_task is not mode.worker.Worker._sentinel_task
+
 
 async def test_the_consumer_runs_on_the_worker_loop_when_asked():
     from router.app import InLoopConsumerThread

@@ -44,6 +44,7 @@ from functools import partial
 
 import aiokafka
 import faust
+from faust.tables.manager import TableManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.tuples import ack_lock
 from google.protobuf.message import DecodeError
@@ -86,6 +87,10 @@ _FAUST_METHODS = ("_wait_next_records", "_drain_messages", "_add_gap", "_to_mess
 # ... and of mode's ServiceThread, which InLoopConsumerThread runs without a thread:
 _THREAD_METHODS = ("Worker", "_serve", "_gather_remaining_tasks", "call_thread", "cast_thread",
                    "on_thread_stop", "start", "_create_worker_consumer")
+# ... and of mode's Worker, whose shutdown RouterWorker (__main__) shortens:
+_WORKER_METHODS = ("_sentinel_task", "_shutdown_loop")
+# ... and of Faust's TableManager, whose start RouterTableManager shortens:
+_TABLE_MANAGER_METHODS = ("on_start", "_update_channels", "recovery")
 _FAUST_ATTRIBUTES = ("_read_offset", "_unacked_messages", "_committed_offset", "_acked_index", "_acked",
                      "_n_acked", "_commit_every", "_buffered_partitions", "_waiting_for_ack", "suspend_flow",
                      "_thread")
@@ -101,6 +106,8 @@ def check_faust_internals(consumer=None) -> None:
     problems += [f"Consumer.{m} is missing" for m in _FAUST_METHODS if not hasattr(faust_aiokafka.Consumer, m)]
     problems += [f"AIOKafkaConsumerThread.{m} is missing" for m in _THREAD_METHODS
                  if not hasattr(faust_aiokafka.AIOKafkaConsumerThread, m)]
+    problems += [f"Worker.{m} is missing" for m in _WORKER_METHODS if not hasattr(faust.Worker, m)]
+    problems += [f"TableManager.{m} is missing" for m in _TABLE_MANAGER_METHODS if not hasattr(TableManager, m)]
     if consumer is not None:
         problems += [f"consumer.{a} is missing" for a in _FAUST_ATTRIBUTES if not hasattr(consumer, a)]
     if problems:
@@ -370,6 +377,17 @@ class IdempotentProducer(faust_aiokafka.Producer):
 class IdempotentTransport(faust_aiokafka.Transport):
     Consumer = BatchConsumer
     Producer = IdempotentProducer
+
+
+class RouterTableManager(TableManager):
+    """Faust's table manager without the second it sleeps before starting its recovery, there so that tables
+    defined while the app starts are registered first. The router defines no table, and every start of a
+    router (a restart after a crash included: its partitions wait for it) took that second longer."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
 
 
 class RouterApp(faust.App):
@@ -893,6 +911,7 @@ def create_app(settings: RouterSettings, state: RoutingState | None = None,
         consumer_group_instance_id=settings.group_instance_id,  # static membership: fast restarts
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         topic_disable_leader=True,
+        TableManager=RouterTableManager,
         key_serializer="raw",
         value_serializer="raw",
     )
