@@ -275,3 +275,23 @@ def test_previous_token_secrets_are_checked_at_start_up(tmp_path):
         assert text in str(e.value)
     ok = load_settings({**base, "ADMIN_TOKEN_SECRET": "s" * 32, "ADMIN_TOKEN_SECRET_PREVIOUS": "p" * 32})
     assert ok.token_secret_previous == ("p" * 32,)
+
+
+def test_the_static_groups_are_the_routers_and_device_persistences_default_groups(tmp_path):
+    """ADMIN_STATIC_GROUPS defaults to the groups the two services join as static members unless renamed (drift
+    check: the defaults live in their settings), and takes a comma list."""
+    import dataclasses
+
+    from admin.settings import DEFAULT_STATIC_GROUPS
+    from router.settings import RouterSettings
+    from tbmq_device_persistence.settings import DevicePersistenceSettings
+
+    defaults = tuple(next(f.default for f in dataclasses.fields(cls) if f.name == "group_id")
+                     for cls in (RouterSettings, DevicePersistenceSettings))
+    assert DEFAULT_STATIC_GROUPS == defaults
+    users = tmp_path / "users"
+    users.write_text("")
+    users.chmod(0o600)
+    assert load_settings({"ADMIN_USERS_FILE": str(users)}).static_groups == defaults
+    assert load_settings({"ADMIN_USERS_FILE": str(users), "ADMIN_STATIC_GROUPS": "r-east, dp-east"}).static_groups \
+        == ("r-east", "dp-east")

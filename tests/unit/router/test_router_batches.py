@@ -384,3 +384,16 @@ async def test_only_a_batch_with_a_mark_or_the_first_of_an_assignment_waits_for_
     assert len(kafka.sent) == 12 and not failures
     assert runtime.routing.counters["marks"] == 1 and runtime.routing.counters["empty"] == 0
     assert all(b.acked for b in (first, plain, marked, after))
+
+
+@pytest.mark.parametrize("raw", ["3", "120"])
+def test_a_session_timeout_kafka_or_faust_would_refuse_stops_start_up_naming_it(raw):
+    """Below Kafka's group.min.session.timeout.ms (6 s) the group join fails; above Faust's broker_request_timeout
+    (90 s) Faust refuses it once the worker starts. Both are refused with the other settings, before anything
+    starts."""
+    from router.settings import RouterSettings
+    from tbmq_platform.settings import SettingsError, load
+
+    with pytest.raises(SettingsError, match="ROUTER_SESSION_TIMEOUT_S"):
+        load(RouterSettings, {"ROUTER_SESSION_TIMEOUT_S": raw})
+    assert load(RouterSettings, {"ROUTER_SESSION_TIMEOUT_S": "90"}).session_timeout_s == 90.0

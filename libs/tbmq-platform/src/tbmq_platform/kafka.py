@@ -376,7 +376,7 @@ class _RemoveStaticMembers(Request[_LeaveGroupRequest_v3]):
 
 
 async def remove_static_members(bootstrap: str, group_id: str, instance_ids: Iterable[str], *,
-                                timeout_s: float = 10.0) -> list[str]:
+                                timeout_s: float = 10.0, admin: AIOKafkaAdminClient | None = None) -> list[str]:
     """Take the static members `instance_ids` (group.instance.id, TBMQ_KAFKA_STATIC_MEMBERSHIP) out of
     consumer group `group_id` now, as Kafka's AdminClient.removeMembersFromConsumerGroup does; returns the
     ones that were members.
@@ -385,11 +385,14 @@ async def remove_static_members(bootstrap: str, group_id: str, instance_ids: Ite
     for an instance of the same id to come back (a restart then gets them at once). When the instance is
     not coming back (its deployment was stopped for good), every other member's rebalance waits out that
     timeout instead; this ends the wait. Call it only once the instances have stopped: a running member
-    named here is fenced and has to join again. An id that is no member is not an error."""
+    named here is fenced and has to join again. An id that is no member is not an error. `admin`: a started
+    admin client of the caller's to send the request with (kept open) instead of one of its own."""
     instance_ids = list(instance_ids)
     if not instance_ids:
         return []
-    admin = await _admin(bootstrap, timeout_s)
+    own = admin is None
+    if own:
+        admin = await _admin(bootstrap, timeout_s)
     try:
         coordinator = await admin.find_coordinator(group_id)
         response = await admin._send_request_to_node(coordinator, _RemoveStaticMembers(group_id, instance_ids))
@@ -405,7 +408,8 @@ async def remove_static_members(bootstrap: str, group_id: str, instance_ids: Ite
                 raise RuntimeError(f"removing {instance_id} from group {group_id} failed with Kafka error {code}")
         return removed
     finally:
-        await admin.close()
+        if own:
+            await admin.close()
 
 
 async def _admin(bootstrap: str, timeout_s: float) -> AIOKafkaAdminClient:

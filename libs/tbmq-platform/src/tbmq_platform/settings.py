@@ -51,7 +51,7 @@ def integer(lo: int | None = None, hi: int | None = None) -> Callable[[str], int
     return parse
 
 
-def number(lo: float | None = None) -> Callable[[str], float]:
+def number(lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         try:
             value = float(raw)
@@ -59,6 +59,8 @@ def number(lo: float | None = None) -> Callable[[str], float]:
             raise ValueError(f"not a number: {raw!r}") from None
         if lo is not None and value < lo:
             raise ValueError(f"{value} is below the minimum {lo}")
+        if hi is not None and value > hi:
+            raise ValueError(f"{value} is above the maximum {hi}")
         return value
     return parse
 

@@ -74,6 +74,14 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/applications", "list_applications", "APPLICATION clients with their Kafka lag", PAGING, role=VIEWER),
     Route("GET", "/services", "list_services", "The suite's services and instances with their readiness "
           "(GET /readyz of each ADMIN_SERVICES endpoint)", role=VIEWER),
+    Route("POST", "/instances/{instance_id}/leave-groups", "leave_groups",
+          "Take a router or device-persistence instance that was stopped for good (scaled down) out of its consumer "
+          "groups (ADMIN_STATIC_GROUPS). A stopped static member (TBMQ_KAFKA_STATIC_MEMBERSHIP) keeps its partitions "
+          "until its session times out, waiting for a restart; after this the other instances take them over at once",
+          (Param("instance_id", "path", doc="the instance's TBMQ_SERVICE_ID"),),
+          responses={"200": "{instance_id, groups}: the groups it was taken out of",
+                     "404": "a member of none of them (never joined, already taken out, or its session expired)",
+                     "409": "the instance is running (its ADMIN_SERVICES health endpoint answers): stop it first"}),
     Route("GET", "/credentials", "list_credentials", "MQTT credentials (tbmq.security.credentials, the store of the "
           "tbmq command line); never the password hash", PAGING),
     Route("PUT", "/credentials/{username}", "put_credential", "Write (create or replace) a credential; the "

@@ -25,7 +25,8 @@ from tbmq_auth import (CLIENT_ID, BlockedRule, Credential, make_credential, revo
                        revocations_in_force, revoked_until_ms)
 from tbmq_auth.failures import LIFTED, FailedLogins, ban_record, bans_in_force, keep_ban
 from tbmq_auth.passwords import STANDARD
-from tbmq_platform.kafka import ensure_topics, make_admin, make_consumer, make_producer, topic_partitions
+from tbmq_platform.kafka import (ensure_topics, make_admin, make_consumer, make_producer, remove_static_members,
+                                  topic_partitions)
 from tbmq_platform.lifecycle import Service
 from tbmq_platform.tracing import fresh_trace_headers
 from tbmq_platform.watch import file_stamps
@@ -322,6 +323,25 @@ class AdminService(Service):
                           "instance": body.get("instance") if isinstance(body, dict) else None,
                           "health": body})
         return _json({"items": items, "all_ready": all(i["ready"] for i in items)})
+
+    async def leave_groups(self, request: web.Request) -> web.Response:
+        """POST /instances/{instance_id}/leave-groups: the stopped instance out of every static group it is in."""
+        iid = request.match_info["instance_id"]
+        # an instance whose health endpoint answers (ready or not) is running: taken out, it would be fenced and
+        # join again, a rebalance for nothing
+        running = [addr for _name, addr, _ready, body in await self._readyz_all()
+                   if isinstance(body, dict) and body.get("instance") == iid]
+        if running:
+            return _error(409, f"{iid!r} is running (its health endpoint {', '.join(running)} answers): stop it "
+                               "first")
+        left = []
+        for group in self.s.static_groups:
+            if await remove_static_members(self.s.bootstrap, group, [iid], admin=self.kadmin):
+                left.append(group)
+        if not left:
+            return _error(404, f"{iid!r} is a static member of none of {', '.join(self.s.static_groups)}")
+        log.info("admin %r took %r out of groups %s", request["user"], iid, ", ".join(left))
+        return _json({"instance_id": iid, "groups": left})
 
     async def list_stats(self, request: web.Request) -> web.Response:
         since = query._int(request.query, "since_ms", 0, 0, None)

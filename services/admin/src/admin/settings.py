@@ -29,6 +29,11 @@ DEFAULT_SERVICES = ("session-registry=127.0.0.1:8086,device-persistence=127.0.0.
                     "app-delivery=127.0.0.1:8085,router=127.0.0.1:8082,connector=127.0.0.1:8081")
 
 
+# the services' default group names (RouterSettings.group_id, DevicePersistenceSettings.group_id; a unit test
+# checks they agree)
+DEFAULT_STATIC_GROUPS = ("router", "device-persistence")
+
+
 @dataclass(frozen=True)
 class AdminSettings(CommonSettings):
     service_name: str = "admin"
@@ -59,6 +64,11 @@ class AdminSettings(CommonSettings):
     services: tuple[tuple[str, str], ...] = env(
         "ADMIN_SERVICES", endpoints(DEFAULT_SERVICES), parse=endpoints,
         doc="health endpoints of the suite's instances, `name=host:port,...` (GET /readyz of each)")
+    static_groups: tuple[str, ...] = env(
+        "ADMIN_STATIC_GROUPS", DEFAULT_STATIC_GROUPS, parse=csv,
+        doc="the consumer groups whose members join as static members (TBMQ_KAFKA_STATIC_MEMBERSHIP): the routers' "
+            "ROUTER_GROUP_ID and device-persistence's DEVICE_PERSISTENCE_GROUP (comma list); "
+            "POST /api/v1/instances/{id}/leave-groups takes a stopped instance out of them")
     kafka_timeout_s: int = env("ADMIN_KAFKA_TIMEOUT_S", 10, parse=integer(1, 300),
                                doc="bound of one Kafka admin call (lag) and of a produce")
 

@@ -43,9 +43,10 @@ class RouterSettings(CommonSettings):
         "ROUTER_CONSUMER_IN_LOOP", True,
         doc="run Faust's Kafka consumer on the worker's event loop instead of a thread of its own "
             "(no cross-thread hand-over per poll; docs/router.md, Batches)")
-    session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(1),
+    session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(6, 90),
                                    doc="consumer group session timeout (s): how soon the partitions of "
-                                       "a crashed instance move to the others")
+                                       "a crashed instance move to the others; 6..90 (Kafka's default "
+                                       "group.min.session.timeout.ms, Faust's broker_request_timeout)")
     trace_spans: bool = trace_spans_env("ROUTER_TRACE_SPANS", "a routing span per message")
     rebuild_timeout_s: float = env("ROUTER_REBUILD_TIMEOUT_S", 120.0, parse=number(1),
                                    doc="start-up fails if the state topics are not read within this time")
