@@ -81,7 +81,8 @@ ROUTES: tuple[Route, ...] = (
           (Param("instance_id", "path", doc="the instance's TBMQ_SERVICE_ID"),),
           responses={"200": "{instance_id, groups}: the groups it was taken out of",
                      "404": "a member of none of them (never joined, already taken out, or its session expired)",
-                     "409": "the instance is running (its ADMIN_SERVICES health endpoint answers): stop it first"}),
+                     "409": "the instance is running (its ADMIN_SERVICES health endpoint answers): stop it first",
+                     "503": "Kafka refused or did not answer (ADMIN_KAFKA_TIMEOUT_S); nothing more was changed"}),
     Route("GET", "/credentials", "list_credentials", "MQTT credentials (tbmq.security.credentials, the store of the "
           "tbmq command line); never the password hash", PAGING),
     Route("PUT", "/credentials/{username}", "put_credential", "Write (create or replace) a credential; the "

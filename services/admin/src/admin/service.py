@@ -336,7 +336,14 @@ class AdminService(Service):
                                "first")
         left = []
         for group in self.s.static_groups:
-            if await remove_static_members(self.s.bootstrap, group, [iid], admin=self.kadmin):
+            try:
+                async with asyncio.timeout(self.s.kafka_timeout_s):
+                    removed = await remove_static_members(self.s.bootstrap, group, [iid], admin=self.kadmin)
+            except Exception as e:  # noqa: BLE001 - Kafka's answer, or none: the caller may retry
+                log.warning("admin %r: taking %r out of group %s failed: %r", request["user"], iid, group, e)
+                return _error(503, f"taking {iid!r} out of group {group} failed: {e!r}"
+                                   + (f" (taken out of {', '.join(left)} already)" if left else ""))
+            if removed:
                 left.append(group)
         if not left:
             return _error(404, f"{iid!r} is a static member of none of {', '.join(self.s.static_groups)}")

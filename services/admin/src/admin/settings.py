@@ -67,7 +67,7 @@ class AdminSettings(CommonSettings):
     static_groups: tuple[str, ...] = env(
         "ADMIN_STATIC_GROUPS", DEFAULT_STATIC_GROUPS, parse=csv,
         doc="the consumer groups whose members join as static members (TBMQ_KAFKA_STATIC_MEMBERSHIP): the routers' "
-            "ROUTER_GROUP_ID and device-persistence's DEVICE_PERSISTENCE_GROUP (comma list); "
+            "ROUTER_GROUP_ID and device-persistence's DEVICE_PERSISTENCE_GROUP_ID (comma list); "
             "POST /api/v1/instances/{id}/leave-groups takes a stopped instance out of them")
     kafka_timeout_s: int = env("ADMIN_KAFKA_TIMEOUT_S", 10, parse=integer(1, 300),
                                doc="bound of one Kafka admin call (lag) and of a produce")
