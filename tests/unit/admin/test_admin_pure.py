@@ -278,17 +278,14 @@ def test_previous_token_secrets_are_checked_at_start_up(tmp_path):
 
 
 def test_the_static_groups_are_the_routers_and_device_persistences_default_groups(tmp_path):
-    """ADMIN_STATIC_GROUPS defaults to the groups the two services join as static members unless renamed (drift
-    check: the defaults live in their settings), and takes a comma list."""
-    import dataclasses
-
-    from admin.settings import DEFAULT_STATIC_GROUPS
+    """ADMIN_STATIC_GROUPS defaults to the groups the two services join as static members unless renamed, and
+    takes a comma list."""
     from router.settings import RouterSettings
     from tbmq_device_persistence.settings import DevicePersistenceSettings
+    from tbmq_platform.settings import load as load_service
 
-    defaults = tuple(next(f.default for f in dataclasses.fields(cls) if f.name == "group_id")
-                     for cls in (RouterSettings, DevicePersistenceSettings))
-    assert DEFAULT_STATIC_GROUPS == defaults
+    defaults = (load_service(RouterSettings, {}).group_id, load_service(DevicePersistenceSettings, {}).group_id)
+    assert defaults == ("router", "device-persistence")
     users = tmp_path / "users"
     users.write_text("")
     users.chmod(0o600)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tbmq_platform.settings import (
+    DEVICE_PERSISTENCE_GROUP,
     DEVICE_PERSISTENCE_GRPC_PORT,
     CommonSettings,
     auto_offset_reset_env,
@@ -62,7 +63,7 @@ class DevicePersistenceSettings(CommonSettings):
                                     "many a live client stops getting forwards and pages again")
     messages_ttl_s: int = env(TTL_VAR, 604800, parse=integer(1),
                               doc="TTL (s) of a stored message without an MQTT 5 message expiry")
-    group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence", parse=nonempty,
+    group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", DEVICE_PERSISTENCE_GROUP, parse=nonempty,
                         doc="consumer group of tbmq.msg.persisted")
     auto_offset_reset: str = auto_offset_reset_env("DEVICE_PERSISTENCE_AUTO_OFFSET_RESET", "tbmq.msg.persisted")
     save_attempts: int = env("DEVICE_PERSISTENCE_SAVE_ATTEMPTS", 5, parse=integer(1, 1000),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from tbmq_platform import settings as platform_settings
 from tbmq_platform.settings import APP_DELIVERY_GRPC_PORT, DEVICE_PERSISTENCE_GRPC_PORT
 
 from .process import death_signal_preexec, kill_group, tail
@@ -62,7 +63,7 @@ class ServiceDef:
         return [sys.executable, "-m", self.package]
 
 
-DEVICE_PERSISTENCE_GROUP = ("DEVICE_PERSISTENCE_GROUP_ID", "device-persistence")
+DEVICE_PERSISTENCE_GROUP = ("DEVICE_PERSISTENCE_GROUP_ID", platform_settings.DEVICE_PERSISTENCE_GROUP)
 
 SERVICES: dict[str, ServiceDef] = {
     s.name: s
@@ -73,7 +74,7 @@ SERVICES: dict[str, ServiceDef] = {
                    grpc_callers=("connector", "router", "session-registry"), static_groups=(DEVICE_PERSISTENCE_GROUP,)),
         ServiceDef("app-delivery", "app_delivery", health_port=8085, grpc_port=APP_DELIVERY_GRPC_PORT,
                    grpc_port_env="APP_DELIVERY_GRPC_PORT", grpc_callers=("connector",)),
-        ServiceDef("router", "router", health_port=8082, static_groups=(("ROUTER_GROUP_ID", "router"),)),
+        ServiceDef("router", "router", health_port=8082, static_groups=(("ROUTER_GROUP_ID", platform_settings.ROUTER_GROUP),)),
         ServiceDef("connector", "connector", health_port=8081, mqtt_port=1883, tls_port=8883, ws_port=8083,
                    wss_port=8084),
         ServiceDef("admin", "admin", health_port=8088, http_port=8080, http_port_env="ADMIN_HTTP_PORT"),

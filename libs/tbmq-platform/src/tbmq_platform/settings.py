@@ -185,6 +185,12 @@ APP_DELIVERY_GRPC_PORT = 9062
 DEVICE_PERSISTENCE_GRPC_TARGET = f"localhost:{DEVICE_PERSISTENCE_GRPC_PORT}"
 APP_DELIVERY_GRPC_TARGET = f"localhost:{APP_DELIVERY_GRPC_PORT}"
 
+# The default consumer groups of the services that join theirs as static members (TBMQ_KAFKA_STATIC_MEMBERSHIP;
+# ROUTER_GROUP_ID, DEVICE_PERSISTENCE_GROUP_ID): also known to the launcher, which takes a stopped suite's
+# members out of them, and to admin's ADMIN_STATIC_GROUPS
+ROUTER_GROUP = "router"
+DEVICE_PERSISTENCE_GROUP = "device-persistence"
+
 
 def device_persistence_targets_env(use: str) -> Any:
     """`DEVICE_PERSISTENCE_GRPC_TARGETS`, read by every service that reaches device-persistence (the connector

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import CommonSettings, csv, env, integer, load, load_or_exit, port
+from tbmq_platform.settings import (DEVICE_PERSISTENCE_GROUP, ROUTER_GROUP, CommonSettings, csv, env, integer, load,
+                                    load_or_exit, port)
 
 from .auth import MIN_SECRET_BYTES, users_file_problem
 
@@ -29,9 +30,8 @@ DEFAULT_SERVICES = ("session-registry=127.0.0.1:8086,device-persistence=127.0.0.
                     "app-delivery=127.0.0.1:8085,router=127.0.0.1:8082,connector=127.0.0.1:8081")
 
 
-# the services' default group names (RouterSettings.group_id, DevicePersistenceSettings.group_id; a unit test
-# checks they agree)
-DEFAULT_STATIC_GROUPS = ("router", "device-persistence")
+# the services' default group names (RouterSettings.group_id, DevicePersistenceSettings.group_id)
+DEFAULT_STATIC_GROUPS = (ROUTER_GROUP, DEVICE_PERSISTENCE_GROUP)
 
 
 @dataclass(frozen=True)

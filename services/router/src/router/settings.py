@@ -6,8 +6,9 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (CommonSettings, auto_offset_reset_env, choice, device_persistence_targets_env, env,
-                                   fetch_window_env, integer, nonempty, number, port, trace_spans_env)
+from tbmq_platform.settings import (ROUTER_GROUP, CommonSettings, auto_offset_reset_env, choice,
+                                   device_persistence_targets_env, env, fetch_window_env, integer, nonempty, number,
+                                   port, trace_spans_env)
 
 
 def _default_data_dir() -> str:
@@ -19,7 +20,7 @@ class RouterSettings(CommonSettings):
     service_name: str = "router"
     health_port: int = env("HEALTH_PORT", 8082, parse=port, doc="health/readiness HTTP port (0 = any)")
 
-    group_id: str = env("ROUTER_GROUP_ID", "router", parse=nonempty,
+    group_id: str = env("ROUTER_GROUP_ID", ROUTER_GROUP, parse=nonempty,
                         doc="Faust app id = Kafka consumer group of tbmq.msg.all (change only for tests/"
                             "benchmarks: every router instance of a cluster must use the same one)")
     data_dir: str = env("ROUTER_DATA_DIR", "", doc="Faust data directory (default <tmp>/tbmq-router/"
