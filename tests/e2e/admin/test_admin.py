@@ -13,6 +13,7 @@ from urllib.parse import quote
 import aiohttp
 import jwt
 import pytest
+from admin_api import Api
 from admin_users import write_users
 from argon2 import PasswordHasher
 from headless import Browser, chromium
@@ -35,32 +36,10 @@ async def suite(kafka, tmp_path_factory):
         yield s
 
 
-class Api:
-    def __init__(self, suite: Suite, http: aiohttp.ClientSession) -> None:
-        self.base = suite.admin_url().rstrip("/") + "/api/v1"
-        self.http = http
-        self.token: str | None = None
-
-    async def call(self, method: str, path: str, *, json=None, auth: bool = True) -> tuple[int, dict]:
-        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
-        async with self.http.request(method, self.base + path, json=json, headers=headers) as r:
-            return r.status, await r.json(content_type=None)
-
-    async def get(self, path: str) -> dict:
-        status, body = await self.call("GET", path)
-        assert status == 200, (path, status, body)
-        return body
-
-
 @pytest.fixture
 async def api(suite):
     async with aiohttp.ClientSession() as http:
-        a = Api(suite, http)
-        status, body = await a.call("POST", "/auth/login", auth=False, json={
-            "username": "admin", "password": suite.admin_password_file.read_text().strip()})
-        assert status == 200 and body["token"], body
-        a.token = body["token"]
-        yield a
+        yield await Api(suite, http).login_as_admin()
 
 
 async def test_login_is_required_and_a_bad_password_is_refused(suite):

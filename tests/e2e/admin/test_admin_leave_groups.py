@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from admin_api import Api
 from kafka_views import group_members, stable_with
 from mqtt_clients import Client, run
 from suites import module_suite
@@ -25,25 +26,16 @@ async def suite(kafka, tmp_path_factory):
         yield s
 
 
-async def _call(http: aiohttp.ClientSession, suite, method: str, path: str, token: str | None = None, **kw):
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with http.request(method, suite.admin_url().rstrip("/") + "/api/v1" + path, headers=headers, **kw) as r:
-        return r.status, await r.json(content_type=None)
-
-
 async def test_a_stopped_router_taken_out_of_its_group_hands_its_partitions_over_at_once(suite, unique):
     group, bootstrap = "router", suite.bootstrap_servers
     gone, stays = suite.service_id("router", 2), suite.service_id("router", 1)
     await wait_until(lambda: stable_with(bootstrap, group, 2), BOUND, "both routers in their group")
     async with aiohttp.ClientSession() as http:
-        status, body = await _call(http, suite, "POST", "/auth/login", json={
-            "username": "admin", "password": suite.admin_password_file.read_text().strip()})
-        assert status == 200, body
-        token = body["token"]
+        api = Api(suite, http)
         path = f"/instances/{gone}/leave-groups"
-
-        assert (await _call(http, suite, "POST", path))[0] == 401  # an admin's change: logged in only
-        status, body = await _call(http, suite, "POST", path, token)
+        assert (await api.call("POST", path))[0] == 401  # an admin's change: logged in only
+        await api.login_as_admin()
+        status, body = await api.call("POST", path)
         assert status == 409 and "is running" in body["error"], body  # a running member is not fenced
         assert await group_members(bootstrap, group) == ("Stable", 2)
 
@@ -51,7 +43,7 @@ async def test_a_stopped_router_taken_out_of_its_group_hands_its_partitions_over
         # a static member that stopped keeps its place (and its partitions) until its session times out
         assert await group_members(bootstrap, group) == ("Stable", 2)
 
-        status, body = await _call(http, suite, "POST", path, token)
+        status, body = await api.call("POST", path)
         assert (status, body) == (200, {"instance_id": gone, "groups": [group]}), body
         await wait_until(lambda: stable_with(bootstrap, group, 1), BOUND,
                          f"{stays} alone in its group, long before the {SESSION_TIMEOUT_S} s session timeout")
@@ -72,7 +64,7 @@ async def test_a_stopped_router_taken_out_of_its_group_hands_its_partitions_over
             pub.close()
 
         # taken out already, or never a member: nothing to do
-        status, body = await _call(http, suite, "POST", path, token)
+        status, body = await api.call("POST", path)
         assert status == 404 and "static member of none of router, device-persistence" in body["error"], body
-        status, body = await _call(http, suite, "POST", "/instances/no-such-instance/leave-groups", token)
+        status, body = await api.call("POST", "/instances/no-such-instance/leave-groups")
         assert status == 404, body
