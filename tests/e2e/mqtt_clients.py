@@ -34,7 +34,7 @@ def run(fn, *args, **kw):
 class Client:
     """A paho-mqtt client (callback API 2) on its own network thread. What its callbacks receive is kept under
     one Condition `cond`: `messages` (every PUBLISH, in arrival order), `connack` (flags, reason code,
-    properties), `suback` (mid, reason codes), `pubacks` (mid -> the reason code of its PUBACK / PUBREC /
+    properties), `suback` (mid, reason codes), `unsuback` (mid, reason codes), `pubacks` (mid -> the reason code of its PUBACK / PUBREC /
     PUBCOMP), `disconnected` (the reason code of the last disconnect) and `disconnect_properties` (its v5
     properties).
 
@@ -48,6 +48,7 @@ class Client:
     def __init__(self, client_id: str, *, v5: bool = True, clean: bool = True, session_expiry: int | None = None,
                  max_inflight: int | None = None, timeout: float = BOUND, websocket: bool = False,
                  ws_path: str = "/mqtt", tls: dict | None = None, auth: tuple[str, str | None] | None = None) -> None:
+        self.client_id = client_id
         self.v5, self.clean, self.session_expiry, self.timeout = v5, clean, session_expiry, timeout
         kw = {} if v5 else {"clean_session": clean}
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -65,6 +66,7 @@ class Client:
         self.messages: list[mqtt.MQTTMessage] = []
         self.connack = None
         self.suback = None
+        self.unsuback = None
         self.pubacks: dict[int, object] = {}
         self.disconnected = None
         self.disconnect_properties = None
@@ -72,6 +74,7 @@ class Client:
         self.c.on_message = self._on_message
         self.c.on_connect = self._on_connect
         self.c.on_subscribe = self._on_subscribe
+        self.c.on_unsubscribe = self._on_unsubscribe
         self.c.on_publish = self._on_publish
         self.c.on_disconnect = self._on_disconnect
 
@@ -88,6 +91,11 @@ class Client:
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties):
         with self.cond:
             self.suback = (mid, reason_codes)
+            self.cond.notify_all()
+
+    def _on_unsubscribe(self, client, userdata, mid, reason_codes, properties):
+        with self.cond:
+            self.unsuback = (mid, reason_codes)
             self.cond.notify_all()
 
     def _on_publish(self, client, userdata, mid, reason_code, properties):
@@ -137,6 +145,15 @@ class Client:
         _, mid = self.c.subscribe(*args, **kw)
         assert self.wait(lambda: self.suback is not None and self.suback[0] == mid, timeout), "no SUBACK"
         return self.suback[1]
+
+    def flush(self, timeout: float | None = None) -> None:
+        """One round trip: an UNSUBSCRIBE of a filter this client never subscribed, and its UNSUBACK. paho
+        sends the PUBACKs of the messages it received in its NEXT network turn, after `on_message`, so a test
+        that saw a message may run before the server read its PUBACK; once the UNSUBACK is here, the server
+        read every packet queued before it (paho writes them in order)."""
+        self.unsuback = None
+        _, mid = self.c.unsubscribe(f"tbmq-test-flush/{self.client_id}")
+        assert self.wait(lambda: self.unsuback is not None and self.unsuback[0] == mid, timeout), "no UNSUBACK"
 
     def publish(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False, properties=None,
                 wait: bool = True, timeout: float | None = None, check: bool = True) -> mqtt.MQTTMessageInfo:
