@@ -20,7 +20,7 @@ from paho.mqtt.properties import Properties
 from waits import poll, wait_until  # the one bounded wait (tests/waits.py), re-exported
 
 __all__ = ["BOUND", "PROBE", "Client", "run", "poll", "wait_until", "routed", "watcher_and_prober", "real",
-           "payloads", "fast_publish"]
+           "payloads", "fast_publish", "mosquitto_drain"]
 
 BOUND = 20.0  # default bound (seconds) of every wait below
 PROBE = b"probe-"  # payload prefix of routed()'s probe messages
@@ -151,9 +151,14 @@ class Client:
         sends the PUBACKs of the messages it received in its NEXT network turn, after `on_message`, so a test
         that saw a message may run before the server read its PUBACK; once the UNSUBACK is here, the server
         read every packet queued before it (paho writes them in order)."""
+        self.unsubscribe(f"tbmq-test-flush/{self.client_id}", timeout=timeout)
+
+    def unsubscribe(self, topic: str, timeout: float | None = None):
+        """UNSUBSCRIBE, then wait for its UNSUBACK: the reason codes (v5; 3.1.1: an empty list)."""
         self.unsuback = None
-        _, mid = self.c.unsubscribe(f"tbmq-test-flush/{self.client_id}")
+        _, mid = self.c.unsubscribe(topic)
         assert self.wait(lambda: self.unsuback is not None and self.unsuback[0] == mid, timeout), "no UNSUBACK"
+        return self.unsuback[1]
 
     def publish(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False, properties=None,
                 wait: bool = True, timeout: float | None = None, check: bool = True) -> mqtt.MQTTMessageInfo:
@@ -315,3 +320,26 @@ async def fast_publish(port: int, topic: str, seqs: Iterable[int], client_id: st
     finally:
         writer.close()
     assert total == count, f"{total} of {count} PUBLISHes acknowledged"
+
+
+async def mosquitto_drain(port: int, client_id: str, topic: str, count: int, *, v5: bool = True,
+                          session_expiry: int = 3600, timeout: float = 240.0) -> list[tuple[str, bytes]]:
+    """Resumes persistent session `client_id` with mosquitto_sub (libmosquitto, C: paho's one-packet-per-turn
+    reads take ~200 µs a message, 20 s for a 100,000 backlog), subscribed to `topic` at QoS 1, and returns
+    (topic, payload) of the first `count` messages it received, in order (payloads without a newline). It
+    exits after them (-C), having acknowledged each (libmosquitto sends a QoS 1 PUBACK before on_message);
+    fails when it exits with an error or does not get them within `timeout` s (-W)."""
+    args = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-i", client_id, "-c", "-q", "1",
+            "-t", topic, "-C", str(count), "-W", str(int(timeout)), "-F", "%t|%p"]
+    args += ["-V", "mqttv5", "-x", str(session_expiry)] if v5 else ["-V", "mqttv311"]
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout + 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    got = [(t.decode(), p) for t, _, p in (line.partition(b"|") for line in out.splitlines())]
+    assert proc.returncode == 0, f"mosquitto_sub exited {proc.returncode} after {len(got)} of {count}: {err!r}"
+    return got

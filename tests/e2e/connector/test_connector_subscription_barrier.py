@@ -34,31 +34,17 @@ ITERATIONS = 50  # per pair: PAIRS * ITERATIONS = 1,000 of each direction
 
 
 class Recorder(Client):
-    """A Client that also keeps the set of payloads it received, and the UNSUBACKs."""
+    """A Client that also keeps the set of payloads it received."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.payloads: set[bytes] = set()
-        self.unsuback = None
-        self.c.on_unsubscribe = self._on_unsubscribe
 
     def _on_message(self, client, userdata, msg):
         with self.cond:
             self.payloads.add(msg.payload)
             self.messages.append(msg)
             self.cond.notify_all()
-
-    def _on_unsubscribe(self, client, userdata, mid, reason_codes, properties):
-        with self.cond:
-            self.unsuback = mid
-            self.cond.notify_all()
-
-    def unsubscribe(self, topic: str) -> None:
-        """UNSUBSCRIBE and wait for its UNSUBACK."""
-        with self.cond:
-            self.unsuback = None
-        _, mid = self.c.unsubscribe(topic)
-        assert self.wait(lambda: self.unsuback == mid), "no UNSUBACK"
 
     def has(self, payload: bytes) -> bool:
         with self.cond:
