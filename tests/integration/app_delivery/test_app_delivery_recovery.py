@@ -63,6 +63,43 @@ async def test_sigkill_mid_stream_loses_nothing_and_flags_dup(ad_suite, connecto
         await c2.close()
 
 
+async def test_a_restart_streams_at_once_while_its_removal_group_waits_out_a_dead_member(ad_suite, producer,
+                                                                                          unique):
+    """After a kill -9 the tbmq.sys.app.removed group waits for the dead member's session before it assigns
+    the partition again; app-delivery's streams (the delivery path) do not wait for that group. A static
+    member with a 60 s session stands in for the dead one here: the restarted instance is ready and streams
+    while its removal consumer has still not joined, and joins once that member is taken out."""
+    from app_delivery_harness import FakeConnector
+    from tbmq_launcher.services import readyz
+    from tbmq_platform.kafka import make_consumer, remove_static_members
+
+    bootstrap = ad_suite.bootstrap_servers
+    ghost = make_consumer(bootstrap, topics.SYS_APP_REMOVED, group_id=REMOVED_GROUP, client_id="ghost-1",
+                          group_instance_id="ghost-1", session_timeout_ms=60000, heartbeat_interval_ms=3000,
+                          rebalance_timeout_ms=70000, request_timeout_ms=80000)
+    await ghost.start()  # returns once it joined: the group now has two members
+    await ghost.stop()   # a static member: no LeaveGroup, it holds its place for 60 s
+    await ad_suite.kill_service("app-delivery")
+    await ad_suite.start_service("app-delivery")
+    port = ad_suite.health_port("app-delivery")
+    c = FakeConnector(ad_suite.grpc_target("app-delivery"))
+    try:
+        client = cid(unique)
+        await producer.to_client(client, [publish_msg(i) for i in range(3)])
+        st = c.open(client, receive_maximum=10, auto_ack=True)
+        await wait_until(lambda: len(st.all) >= 3, 20, "the three records streamed after the restart")
+        assert payload_ints(st.all) == [0, 1, 2]
+        assert (await readyz(port))["removal_joined"] is False, "the ghost's session cannot have ended yet"
+        assert await remove_static_members(bootstrap, REMOVED_GROUP, ["ghost-1"]) == ["ghost-1"]
+
+        async def joined() -> bool:
+            return (await readyz(port))["removal_joined"]
+
+        await wait_until(joined, 30, "the removal consumer joined once the ghost was taken out")
+    finally:
+        await c.close()
+
+
 async def _committed_mark(bootstrap: str, group: str) -> int | None:
     """The DUP mark in `group`'s committed metadata (None: nothing committed)."""
     om = next(iter((await committed_metadata(bootstrap, group)).values()), None)

@@ -1,4 +1,7 @@
-"""The app-delivery service: gRPC AppDelivery server + the tbmq.sys.app.removed consumer."""
+"""The app-delivery service: gRPC AppDelivery server + the tbmq.sys.app.removed consumer.
+
+The server (the streams) starts without waiting for the removal consumer to join its group: removals are
+not on the delivery path, and after a kill -9 that join waits out the dead member's session (docs/app-delivery.md)."""
 
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
         self._closing: set[asyncio.Task] = set()
         self._stopping = False
         self.removed_consumer = None
+        self._removed_task: asyncio.Task | None = None
+        self.removed_ready = False  # the removal consumer joined its group (health `removal_joined`)
         self.removed_count = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -48,8 +53,9 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
         self.removed_consumer = make_consumer(s.bootstrap, topics.SYS_APP_REMOVED, group_id=s.removed_group,
                                               client_id=f"{s.instance_id}-removed", max_poll_records=100,
                                               long_poll=True)
-        await self.removed_consumer.start()
-        self.spawn(self._removed_loop(), "app.removed")
+        # joined in the background: after a kill -9 the group waits out the dead member's session (10 s)
+        # before it assigns the partition again, and the streams (the delivery path) must not wait for that
+        self._removed_task = self.spawn(self._removed_loop(), "app.removed")
         self.server = grpc.aio.server(interceptors=s.grpc_tls.server_interceptors(),
                                       options=[("grpc.so_reuseport", 0)])
         sgrpc.add_AppDeliveryServicer_to_server(self, self.server)
@@ -77,12 +83,16 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
             await asyncio.wait(list(self._closing), timeout=10)
         if self.server is not None:
             await self.server.stop(grace=1.0)
+        if self._removed_task is not None:  # it may still be joining its group: not stopped under it
+            self._removed_task.cancel()
+            await asyncio.gather(self._removed_task, return_exceptions=True)
         if self.removed_consumer is not None:
             with contextlib.suppress(Exception):
                 await self.removed_consumer.stop()
 
     def health_details(self) -> dict:
-        return {"grpc_port": self.grpc_port, "streams": len(self.streams), "removed": self.removed_count}
+        return {"grpc_port": self.grpc_port, "streams": len(self.streams), "removed": self.removed_count,
+                "removal_joined": self.removed_ready}
 
     # -- gRPC ---------------------------------------------------------------------------------------
     async def Deliver(self, request_iterator, context):  # noqa: N802 (gRPC name)
@@ -133,7 +143,11 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
 
     # -- tbmq.sys.app.removed -----------------------------------------------------------------------
     async def _removed_loop(self) -> None:
+        """Joins the removal group (start() waits for the assignment), then deletes each removed
+        APPLICATION client's topic and group, committing after each batch."""
         consumer = self.removed_consumer
+        await consumer.start()
+        self.removed_ready = True
         while not self._stopping:
             batches = await consumer.getmany(timeout_ms=IDLE_FETCH_WAIT_MS, max_records=100)
             for _tp, records in batches.items():
