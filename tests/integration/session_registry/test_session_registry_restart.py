@@ -116,3 +116,22 @@ async def test_two_instances_split_partitions_and_take_over(start_registry, conn
     assert len((await health(h1))["partitions"]) == 24
     _, dupes = answered_once([c], {r.request_id for r in c.all_responses()})
     assert dupes == []
+
+
+@pytest.mark.timeout(240)
+async def test_a_restarted_instance_gets_its_partitions_back_inside_the_dead_ones_session(start_registry,
+                                                                                           connectors, cid):
+    """Static membership (TBMQ_KAFKA_STATIC_MEMBERSHIP): a registry SIGKILLed and started again with the same
+    service id is given its partitions back at once. With a 30 s group session, a CONNECT sent right after
+    the restart is answered within 15 s; as a dynamic member the new instance waited for the dead one's
+    session to end (about 30 s after the kill) before any request was processed."""
+    suite = await start_registry({"TBMQ_SESSION_REGISTRY_SESSION_TIMEOUT_S": "30"})
+    port = suite.health_port("session-registry")
+    (c,) = await connectors(1)
+    first, _ = await c.connect(cid(), sei=600)
+    assert first.success
+    await suite.kill_service("session-registry")
+    await suite.start_service("session-registry")
+    again, _ = await c.connect(cid(), sei=600, timeout=15)
+    assert again.success
+    assert len((await health(port))["partitions"]) == 24

@@ -277,15 +277,17 @@ def test_previous_token_secrets_are_checked_at_start_up(tmp_path):
     assert ok.token_secret_previous == ("p" * 32,)
 
 
-def test_the_static_groups_are_the_routers_and_device_persistences_default_groups(tmp_path):
-    """ADMIN_STATIC_GROUPS defaults to the groups the two services join as static members unless renamed, and
+def test_the_static_groups_are_the_default_groups_of_the_services_with_static_members(tmp_path):
+    """ADMIN_STATIC_GROUPS defaults to the groups the three services join as static members unless renamed, and
     takes a comma list."""
     from router.settings import RouterSettings
+    from session_registry.settings import SessionRegistrySettings
     from tbmq_device_persistence.settings import DevicePersistenceSettings
     from tbmq_platform.settings import load as load_service
 
-    defaults = (load_service(RouterSettings, {}).group_id, load_service(DevicePersistenceSettings, {}).group_id)
-    assert defaults == ("router", "device-persistence")
+    defaults = tuple(load_service(cls, {}).group_id
+                     for cls in (RouterSettings, DevicePersistenceSettings, SessionRegistrySettings))
+    assert defaults == ("router", "device-persistence", "session-registry")
     users = tmp_path / "users"
     users.write_text("")
     users.chmod(0o600)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from router.settings import RouterSettings
+from session_registry.settings import SessionRegistrySettings
 from tbmq_device_persistence.settings import DevicePersistenceSettings
 from tbmq_launcher.launcher import Suite
 from tbmq_launcher.services import ORDER, SERVICES, START_TIERS, start_tiers
@@ -29,15 +30,17 @@ def _started(suite: Suite, *skip: str) -> Suite:
     return suite
 
 
-def test_the_static_members_are_the_started_routers_and_device_persistence_instances(tmp_path):
+def test_the_static_members_are_the_started_routers_device_persistence_and_registry_instances(tmp_path):
     suite = _started(Suite(connectors=2, instances={"router": 2, "device-persistence": 2}, ports="free",
                            run_dir=tmp_path, id_tag="t1"), "router-2-t1")
     assert suite.static_members() == {"router": ["router-1-t1"],
-                                      "device-persistence": ["device-persistence-1-t1", "device-persistence-2-t1"]}
+                                      "device-persistence": ["device-persistence-1-t1", "device-persistence-2-t1"],
+                                      "session-registry": ["session-registry-1-t1"]}
 
 
 def test_a_router_running_device_persistence_is_a_static_member_of_both_groups_named_by_its_settings(tmp_path):
-    suite = _started(Suite(instances={"router": 2}, ports="free", run_dir=tmp_path, persist_in_router=True,
+    suite = _started(Suite(services=["router", "connector"], instances={"router": 2}, ports="free",
+                           run_dir=tmp_path, persist_in_router=True,
                            service_env={"router": {"ROUTER_GROUP_ID": "r-east",
                                                    "DEVICE_PERSISTENCE_GROUP_ID": "dp-east"}}))
     assert suite.static_members() == {"r-east": ["router-1", "router-2"], "dp-east": ["router-1", "router-2"]}
@@ -48,7 +51,9 @@ def _field(cls, name: str) -> dataclasses.Field:
 
 
 def test_the_launchers_group_variables_and_defaults_are_the_services_own():
-    for service, settings in (("router", RouterSettings), ("device-persistence", DevicePersistenceSettings)):
+    for service, settings in (("router", RouterSettings), ("device-persistence", DevicePersistenceSettings),
+                              ("session-registry", SessionRegistrySettings)):
         group = _field(settings, "group_id")
         assert SERVICES[service].static_groups == ((group.metadata["env"], group.default),), service
-    assert {name for name, s in SERVICES.items() if s.static_groups} == {"router", "device-persistence"}
+    assert {name for name, s in SERVICES.items() if s.static_groups} == {"router", "device-persistence",
+                                                                          "session-registry"}

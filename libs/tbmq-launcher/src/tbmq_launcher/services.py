@@ -68,7 +68,8 @@ DEVICE_PERSISTENCE_GROUP = ("DEVICE_PERSISTENCE_GROUP_ID", platform_settings.DEV
 SERVICES: dict[str, ServiceDef] = {
     s.name: s
     for s in (
-        ServiceDef("session-registry", "session_registry", health_port=8086),
+        ServiceDef("session-registry", "session_registry", health_port=8086,
+                   static_groups=(("TBMQ_SESSION_REGISTRY_GROUP_ID", platform_settings.SESSION_REGISTRY_GROUP),)),
         ServiceDef("device-persistence", "device_persistence", health_port=8087, grpc_port=DEVICE_PERSISTENCE_GRPC_PORT,
                    grpc_port_env="DEVICE_PERSISTENCE_GRPC_PORT",
                    grpc_callers=("connector", "router", "session-registry"), static_groups=(DEVICE_PERSISTENCE_GROUP,)),

@@ -186,10 +186,11 @@ DEVICE_PERSISTENCE_GRPC_TARGET = f"localhost:{DEVICE_PERSISTENCE_GRPC_PORT}"
 APP_DELIVERY_GRPC_TARGET = f"localhost:{APP_DELIVERY_GRPC_PORT}"
 
 # The default consumer groups of the services that join theirs as static members (TBMQ_KAFKA_STATIC_MEMBERSHIP;
-# ROUTER_GROUP_ID, DEVICE_PERSISTENCE_GROUP_ID): also known to the launcher, which takes a stopped suite's
-# members out of them, and to admin's ADMIN_STATIC_GROUPS
+# ROUTER_GROUP_ID, DEVICE_PERSISTENCE_GROUP_ID, TBMQ_SESSION_REGISTRY_GROUP_ID): also known to the launcher,
+# which takes a stopped suite's members out of them, and to admin's ADMIN_STATIC_GROUPS
 ROUTER_GROUP = "router"
 DEVICE_PERSISTENCE_GROUP = "device-persistence"
+SESSION_REGISTRY_GROUP = "session-registry"
 
 
 def device_persistence_targets_env(use: str) -> Any:
@@ -331,7 +332,8 @@ class CommonSettings:
                                              "acknowledged record is on at least this many brokers (production: 2)")
     kafka_static_membership: bool = env(
         "TBMQ_KAFKA_STATIC_MEMBERSHIP", True, parse=boolean,
-        doc="the message-path consumer groups (router, device-persistence) join with group.instance.id = "
+        doc="the message-path consumer groups (router, device-persistence, session-registry) join with "
+            "group.instance.id = "
             "TBMQ_SERVICE_ID: a restarted instance gets its partitions back at once instead of after its dead "
             "predecessor's session timeout; a stopped one keeps them until that timeout (ids must be unique)")
     retention_watch_interval_s: float = env("TBMQ_RETENTION_WATCH_INTERVAL_S", 60.0, parse=number(0),
@@ -348,7 +350,8 @@ class CommonSettings:
 
     @property
     def group_instance_id(self) -> str | None:
-        """Kafka static membership (KIP-345) of this instance's message-path consumer, or None."""
+        """Kafka static membership (KIP-345) of this instance's message-path consumer (the router's,
+        device-persistence's, the session registry's request consumer), or None."""
         return self.instance_id if self.kafka_static_membership else None
 
     @property

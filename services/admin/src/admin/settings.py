@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (DEVICE_PERSISTENCE_GROUP, ROUTER_GROUP, CommonSettings, csv, env, integer, load,
-                                    load_or_exit, port)
+from tbmq_platform.settings import (DEVICE_PERSISTENCE_GROUP, ROUTER_GROUP, SESSION_REGISTRY_GROUP, CommonSettings, csv,
+                                    env, integer, load, load_or_exit, port)
 
 from .auth import MIN_SECRET_BYTES, users_file_problem
 
@@ -30,8 +30,9 @@ DEFAULT_SERVICES = ("session-registry=127.0.0.1:8086,device-persistence=127.0.0.
                     "app-delivery=127.0.0.1:8085,router=127.0.0.1:8082,connector=127.0.0.1:8081")
 
 
-# the services' default group names (RouterSettings.group_id, DevicePersistenceSettings.group_id)
-DEFAULT_STATIC_GROUPS = (ROUTER_GROUP, DEVICE_PERSISTENCE_GROUP)
+# the services' default group names (RouterSettings.group_id, DevicePersistenceSettings.group_id,
+# SessionRegistrySettings.group_id)
+DEFAULT_STATIC_GROUPS = (ROUTER_GROUP, DEVICE_PERSISTENCE_GROUP, SESSION_REGISTRY_GROUP)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ class AdminSettings(CommonSettings):
     static_groups: tuple[str, ...] = env(
         "ADMIN_STATIC_GROUPS", DEFAULT_STATIC_GROUPS, parse=csv,
         doc="the consumer groups whose members join as static members (TBMQ_KAFKA_STATIC_MEMBERSHIP): the routers' "
-            "ROUTER_GROUP_ID and device-persistence's DEVICE_PERSISTENCE_GROUP_ID (comma list); "
+            "ROUTER_GROUP_ID, device-persistence's DEVICE_PERSISTENCE_GROUP_ID and the session registry's "
+            "TBMQ_SESSION_REGISTRY_GROUP_ID (comma list); "
             "POST /api/v1/instances/{id}/leave-groups takes a stopped instance out of them")
     kafka_timeout_s: int = env("ADMIN_KAFKA_TIMEOUT_S", 10, parse=integer(1, 300),
                                doc="bound of one Kafka admin call (lag) and of a produce")

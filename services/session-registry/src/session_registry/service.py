@@ -154,7 +154,11 @@ class SessionRegistry(Service):
         await self.plain.start()
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       read_committed=True, max_poll_records=s.batch_max_records,
-                                      session_timeout_ms=6000, heartbeat_interval_ms=2000, long_poll=True,
+                                      session_timeout_ms=int(s.session_timeout_s * 1000),
+                                      heartbeat_interval_ms=2000, long_poll=True,
+                                      # static membership: a restart (same TBMQ_SERVICE_ID) gets its partitions
+                                      # back at once; a dynamic member waited out the dead one's session
+                                      group_instance_id=s.group_instance_id,
                                       # a batch whose transaction failed is fetched again after a seek, and a
                                       # seek waits for the parked fetch: that wait stays aiokafka's 500 ms
                                       fetch_max_wait_ms=500)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tbmq_platform.settings import DEVICE_PERSISTENCE_GRPC_TARGET, CommonSettings, env, integer, nonempty, port
+from tbmq_platform.settings import (DEVICE_PERSISTENCE_GRPC_TARGET, SESSION_REGISTRY_GROUP, CommonSettings, env, integer,
+                                   nonempty, number, port)
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -64,5 +65,11 @@ class SessionRegistrySettings(CommonSettings):
         "TBMQ_CONNECTOR_TOPICS_RETENTION_MS", 3_600_000, parse=integer(0),
         doc="the per-connector topics (tbmq.client.session.event.response/.client.disconnect/"
             ".msg.downlink.basic.<svc>) of a connector dead this long are deleted (0 = never)")
-    group_id: str = env("TBMQ_SESSION_REGISTRY_GROUP_ID", "session-registry", parse=nonempty,
+    group_id: str = env("TBMQ_SESSION_REGISTRY_GROUP_ID", SESSION_REGISTRY_GROUP, parse=nonempty,
                         doc="consumer group of tbmq.client.session.event.request")
+    session_timeout_s: float = env(
+        "TBMQ_SESSION_REGISTRY_SESSION_TIMEOUT_S", 6.0, parse=number(6, 30),
+        doc="the request consumer's group session: an instance silent this long loses its partitions to the "
+            "others (the CONNECTs of its clients wait that long when it dies; a restart with the same "
+            "TBMQ_SERVICE_ID gets them back at once: TBMQ_KAFKA_STATIC_MEMBERSHIP). 6 (Kafka's "
+            "group.min.session.timeout.ms) .. 30 (under the consumer's 40 s request timeout)")
