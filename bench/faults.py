@@ -15,6 +15,10 @@ receive what is owed. Reported per fault:
   resume_s    from the fault until the first delivery of a message published after the fault
   stalled_s   the longest time without any delivery, from the fault until publishing stopped (a fault that
               takes a while to bite, such as a Kafka controlled shutdown, shows here rather than in resume_s)
+  connect_s   from the fault until a new client's CONNECT got CONNACK 0 (ConnectProbe, from 50 ms into the fault:
+              a fresh clean-session client every attempt; the load's clients reconnect with their own back-off,
+              so they do not show how soon a device that connects then gets in; a session registry's restart
+              shows here)
   restarts    (tbmq-py) how often the launcher's supervisor restarted the victim
 
 tbmq-py (`Suite(supervise=True)`, as `make run`): SIGKILL of each service (the supervisor starts it again),
@@ -139,6 +143,57 @@ class Publisher:
     def stop(self) -> None:
         self.c.loop_stop()
         self.c.disconnect()
+
+
+class ConnectProbe:
+    """From `start()`, new clean-session clients CONNECT one after the other (each waits up to `attempt_s` for
+    its CONNACK; a refused connection is tried again 50 ms later) until one gets CONNACK 0: `connected_at`."""
+
+    def __init__(self, host: str, port: int, tag: str, limit_s: float, attempt_s: float = 10.0) -> None:
+        self.host, self.port, self.tag, self.limit_s, self.attempt_s = host, port, tag, limit_s, attempt_s
+        self.connected_at: float | None = None
+        self._thread = threading.Thread(target=self._run, name="fault-connect-probe", daemon=True)
+
+    def start(self) -> "ConnectProbe":
+        self._thread.start()
+        return self
+
+    def _attempt(self, n: int) -> bool:
+        ok = threading.Event()
+        answered = threading.Event()
+
+        def on_connect(c, u, f, rc, p) -> None:
+            if not rc.is_failure:
+                ok.set()
+            answered.set()
+
+        c = _client(f"fault-{self.tag}-probe-{n}", clean=True)
+        c.on_connect = on_connect
+        try:
+            c.connect(self.host, self.port, keepalive=10)
+        except OSError:
+            return False
+        c.loop_start()
+        try:
+            answered.wait(self.attempt_s)
+            return ok.is_set()
+        finally:
+            c.disconnect()
+            c.loop_stop()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit_s
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            if self._attempt(n):
+                self.connected_at = time.monotonic()
+                return
+            time.sleep(0.05)  # the probe's pace between attempts (a refused connection answers at once)
+
+    def join(self, timeout: float) -> float | None:
+        self._thread.join(timeout)
+        return self.connected_at
 
 
 @dataclass
@@ -299,6 +354,10 @@ def run_faults(broker, prof: FaultProfile, log=print) -> dict:
             deliveries0, distinct0 = load.deliveries(), load.distinct()
             t_fault = time.monotonic()
             log(f"    fault: {label}")
+            probe = ConnectProbe(host, port, tag, prof.resume_max)
+            # its first CONNECT 50 ms into the fault: a kill has landed by then (a Kafka restart is still
+            # stopping the broker, whose CONNECTs are still answered)
+            threading.Timer(0.05, probe.start).start()
             extra = apply() or {}
             resumed = None
             if _wait(lambda: load.resumed_after(t_fault) is not None, prof.resume_max):
@@ -306,15 +365,18 @@ def run_faults(broker, prof: FaultProfile, log=print) -> dict:
             time.sleep(prof.after)  # load goes on after the recovery
             load.publishing(False)
             stalled = load.longest_gap(t_fault, time.monotonic())
+            connected = probe.join(prof.resume_max)
             settled = _wait(load.owed_settled, prof.drain)
             v = load.verdict(before)
             dups = (load.deliveries() - deliveries0) - (load.distinct() - distinct0)
             row = {"fault": label, **v, "duplicates": dups,
                    "resume_s": None if resumed is None else round(resumed, 2), "stalled_s": round(stalled, 2),
+                   "connect_s": None if connected is None else round(connected - t_fault, 2),
                    "settled": settled, **extra}
             rows.append(row)
             log(f"      acked {row['acked']}, lost {row['lost']}, duplicates {dups}, deliveries resumed after "
-                f"{'never' if resumed is None else f'{resumed:.2f}s'} (longest stall {stalled:.2f}s)"
+                f"{'never' if resumed is None else f'{resumed:.2f}s'} (longest stall {stalled:.2f}s), a new "
+                f"CONNECT accepted after {'never' if connected is None else f'{connected - t_fault:.2f}s'}"
                 + (f", restarts {extra['restarts']}" if "restarts" in extra else "")
                 + ("" if settled else ", NOT SETTLED (owed messages still missing)"))
     finally:

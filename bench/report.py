@@ -365,19 +365,22 @@ def broker_order(doc: dict) -> list[str]:
 def faults_table(results: dict, brokers: list[str], fmt: str = "text") -> str:
     """The "faults" scenario (bench/faults.py): one row per broker and fault. Empty when it did not run."""
     by_b = results.get("faults") or {}
-    head = ["broker", "fault", "acked", "lost", "duplicates", "resumed after s", "longest stall s", "restarts"]
+    head = ["broker", "fault", "acked", "lost", "duplicates", "resumed after s", "longest stall s",
+            "new CONNECT after s", "restarts"]
     lines = []
     for b in brokers:
         r = by_b.get(b)
         if not isinstance(r, dict):
             continue
         if "error" in r or "skipped" in r:
-            lines.append([b, r.get("error") or r.get("skipped"), "", "", "", "", "", ""])
+            lines.append([b, r.get("error") or r.get("skipped"), "", "", "", "", "", "", ""])
             continue
         for f in r.get("faults", []):
             resume = "never" if f.get("resume_s") is None else _num(f["resume_s"], 2)
+            # runs from before the probe have no connect_s: "–"; a probe that never got in: "never"
+            connect = "–" if "connect_s" not in f else "never" if f["connect_s"] is None else _num(f["connect_s"], 2)
             lines.append([b, f["fault"], _num(f["acked"]), _num(f["lost"]) + ("" if f.get("settled", True) else "*"),
-                          _num(f["duplicates"]), resume, _num(f.get("stalled_s"), 2),
+                          _num(f["duplicates"]), resume, _num(f.get("stalled_s"), 2), connect,
                           _num(f["restarts"]) if "restarts" in f else ""])
     if not lines:
         return ""

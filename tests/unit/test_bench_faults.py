@@ -70,3 +70,16 @@ def test_faults_table_rows_per_broker_and_fault():
     text = faults_table(results, ["tbmq", "mosquitto", "amqtt"])
     assert "kill -9 router" in text and "1,000" in text and "amqtt: not applicable" in text
     assert faults_table({}, ["tbmq"]) == ""
+
+
+def test_faults_table_shows_when_a_new_connect_got_in_and_marks_runs_without_the_probe():
+    row = {"fault": "kill -9 session-registry", "acked": 10, "lost": 0, "duplicates": 0, "resume_s": 0.5,
+           "stalled_s": 0.4, "restarts": 1, "settled": True}
+    text = faults_table({"faults": {"tbmq": {"faults": [{**row, "connect_s": 2.34},
+                                                        {**row, "fault": "restart Kafka", "connect_s": None},
+                                                        {**row, "fault": "older run"}]}}}, ["tbmq"])
+    assert "new CONNECT after s" in text
+    by_fault = {f: next(line for line in text.splitlines() if f in line)
+                for f in ("kill -9 session-registry", "restart Kafka", "older run")}
+    assert "2.34" in by_fault["kill -9 session-registry"]
+    assert "never" in by_fault["restart Kafka"] and "never" not in by_fault["older run"]
