@@ -34,8 +34,8 @@ def run(fn, *args, **kw):
 class Client:
     """A paho-mqtt client (callback API 2) on its own network thread. What its callbacks receive is kept under
     one Condition `cond`: `messages` (every PUBLISH, in arrival order), `connack` (flags, reason code,
-    properties), `suback` (mid, reason codes), `unsuback` (mid, reason codes), `pubacks` (mid -> the reason code of its PUBACK / PUBREC /
-    PUBCOMP), `disconnected` (the reason code of the last disconnect) and `disconnect_properties` (its v5
+    properties), `suback` and `unsuback` (mid, reason codes), `pubacks` (mid -> the reason code of its PUBACK /
+    PUBREC / PUBCOMP), `disconnected` (the reason code of the last disconnect) and `disconnect_properties` (its v5
     properties).
 
     v5: MQTT 5.0 (clean -> Clean Start, session_expiry -> Session Expiry Interval) or 3.1.1 (clean ->

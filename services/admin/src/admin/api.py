@@ -75,8 +75,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/services", "list_services", "The suite's services and instances with their readiness "
           "(GET /readyz of each ADMIN_SERVICES endpoint)", role=VIEWER),
     Route("POST", "/instances/{instance_id}/leave-groups", "leave_groups",
-          "Take a router, device-persistence or session-registry instance that was stopped for good (scaled down) out of its consumer "
-          "groups (ADMIN_STATIC_GROUPS). A stopped static member (TBMQ_KAFKA_STATIC_MEMBERSHIP) keeps its partitions "
+          "Take a router, device-persistence or session-registry instance that was stopped for good (scaled down) "
+          "out of its consumer groups (ADMIN_STATIC_GROUPS). A stopped static member (TBMQ_KAFKA_STATIC_MEMBERSHIP) keeps its partitions "
           "until its session times out, waiting for a restart; after this the other instances take them over at once",
           (Param("instance_id", "path", doc="the instance's TBMQ_SERVICE_ID"),),
           responses={"200": "{instance_id, groups}: the groups it was taken out of",

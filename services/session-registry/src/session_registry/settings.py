@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tbmq_platform.settings import (DEVICE_PERSISTENCE_GRPC_TARGET, SESSION_REGISTRY_GROUP, CommonSettings, env, integer,
-                                   nonempty, number, port)
+from tbmq_platform.settings import (DEVICE_PERSISTENCE_GRPC_TARGET, SESSION_REGISTRY_GROUP, CommonSettings, env,
+                                   integer, nonempty, number, port)
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
