@@ -114,3 +114,13 @@ def test_refused_for_data_tells_a_clients_data_from_redis_itself():
 def test_save_span_only_when_exported_or_asked_for(env, spans):
     from tbmq_platform.tracing import spans_on
     assert spans_on(load_settings(env)) is spans
+
+
+@pytest.mark.parametrize("raw", ["3", "45"])
+def test_a_group_session_kafka_or_the_consumer_would_refuse_stops_start_up_naming_it(raw):
+    """Below Kafka's group.min.session.timeout.ms (6 s) the group join fails; above 30 s the join (which waits
+    up to the session) would outlast the consumer's 40 s request timeout."""
+    with pytest.raises(SettingsError, match="DEVICE_PERSISTENCE_SESSION_TIMEOUT_S"):
+        load_settings({"DEVICE_PERSISTENCE_SESSION_TIMEOUT_S": raw})
+    assert load_settings({}).session_timeout_s == 10.0
+    assert load_settings({"DEVICE_PERSISTENCE_SESSION_TIMEOUT_S": "6"}).session_timeout_s == 6.0

@@ -138,7 +138,8 @@ class DevicePersistenceService(Service):
                             layout=s.topic_layout)
         self.consumer = make_consumer(s.bootstrap, group_id=s.group_id, client_id=s.instance_id,
                                       max_poll_records=s.max_poll_records, long_poll=True,
-                                      auto_offset_reset=s.auto_offset_reset, group_instance_id=s.group_instance_id)
+                                      auto_offset_reset=s.auto_offset_reset, group_instance_id=s.group_instance_id,
+                                      session_timeout_ms=int(s.session_timeout_s * 1000))
         self.consumer.subscribe([MSG_PERSISTED], listener=_Revoke(self))
         await self.consumer.start()
         self.grpc_server, self.grpc_port = await start_server(self.servicer, s.grpc_host, s.grpc_port, s.grpc_tls)
