@@ -12,6 +12,7 @@ from tbmq_platform.settings import (
     auto_offset_reset_env,
     env,
     fetch_window_env,
+    group_session_env,
     host_ports,
     integer,
     load,
@@ -65,12 +66,7 @@ class DevicePersistenceSettings(CommonSettings):
                               doc="TTL (s) of a stored message without an MQTT 5 message expiry")
     group_id: str = env("DEVICE_PERSISTENCE_GROUP_ID", DEVICE_PERSISTENCE_GROUP, parse=nonempty,
                         doc="consumer group of tbmq.msg.persisted")
-    session_timeout_s: float = env(
-        "DEVICE_PERSISTENCE_SESSION_TIMEOUT_S", 10.0, parse=number(6, 30),
-        doc="the tbmq.msg.persisted consumer's group session: an instance silent this long loses its partitions "
-            "to the others (a restart with the same TBMQ_SERVICE_ID gets them back at once: "
-            "TBMQ_KAFKA_STATIC_MEMBERSHIP). 6 (Kafka's group.min.session.timeout.ms) .. 30 (under the "
-            "consumer's 40 s request timeout)")
+    session_timeout_s: float = group_session_env("DEVICE_PERSISTENCE_SESSION_TIMEOUT_S", 10.0, "tbmq.msg.persisted")
     auto_offset_reset: str = auto_offset_reset_env("DEVICE_PERSISTENCE_AUTO_OFFSET_RESET", "tbmq.msg.persisted")
     save_attempts: int = env("DEVICE_PERSISTENCE_SAVE_ATTEMPTS", 5, parse=integer(1, 1000),
                              doc="attempts of a batch's save that Redis refuses for a client's data (a key of "

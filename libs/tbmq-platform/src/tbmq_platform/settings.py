@@ -166,6 +166,22 @@ def auto_offset_reset_env(name: str, topic: str) -> Any:
                    "lost; what the topic still holds is handled again) or latest (skipped)")
 
 
+# Kafka's default group.min.session.timeout.ms: a shorter group session is refused at the join
+MIN_GROUP_SESSION_S = 6.0
+
+
+def group_session_env(name: str, default: float, topic: str, *, most_s: float = 30.0, why_most: str = "") -> Any:
+    """The `<PREFIX>_SESSION_TIMEOUT_S` setting of a consumer group on `topic`: an instance silent this long
+    loses its partitions to the others. Bounded at start-up, with the other settings: below Kafka's
+    group.min.session.timeout.ms (6 s) the group join fails; above `most_s` (30: aiokafka's JoinGroup waits up
+    to the session and must stay under its 40 s request timeout) the client fails later, at run time."""
+    return env(name, default, parse=number(MIN_GROUP_SESSION_S, most_s),
+               doc=f"consumer group session (s) on {topic}: an instance silent this long loses its partitions to "
+                   "the others (a restart with the same TBMQ_SERVICE_ID gets them back at once: "
+                   f"TBMQ_KAFKA_STATIC_MEMBERSHIP); {MIN_GROUP_SESSION_S:g}..{most_s:g} (Kafka's "
+                   f"group.min.session.timeout.ms; {why_most or 'under the consumer request timeout, 40 s'})")
+
+
 def trace_spans_env(name: str, spans: str) -> Any:
     """The `<PREFIX>_TRACE_SPANS` setting of a service whose `spans` are made only when exported or asked for
     (tbmq_platform.tracing.spans_on)."""

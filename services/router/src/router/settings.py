@@ -7,8 +7,8 @@ import tempfile
 from dataclasses import dataclass
 
 from tbmq_platform.settings import (ROUTER_GROUP, CommonSettings, auto_offset_reset_env, choice,
-                                   device_persistence_targets_env, env, fetch_window_env, integer, nonempty, number,
-                                   port, trace_spans_env)
+                                   device_persistence_targets_env, env, fetch_window_env, group_session_env, integer,
+                                   nonempty, number, port, trace_spans_env)
 
 
 def _default_data_dir() -> str:
@@ -44,10 +44,8 @@ class RouterSettings(CommonSettings):
         "ROUTER_CONSUMER_IN_LOOP", True,
         doc="run Faust's Kafka consumer on the worker's event loop instead of a thread of its own "
             "(no cross-thread hand-over per poll; docs/router.md, Batches)")
-    session_timeout_s: float = env("ROUTER_SESSION_TIMEOUT_S", 10.0, parse=number(6, 90),
-                                   doc="consumer group session timeout (s): how soon the partitions of "
-                                       "a crashed instance move to the others; 6..90 (Kafka's default "
-                                       "group.min.session.timeout.ms, Faust's broker_request_timeout)")
+    session_timeout_s: float = group_session_env("ROUTER_SESSION_TIMEOUT_S", 10.0, "tbmq.msg.all", most_s=90.0,
+                                                 why_most="Faust's broker_request_timeout")
     trace_spans: bool = trace_spans_env("ROUTER_TRACE_SPANS", "a routing span per message")
     rebuild_timeout_s: float = env("ROUTER_REBUILD_TIMEOUT_S", 120.0, parse=number(1),
                                    doc="start-up fails if the state topics are not read within this time")

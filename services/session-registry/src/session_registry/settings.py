@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from tbmq_platform.settings import (DEVICE_PERSISTENCE_GRPC_TARGET, SESSION_REGISTRY_GROUP, CommonSettings, env,
-                                   integer, nonempty, number, port)
+                                   group_session_env, integer, nonempty, port)
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -67,9 +67,6 @@ class SessionRegistrySettings(CommonSettings):
             ".msg.downlink.basic.<svc>) of a connector dead this long are deleted (0 = never)")
     group_id: str = env("TBMQ_SESSION_REGISTRY_GROUP_ID", SESSION_REGISTRY_GROUP, parse=nonempty,
                         doc="consumer group of tbmq.client.session.event.request")
-    session_timeout_s: float = env(
-        "TBMQ_SESSION_REGISTRY_SESSION_TIMEOUT_S", 6.0, parse=number(6, 30),
-        doc="the request consumer's group session: an instance silent this long loses its partitions to the "
-            "others (the CONNECTs of its clients wait that long when it dies; a restart with the same "
-            "TBMQ_SERVICE_ID gets them back at once: TBMQ_KAFKA_STATIC_MEMBERSHIP). 6 (Kafka's "
-            "group.min.session.timeout.ms) .. 30 (under the consumer's 40 s request timeout)")
+    # the CONNECTs on a dead instance's partitions wait this long (a restart with its id: not at all)
+    session_timeout_s: float = group_session_env("TBMQ_SESSION_REGISTRY_SESSION_TIMEOUT_S", 6.0,
+                                                 "tbmq.client.session.event.request")
