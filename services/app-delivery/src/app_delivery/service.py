@@ -43,7 +43,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
         self._stopping = False
         self.removed_consumer = None
         self._removed_task: asyncio.Task | None = None
-        self.removed_ready = False  # the removal consumer joined its group (health `removal_joined`)
+        self.removal_joined = False  # the removal consumer joined its group (/readyz)
         self.removed_count = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
 
     def health_details(self) -> dict:
         return {"grpc_port": self.grpc_port, "streams": len(self.streams), "removed": self.removed_count,
-                "removal_joined": self.removed_ready}
+                "removal_joined": self.removal_joined}
 
     # -- gRPC ---------------------------------------------------------------------------------------
     async def Deliver(self, request_iterator, context):  # noqa: N802 (gRPC name)
@@ -147,7 +147,7 @@ class AppDeliveryService(Service, sgrpc.AppDeliveryServicer):
         APPLICATION client's topic and group, committing after each batch."""
         consumer = self.removed_consumer
         await consumer.start()
-        self.removed_ready = True
+        self.removal_joined = True
         while not self._stopping:
             batches = await consumer.getmany(timeout_ms=IDLE_FETCH_WAIT_MS, max_records=100)
             for _tp, records in batches.items():
