@@ -28,8 +28,8 @@ def copies(*origins, size: int = 10, qos: int = 1) -> list[Copy]:
 
 def test_admitted_copies_take_the_next_serials_and_packet_ids_from_the_cursor():
     t = table()
-    assert t.enter("c", LIVE, serial=41, packet_id=7)
-    assert not t.enter("c", LIVE, serial=0, packet_id=0)  # in the table already: the cursor is not reset
+    assert t.enter("c", LIVE, serial=41, packet_id=7, serial_end=1_000)
+    assert not t.enter("c", LIVE, serial=0, packet_id=0, serial_end=1_000)  # in the table already: the cursor is not reset
     b = HeldBatch()
     held = t.admit("c", copies((0, 5), (0, 6)), now_ms=1_000, batch=b)
     assert [(m.serial, m.packet_id, m.payload) for m in held] == [(42, 8, "m(0, 5)"), (43, 9, "m(0, 6)")]
@@ -39,7 +39,7 @@ def test_admitted_copies_take_the_next_serials_and_packet_ids_from_the_cursor():
 
 def test_packet_ids_wrap_to_1_and_skip_the_ids_still_held():
     t = table()
-    t.enter("c", LIVE, serial=0, packet_id=MAX_PACKET_ID - 1)
+    t.enter("c", LIVE, serial=0, packet_id=MAX_PACKET_ID - 1, serial_end=1_000_000)
     first = t.admit("c", copies((0, 1), (0, 2)), 0, HeldBatch())
     assert [m.packet_id for m in first] == [MAX_PACKET_ID, 1]  # never 0
     assert t.release("c", MAX_PACKET_ID, first[0].serial) is Released.HELD
@@ -52,11 +52,11 @@ def test_packet_ids_wrap_to_1_and_skip_the_ids_still_held():
 
 
 @pytest.mark.parametrize("why", ["not entered", "qos 2", "client bytes", "total bytes", "handed-out limit",
-                                 "spilling", "empty"])
+                                 "serials used up", "spilling", "empty"])
 def test_copies_that_cannot_all_be_held_are_refused_and_nothing_is_taken(why):
-    t = table(client_bytes=100, total_bytes=150, handed_out_limit=3)
-    t.enter("c", LIVE, 0, 0)
-    t.enter("d", LIVE, 0, 0)
+    t = table(client_bytes=100, total_bytes=150, handed_out_limit=3 if why == "handed-out limit" else 100)
+    t.enter("c", LIVE, 0, 0, serial_end=3)
+    t.enter("d", LIVE, 0, 0, 1_000_000)
     t.admit("d", copies((1, 1), size=60), 0, HeldBatch())
     t.admit("c", copies((0, 1), size=40), 0, HeldBatch())
     before = (t.bytes, t.held_count("c"), t._clients["c"].serial, t._clients["c"].packet_id)
@@ -67,6 +67,7 @@ def test_copies_that_cannot_all_be_held_are_refused_and_nothing_is_taken(why):
         "client bytes": ("c", copies((0, 2), size=61)),  # 40 + 61 > 100
         "total bytes": ("c", copies((0, 2), size=51)),  # 100 + 51 > 150
         "handed-out limit": ("c", copies((0, 2), (0, 3), (0, 4), size=1)),  # 1 + 3 > 3
+        "serials used up": ("c", copies((0, 2), (0, 3), (0, 4), size=1)),  # serial 1 + 3 > 3
         "spilling": ("c", copies((0, 2))),
         "empty": ("c", []),
     }[why]
@@ -79,8 +80,8 @@ def test_copies_that_cannot_all_be_held_are_refused_and_nothing_is_taken(why):
 
 def test_a_batch_finishes_once_sealed_and_every_copy_it_holds_is_released():
     t = table()
-    t.enter("a", LIVE, 0, 0)
-    t.enter("b", LIVE, 0, 0)
+    t.enter("a", LIVE, 0, 0, 1_000_000)
+    t.enter("b", LIVE, 0, 0, 1_000_000)
     batch = HeldBatch("token")
     ma = t.admit("a", copies((0, 10)), 0, batch)
     mb = t.admit("b", copies((0, 11)), 0, batch)
@@ -101,7 +102,7 @@ def test_a_batch_finishes_once_sealed_and_every_copy_it_holds_is_released():
 @pytest.mark.parametrize("pid_delta, serial_delta", [(1, 0), (0, 1), (0, -1)])
 def test_an_acknowledgement_that_does_not_name_a_held_copy_exactly_is_not_held(pid_delta, serial_delta):
     t = table()
-    t.enter("c", LIVE, 0, 0)
+    t.enter("c", LIVE, 0, 0, 1_000_000)
     (m,) = t.admit("c", copies((0, 1)), 0, HeldBatch())
     assert t.release("c", m.packet_id + pid_delta, m.serial + serial_delta) is Released.NOT_HELD
     assert t.release("x", m.packet_id, m.serial) is Released.NOT_HELD
@@ -112,7 +113,7 @@ def test_an_acknowledgement_that_does_not_name_a_held_copy_exactly_is_not_held(p
 
 def test_the_origin_mark_never_reaches_a_copy_still_held():
     t = table()
-    t.enter("c", LIVE, 0, 0)
+    t.enter("c", LIVE, 0, 0, 1_000_000)
     m = t.admit("c", copies((0, 10), (1, 20), (0, 11), (0, 12), (1, 21)), 0, HeldBatch())
     t.release("c", m[2].packet_id, m[2].serial)  # (0, 11) before (0, 10): partition 0 stays below 10
     assert t.collect().marks == {}
@@ -127,8 +128,8 @@ def test_the_origin_mark_never_reaches_a_copy_still_held():
 
 def test_clients_past_their_deadline_are_due_once_and_released_copies_never():
     t = table(hold_ms=100)
-    t.enter("a", LIVE, 0, 0)
-    t.enter("b", LIVE, 0, 0)
+    t.enter("a", LIVE, 0, 0, 1_000_000)
+    t.enter("b", LIVE, 0, 0, 1_000_000)
     ma = t.admit("a", copies((0, 1), (0, 2)), 1_000, HeldBatch())
     t.admit("b", copies((0, 3)), 1_050, HeldBatch())
     assert t.due(1_099) == []
@@ -144,14 +145,14 @@ def test_clients_past_their_deadline_are_due_once_and_released_copies_never():
 
 def test_a_spill_hands_over_the_tail_defers_its_acknowledgements_and_finishes_its_batches():
     t = table()
-    t.enter("c", LIVE, 5, 5)
+    t.enter("c", LIVE, 5, 5, 1_000_000)
     batch = HeldBatch()
     m = t.admit("c", copies((0, 10), (0, 11), (0, 12)), 0, batch)
     t.seal(batch)
     t.release("c", m[0].packet_id, m[0].serial)
     spill = t.leave("c")
     assert [x.serial for x in spill.messages] == [7, 8]
-    assert (spill.serial, spill.packet_id, spill.attached) == (8, 8, LIVE)
+    assert (spill.serial, spill.packet_id, spill.serial_end, spill.attached) == (8, 8, 1_000_000, LIVE)
     assert marks_of(spill) == {0: 12}
     assert t.leave("c") is None  # spilling already
     assert t.clients() == []
@@ -163,12 +164,12 @@ def test_a_spill_hands_over_the_tail_defers_its_acknowledgements_and_finishes_it
     assert "c" not in t and t.bytes == 0
     assert t.collect().batches == [batch]
     assert t.release("c", m[2].packet_id, m[2].serial) is Released.NOT_HELD  # in Redis now
-    assert t.enter("c", OTHER, 8, 8)
+    assert t.enter("c", OTHER, 1_000_000, 8, 2_000_000)
 
 
 def test_a_spill_given_up_puts_the_client_back_and_applies_its_deferred_acknowledgements():
     t = table()
-    t.enter("c", LIVE, 0, 0)
+    t.enter("c", LIVE, 0, 0, 1_000_000)
     m = t.admit("c", copies((0, 1), (0, 2)), 0, HeldBatch())
     t.leave("c")
     assert t.release("c", m[0].packet_id, m[0].serial) is Released.DEFERRED
@@ -179,9 +180,9 @@ def test_a_spill_given_up_puts_the_client_back_and_applies_its_deferred_acknowle
 
 def test_the_clients_of_a_connector_are_listed_for_their_streams_end():
     t = table()
-    t.enter("a", LIVE, 0, 0)
-    t.enter("b", OTHER, 0, 0)
-    t.enter("c", LIVE, 0, 0)
+    t.enter("a", LIVE, 0, 0, 1_000_000)
+    t.enter("b", OTHER, 0, 0, 1_000_000)
+    t.enter("c", LIVE, 0, 0, 1_000_000)
     t.leave("c")
     assert t.attached_to("connector-1") == ["a"]
     assert sorted(t.clients()) == ["a", "b"]
@@ -193,7 +194,7 @@ def test_bad_limits_and_cursors_are_refused():
     with pytest.raises(ValueError):
         table(handed_out_limit=MAX_PACKET_ID)
     with pytest.raises(ValueError):
-        table().enter("c", LIVE, 0, MAX_PACKET_ID + 1)
+        table().enter("c", LIVE, 0, MAX_PACKET_ID + 1, serial_end=9)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -205,7 +206,7 @@ def test_random_traffic_keeps_every_invariant(seed):
     t = table(hold_ms=50, client_bytes=200, total_bytes=500, handed_out_limit=8)
     cids = ["a", "b", "c"]
     for cid in cids:
-        t.enter(cid, LIVE, 0, MAX_PACKET_ID - 3)
+        t.enter(cid, LIVE, 0, MAX_PACKET_ID - 3, 7)
     offsets = {0: 0, 1: 0}
     live: dict[int, tuple] = {}  # id(msg) -> (cid, msg)
     batches: list[tuple[HeldBatch, list]] = []
@@ -227,7 +228,7 @@ def test_random_traffic_keeps_every_invariant(seed):
                     for m in spill.messages:
                         live.pop(id(m))
                     t.spilled(cid)
-                    t.enter(cid, LIVE, spill.serial, spill.packet_id)
+                    t.enter(cid, LIVE, spill.serial_end, spill.packet_id, spill.serial_end + 7)
                 for m in got or []:
                     live[id(m)] = (cid, m)
                     msgs.append(m)
@@ -249,7 +250,7 @@ def test_random_traffic_keeps_every_invariant(seed):
                 for m in spill.messages:
                     live.pop(id(m))
                 t.spilled(due)
-                t.enter(due, LIVE, spill.serial, spill.packet_id)
+                t.enter(due, LIVE, spill.serial_end, spill.packet_id, spill.serial_end + 7)
         got = t.collect()
         finished += got.batches
         for c, parts in got.marks.items():

@@ -94,6 +94,7 @@ class _Client:
     attached: Any  # the service's Attachment: .service_id names the connector it is live on
     serial: int
     packet_id: int
+    serial_end: int  # the last serial of the block Redis reserved
     held: dict[int, HeldMsg] = field(default_factory=dict)  # serial -> copy, in serial order
     pids: dict[int, int] = field(default_factory=dict)  # packet id -> serial of the held copy
     bytes: int = 0
@@ -110,8 +111,9 @@ class Spill:
     client_id: str
     attached: Any
     messages: list[HeldMsg]
-    serial: int  # the client's cursor after them
+    serial: int  # the last serial and packet id handed out
     packet_id: int
+    serial_end: int  # the end of the reserved block: Redis's cursor is there already
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +152,16 @@ class HeldTable:
         c = self._clients.get(client_id)
         return len(c.held) if c is not None else 0
 
-    def enter(self, client_id: str, attached: Any, serial: int, packet_id: int) -> bool:
-        """The client's Redis store is empty and it is live on `attached`, its last serial and packet id handed out
-        are `serial` and `packet_id`: its next QoS 1 copies may be held. False when it is in the table already."""
+    def enter(self, client_id: str, attached: Any, serial: int, packet_id: int, serial_end: int) -> bool:
+        """The client's Redis store is empty and it is live on `attached`, and Redis reserved it the serials
+        `serial`+1 .. `serial_end` and the packet ids after `packet_id` as many (its state's cursor moved past them,
+        so whatever Redis hands out next, after a crash of this instance too, comes after every held copy): its
+        next QoS 1 copies may be held, until that block is used up. False when it is in the table already."""
         if client_id in self._clients:
             return False
-        if not 0 <= packet_id <= MAX_PACKET_ID or serial < 0:
-            raise ValueError(f"bad cursor: serial {serial}, packet id {packet_id}")
-        self._clients[client_id] = _Client(attached, serial, packet_id)
+        if not 0 <= packet_id <= MAX_PACKET_ID or not 0 <= serial <= serial_end:
+            raise ValueError(f"bad cursor: serials {serial}..{serial_end}, packet id {packet_id}")
+        self._clients[client_id] = _Client(attached, serial, packet_id, serial_end)
         return True
 
     def admit(self, client_id: str, copies: Sequence[Copy], now_ms: int, batch: HeldBatch) -> list[HeldMsg] | None:
@@ -174,7 +178,7 @@ class HeldTable:
                 return None
             size += copy.size
         if (c.bytes + size > self.client_bytes or self.bytes + size > self.total_bytes
-                or len(c.held) + len(copies) > self.handed_out_limit):
+                or len(c.held) + len(copies) > self.handed_out_limit or c.serial + len(copies) > c.serial_end):
             return None
         deadline = now_ms + self.hold_ms
         out = []
@@ -283,7 +287,7 @@ class HeldTable:
         if c is None or c.spilling:
             return None
         c.spilling = True
-        return Spill(client_id, c.attached, list(c.held.values()), c.serial, c.packet_id)
+        return Spill(client_id, c.attached, list(c.held.values()), c.serial, c.packet_id, c.serial_end)
 
     def spilled(self, client_id: str) -> list[tuple[int, int]]:
         """The tail `leave` gave is written to Redis: the client is out of the table; returns the acknowledgements
