@@ -92,7 +92,8 @@ MAX_PACKET_ID = 65535
 MAX_MESSAGES_LIMIT = 1_000_000  # per client (save_messages.lua checks it too)
 MAX_HANDED_OUT_LIMIT = MAX_PACKET_ID - 1  # packet ids in use per client: one is always free
 SAVE_REPLY = 8  # save_messages.lua's reply elements per client
-SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach")
+SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach",
+                "reserve_held", "spill_held")
 LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script but detach
 
 _TYPE_PUBLISH = b"P"
@@ -732,6 +733,58 @@ class DeviceMsgStore:
                                                    reply[SAVE_REPLY * j:SAVE_REPLY * (j + 1)])
         self.stats.save_calls += len(calls)
         return out
+
+    async def reserve_held(self, clients: Mapping[str, Attachment], size: int) -> dict[str, tuple[int, int, int] | None]:
+        """reserve_held.lua for many clients: client id -> (last serial, last packet id, the block's last serial)
+        when its store is empty and it is live on the given attachment (its state moved past a block of `size`
+        serials and packet ids), else None (nothing written)."""
+        if not clients:
+            return {}
+        items = list(clients.items())
+        parts = self._per_call(items, lambda item: self.keys(item[0]).state)
+        replies = await self._call_many("reserve_held", [
+            ([self.keys(cid).state for cid, _ in part], [size, *(att.encode() for _, att in part)]) for part in parts])
+        out: dict[str, tuple[int, int, int] | None] = {}
+        for part, reply in zip(parts, replies):
+            if len(reply) != 3 * len(part):
+                raise RuntimeError(f"reserve_held.lua answered {len(reply)} elements for {len(part)} clients")
+            for j, (cid, _) in enumerate(part):
+                serial, pid, end = (int(x) for x in reply[3 * j:3 * j + 3])
+                out[cid] = None if serial < 0 else (serial, pid, end)
+        return out
+
+    async def spill_held(
+        self, spills: Mapping[str, tuple[Mapping[int, int], Sequence[messages_pb2.DevicePublishMsg]]],
+        default_ttl: int | None = None,
+    ) -> int:
+        """spill_held.lua for many clients: client id -> (origin marks {tbmq.msg.all partition: offset}, the held
+        messages handed out, serials ascending): stored with their serials and packet ids as handed out, the marks
+        raised. A message already expired is not stored. Returns how many were stored."""
+        if not spills:
+            return 0
+        ttl_s = self.config.messages_ttl_s if default_ttl is None else default_ttl
+        now_ms = int(time.time() * 1000)
+        items = []
+        for cid, (marks, messages) in spills.items():
+            parts: list[bytes] = []
+            if marks:
+                parts.append(b"#%s;" % b",".join(b"%d:%d" % (p, o) for p, o in sorted(marks.items())))
+            for dmsg in messages:
+                _check_pid(dmsg.packet_id)
+                ttl = self._ttl_ms(dmsg.msg, ttl_s, now_ms)
+                if ttl <= 0:
+                    continue
+                body = dmsg.msg.SerializeToString()
+                parts.append(b"%d,%d,%d:" % (ttl, dmsg.serial, len(body) + 3))
+                parts.append(_TYPE_PUBLISH + dmsg.packet_id.to_bytes(2, "big"))
+                parts.append(body)
+            if parts:
+                items.append((self.keys(cid), b"".join(parts)))
+        if not items:
+            return 0
+        calls = [([key for k, _ in part for key in (k.messages, k.pids, k.state)], [blob for _, blob in part])
+                 for part in self._per_call(items, lambda item: item[0].messages)]
+        return sum(int(r) for r in await self._call_many("spill_held", calls))
 
     async def fetch_undelivered(
         self, client_id: str, attach: Attachment | None = None, *, check: bool = False, after: int = 0,

@@ -1,0 +1,116 @@
+"""reserve_held.lua and spill_held.lua (held forwards, tbmq_device_persistence.held) against real Redis, standalone and
+cluster: a block reserved only for a live client with an empty store, a spill stored as handed-out messages that the
+next session gets and the PUBACKs remove, and origin marks a router's replay is checked against."""
+
+from __future__ import annotations
+
+import pytest
+from tbmq.v1 import messages_pb2 as pb
+
+from tbmq_device_persistence.store import Attachment
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SVC = Attachment("svc", "s1")
+OTHER = Attachment("svc-2", "s2")
+
+
+def msg(seq: int) -> pb.PublishMsg:
+    return pb.PublishMsg(topic=f"t/{seq}", payload=b"%d" % seq, qos=1)
+
+
+def held(client_id: str, serial: int, pid: int, seq: int) -> pb.DevicePublishMsg:
+    return pb.DevicePublishMsg(client_id=client_id, serial=serial, packet_id=pid, msg=msg(seq),
+                               packet_type=pb.DEVICE_PACKET_TYPE_PUBLISH)
+
+
+async def live_and_empty(store, client_id: str, n: int = 2) -> list[pb.DevicePublishMsg]:
+    """The client attached to SVC, `n` messages forwarded to it and acknowledged: live, nothing stored."""
+    await store.fetch_undelivered(client_id, attach=SVC)
+    res = (await store.save_many_attached({client_id: [msg(i) for i in range(n)]}))[client_id]
+    assert res.attached == SVC and res.forwarded == n
+    await store.apply_acks([(client_id, d.packet_id, d.serial) for d in res.messages])
+    return res.messages
+
+
+async def test_a_block_is_reserved_only_for_a_live_client_with_an_empty_store(store_factory, client_id):
+    store = await store_factory()
+    sent = await live_and_empty(store, client_id)
+    other, stored = client_id + "-elsewhere", client_id + "-stored"
+    await live_and_empty(store, other)
+    await store.fetch_undelivered(stored, attach=SVC)
+    await store.save_many_attached({stored: [msg(1)]})  # forwarded, not acknowledged: stored
+    got = await store.reserve_held({client_id: SVC, other: OTHER, stored: SVC, client_id + "-nobody": SVC}, 100)
+    assert got == {client_id: (sent[-1].serial, sent[-1].packet_id, sent[-1].serial + 100), other: None,
+                   stored: None, client_id + "-nobody": None}
+    # Redis's cursor is past the block: what it hands out next comes after every held serial and packet id
+    res = (await store.save_many_attached({client_id: [msg(9)]}))[client_id]
+    assert [(d.serial, d.packet_id) for d in res.messages] == [(sent[-1].serial + 101, sent[-1].packet_id + 101)]
+    assert await store.reserve_held({client_id: SVC}, 100) == {client_id: None}  # it stores one now
+
+
+async def test_the_packet_ids_of_a_block_wrap_to_1(store_factory, client_id):
+    store = await store_factory()
+    await live_and_empty(store, client_id, n=1)  # pid 1
+    first = await store.reserve_held({client_id: SVC}, 65534)  # ids 2 .. 65535
+    assert first[client_id][1:] == (1, first[client_id][0] + 65534)
+    assert await store.reserve_held({client_id: SVC}, 3) == {client_id: (first[client_id][2], 65535,
+                                                                            first[client_id][2] + 3)}
+    res = (await store.save_many_attached({client_id: [msg(1)]}))[client_id]
+    assert res.messages[0].packet_id == 4  # 1, 2, 3 reserved: never 0
+
+
+async def test_a_spill_is_stored_as_handed_out_and_the_next_session_gets_it(store_factory, client_id):
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    serial, pid, end = (await store.reserve_held({client_id: SVC}, 10))[client_id]
+    tail = [held(client_id, serial + 2, pid + 2, 2), held(client_id, serial + 3, pid + 3, 3)]  # +1 acknowledged
+    assert await store.spill_held({client_id: ({0: 42}, tail)}) == 2
+    assert await store.spill_held({client_id: ({0: 42}, tail)}) == 0  # a retry stores nothing twice
+    assert await store.count(client_id) == 2
+    page = await store.fetch_undelivered(client_id, attach=OTHER)  # a takeover's first page
+    assert [(d.serial, d.packet_id, d.msg.payload) for d in page] == [(serial + 2, pid + 2, b"2"),
+                                                                         (serial + 3, pid + 3, b"3")]
+    # the PUBACKs of the old connection (packet id and serial) remove them: the store is empty again
+    assert await store.apply_acks([(client_id, pid + 2, serial + 2), (client_id, pid + 3, serial + 3)]) == (2, 0)
+    assert await store.count(client_id) == 0
+    assert (await store.reserve_held({client_id: OTHER}, 10))[client_id] == (end, pid + 10, end + 10)
+
+
+async def test_a_new_message_is_saved_behind_a_spilled_tail_with_a_free_packet_id(store_factory, client_id):
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    serial, pid, end = (await store.reserve_held({client_id: SVC}, 5))[client_id]
+    await store.spill_held({client_id: ({}, [held(client_id, serial + 1, pid + 1, 1)])})
+    res = (await store.save_many_attached({client_id: [msg(2)]}))[client_id]
+    assert res.attached == SVC and [(d.serial, d.packet_id) for d in res.messages] == [(end + 1, pid + 6)]
+    page = await store.fetch_undelivered(client_id, attach=SVC)
+    assert [d.serial for d in page] == [serial + 1, end + 1]
+
+
+async def test_origin_marks_drop_a_replay_at_or_below_them_and_only_rise(store_factory, client_id):
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    await store.reserve_held({client_id: SVC}, 5)
+    assert await store.spill_held({client_id: ({3: 100, 4: 7}, [])}) == 0  # the marks of acknowledged copies
+    assert await store.spill_held({client_id: ({3: 90}, [])}) == 0  # lower: the mark stays at 100
+    res = (await store.save_many_attached({client_id: [msg(1), msg(2), msg(3)]},
+                                          origins={client_id: [(3, 100), (3, 101), (4, 7)]}))[client_id]
+    assert [d.msg.payload for d in res.messages] == [b"2"]  # a router's replay of what was acknowledged: dropped
+    assert res.applied_before == 2
+    gone = client_id + "-gone"
+    assert await store.spill_held({gone: ({3: 1}, [])}) == 0
+    assert await store.count(gone) == 0 and not await store.redis.exists(store.keys(gone).state)
+
+
+async def test_bad_arguments_are_refused_before_anything_is_written(store_factory, client_id):
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    k = store.keys(client_id)
+    with pytest.raises(Exception, match="reserve_held: the block size"):
+        await store.reserve_held({client_id: SVC}, 65535)
+    bad = [b"#3:x;", b"1000,5,6:P\x00\x00abc", b"1000,7,6:P\x00\x01abc1000,6,6:P\x00\x02abc"]
+    for blob in bad:
+        with pytest.raises(Exception, match="spill_held: bad|without a packet id"):
+            await store._call("spill_held", [k.messages, k.pids, k.state], [blob])
+    assert await store.count(client_id) == 0
