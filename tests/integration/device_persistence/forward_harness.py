@@ -104,14 +104,14 @@ class ForwardClient:
         return self.code
 
     async def acknowledge(self, acks=(), pubrecs=()) -> spb.ForwardAcked:
-        """Sends (client id, packet id) acknowledgements / PUBRECs up; waits for their answer."""
+        """Sends (client id, packet id[, serial]) acknowledgements / PUBRECs up; waits for their answer."""
         PR = spb.PacketRequest
         seq = next(self._seq)
         fut = asyncio.get_running_loop().create_future()
         self._acked[seq] = fut
         async with self._writing:
             await self.call.write(spb.ForwardUp(acks=spb.ForwardAcks(seq=seq, batch=spb.PacketBatchRequest(
-                acks=[PR(client_id=c, packet_id=p) for c, p in acks],
+                acks=[PR(client_id=a[0], packet_id=a[1], serial=a[2] if len(a) > 2 else 0) for a in acks],
                 pubrecs=[PR(client_id=c, packet_id=p) for c, p in pubrecs]))))
         return await asyncio.wait_for(fut, BOUND)
 

@@ -52,7 +52,7 @@ def test_packet_ids_wrap_to_1_and_skip_the_ids_still_held():
 
 
 @pytest.mark.parametrize("why", ["not entered", "qos 2", "client bytes", "total bytes", "handed-out limit",
-                                 "serials used up", "spilling", "empty"])
+                                 "serials used up", "routed again", "spilling", "empty"])
 def test_copies_that_cannot_all_be_held_are_refused_and_nothing_is_taken(why):
     t = table(client_bytes=100, total_bytes=150, handed_out_limit=3 if why == "handed-out limit" else 100)
     t.enter("c", LIVE, 0, 0, serial_end=3)
@@ -68,6 +68,7 @@ def test_copies_that_cannot_all_be_held_are_refused_and_nothing_is_taken(why):
         "total bytes": ("c", copies((0, 2), size=51)),  # 100 + 51 > 150
         "handed-out limit": ("c", copies((0, 2), (0, 3), (0, 4), size=1)),  # 1 + 3 > 3
         "serials used up": ("c", copies((0, 2), (0, 3), (0, 4), size=1)),  # serial 1 + 3 > 3
+        "routed again": ("c", copies((0, 2), (0, 1))),  # (0, 1) was held before: a batch sent again
         "spilling": ("c", copies((0, 2))),
         "empty": ("c", []),
     }[why]
@@ -102,13 +103,15 @@ def test_a_batch_finishes_once_sealed_and_every_copy_it_holds_is_released():
 @pytest.mark.parametrize("pid_delta, serial_delta", [(1, 0), (0, 1), (0, -1)])
 def test_an_acknowledgement_that_does_not_name_a_held_copy_exactly_is_not_held(pid_delta, serial_delta):
     t = table()
-    t.enter("c", LIVE, 0, 0, 1_000_000)
+    t.enter("c", LIVE, 5, 0, 1_000_000)
     (m,) = t.admit("c", copies((0, 1)), 0, HeldBatch())
     assert t.release("c", m.packet_id + pid_delta, m.serial + serial_delta) is Released.NOT_HELD
     assert t.release("x", m.packet_id, m.serial) is Released.NOT_HELD
     assert t.held_count("c") == 1
     assert t.release("c", m.packet_id, m.serial) is Released.HELD
     assert t.release("c", m.packet_id, m.serial) is Released.NOT_HELD  # once
+    (m2,) = t.admit("c", copies((0, 2)), 0, HeldBatch())
+    assert t.release("c", m2.packet_id, 0) is Released.HELD  # serial 0: whatever holds the id
 
 
 def test_the_origin_mark_never_reaches_a_copy_still_held():

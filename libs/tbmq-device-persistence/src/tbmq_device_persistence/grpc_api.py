@@ -126,9 +126,13 @@ def _packet_id(request) -> int:
 
 
 class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
-    def __init__(self, store: DeviceMsgStore, registry: ForwardRegistry | None = None, persist=None) -> None:
+    def __init__(self, store: DeviceMsgStore, registry: ForwardRegistry | None = None, persist=None,
+                 holding=None) -> None:
         self.store = store
-        self._persist = persist  # async (records: list[bytes]) -> saved count (the service's persist)
+        # async (records: list[bytes]) -> an awaitable of the stored count, done once durable (the service's
+        # persist_start: it returns once the batch is saved and forwarded)
+        self._persist = persist
+        self.holding = holding  # holding.Holding (held forwards) or None
         self.registry = registry if registry is not None else ForwardRegistry(16 * 1024 * 1024)
         self.calls: Counter = Counter()
         self.persist_streams = 0  # Persist streams open (/readyz `persist_streams`)
@@ -152,10 +156,21 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
             log.warning("connector %s did not settle its acknowledgements within %.1fs for %r taken over by %s",
                         previous.service_id, SETTLE_WAIT_S, request.client_id, request.service_id)
 
+    async def _leave_held(self, client_id: str, what: str) -> None:
+        """A session event of a client in held mode: its held tail written to Redis before the event is served."""
+        if self.holding is not None:
+            await self.holding.leave(client_id, what)
+
+    async def _apply_acks(self, acks, pubrecs) -> tuple[int, int]:
+        if self.holding is not None:
+            return await self.holding.apply_acks(acks, pubrecs)
+        return await self.store.apply_acks(acks, pubrecs)
+
     @_rpc
     async def FetchUndelivered(self, request: spb.FetchUndeliveredRequest):
         fetch = _fetch_args(request)
         await self._settle_elsewhere(request)
+        await self._leave_held(request.client_id, "fetch")
         response = await self.store.fetch_undelivered_response(request.client_id, **fetch)
         trace.get_current_span().set_attribute("tbmq.messages", len(response.messages))
         return response
@@ -166,6 +181,7 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         n = 0
         fetch = _fetch_args(request)
         await self._settle_elsewhere(request)
+        await self._leave_held(request.client_id, "fetch")
         async with contextlib.aclosing(self.store.fetch_undelivered_parts(request.client_id, **fetch)) as parts:
             async for wire, more, not_attached in parts:
                 if not_attached:
@@ -179,12 +195,13 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
 
     @_rpc
     async def Detach(self, request: spb.DetachRequest):
+        await self._leave_held(request.client_id, "detach")
         return spb.DetachResponse(detached=await self.store.detach(request.client_id, request.session_id))
 
     @_rpc
     async def Acknowledge(self, request: spb.PacketRequest):
-        return spb.PacketResponse(
-            found=await self.store.acknowledge(request.client_id, _packet_id(request), request.serial))
+        acknowledged, _ = await self._apply_acks([(request.client_id, _packet_id(request), request.serial)], [])
+        return spb.PacketResponse(found=acknowledged > 0)
 
     @_rpc
     async def MarkPubrec(self, request: spb.PacketRequest):
@@ -194,7 +211,7 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
     @_rpc
     async def AcknowledgeMany(self, request: spb.PacketBatchRequest):
         try:
-            acknowledged, marked = await self.store.apply_acks(
+            acknowledged, marked = await self._apply_acks(
                 [(a.client_id, a.packet_id, a.serial) for a in request.acks],
                 [(p.client_id, p.packet_id, p.serial) for p in request.pubrecs])
         except ValueError as exc:
@@ -205,6 +222,7 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
 
     @_rpc
     async def Clear(self, request: spb.ClearRequest):
+        await self._leave_held(request.client_id, "clear")
         return spb.ClearResponse(removed=await self.store.clear(request.client_id))
 
     async def Forward(self, request_iterator, context: grpc.aio.ServicerContext):
@@ -241,6 +259,8 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             log.info("forward stream of %s ended: %s", service_id, reason.value)
+            if self.holding is not None:  # what was forwarded on it may be lost: the tails go to Redis, where the
+                await self.holding.leave_service(service_id)  # connector's resync after it reopens reads them
         if reason is EndReason.OVERFLOW:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"forward queue above {self.registry.max_bytes} bytes: reopen and re-fetch")
@@ -255,15 +275,28 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         if self._persist is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this instance takes no Persist streams")
         self.persist_streams += 1
+        answers: asyncio.Queue = asyncio.Queue()  # (seq, awaitable of the stored count), in batch order
+        writer = asyncio.get_running_loop().create_task(self._answer(answers, context), name="persist answers")
         try:
             async for batch in request_iterator:
                 try:
-                    stored = await self._persist(batch.records)
+                    done = await self._persist(batch.records)  # saved and forwarded; the next batch may start
                 except RuntimeError as exc:  # stopping while Redis is unavailable
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-                await context.write(spb.PersistAnswer(seq=batch.seq, saved=stored))
-        finally:
+                answers.put_nowait((batch.seq, done))
+                if writer.done():
+                    break  # the stream is over (the writer could not write)
+        finally:  # the call is over: what is not answered yet is sent again by the router on its next stream
             self.persist_streams -= 1
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+
+    @staticmethod
+    async def _answer(answers: asyncio.Queue, context: grpc.aio.ServicerContext) -> None:
+        """A Persist stream's answers, in batch order, each once its batch is durable (`persist_start`)."""
+        while True:
+            seq, done = await answers.get()
+            await context.write(spb.PersistAnswer(seq=seq, saved=await done))
 
     async def _read_acks(self, requests, stream: ForwardStream) -> None:
         """Applies the acknowledgements coming up the stream, in order; ends the stream when the
@@ -285,7 +318,7 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
         batch = acks.batch
         self.calls["forward_ack_batches"] += 1
         try:
-            acknowledged, marked = await self.store.apply_acks(
+            acknowledged, marked = await self._apply_acks(
                 [(a.client_id, a.packet_id, a.serial) for a in batch.acks],
                 [(p.client_id, p.packet_id, p.serial) for p in batch.pubrecs])
         except ValueError as exc:

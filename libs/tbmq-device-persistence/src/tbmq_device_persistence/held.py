@@ -87,6 +87,7 @@ class _Origins:
     offsets: deque = field(default_factory=deque)
     done: set = field(default_factory=set)
     mark: int = -1
+    high: int = -1  # the highest offset admitted
 
 
 @dataclass(slots=True)
@@ -176,6 +177,10 @@ class HeldTable:
         for copy in copies:
             if copy.qos != 1:
                 return None
+            if copy.origin is not None:
+                origins = c.origins.get(copy.origin[0])
+                if origins is not None and copy.origin[1] <= origins.high:
+                    return None  # routed again (a Persist batch sent again): the tail's spill marks it applied
             size += copy.size
         if (c.bytes + size > self.client_bytes or self.bytes + size > self.total_bytes
                 or len(c.held) + len(copies) > self.handed_out_limit or c.serial + len(copies) > c.serial_end):
@@ -194,6 +199,7 @@ class HeldTable:
                 if origins is None:
                     origins = c.origins[part] = _Origins()
                 origins.offsets.append(offset)
+                origins.high = offset
             self._deadlines.append((deadline, client_id, c.serial))
             out.append(msg)
         c.bytes += size
@@ -211,10 +217,13 @@ class HeldTable:
                 return pid
 
     def release(self, client_id: str, packet_id: int, serial: int) -> Released:
-        """An acknowledgement (PUBACK) of the client's `packet_id` for the message of `serial`."""
+        """An acknowledgement (PUBACK) of the client's `packet_id` for the message of `serial` (0: whatever holds the
+        id, as in Redis)."""
         c = self._clients.get(client_id)
         if c is None:
             return Released.NOT_HELD
+        if serial == 0:
+            serial = c.pids.get(packet_id, 0)
         if c.spilling:
             msg = c.held.get(serial)
             if msg is not None and msg.packet_id == packet_id:
@@ -261,6 +270,14 @@ class HeldTable:
         out = Collected(self._marks, self._finished)
         self._marks, self._finished = {}, []
         return out
+
+    def attached(self, client_id: str) -> Any:
+        """The attachment the client entered with (its copies are forwarded to its connector)."""
+        return self._clients[client_id].attached
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of a copy admitted and not yet checked by `due` (it may be released already)."""
+        return self._deadlines[0][0] if self._deadlines else None
 
     def due(self, now_ms: int) -> list[str]:
         """The clients with a copy held past its deadline, each once: they are to `leave`."""

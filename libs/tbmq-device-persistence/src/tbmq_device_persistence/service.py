@@ -58,6 +58,8 @@ from tbmq_platform.tracing import spans_on
 
 from .forward import ForwardRegistry, group_by_service
 from .grpc_api import DevicePersistenceServicer, start_server
+from .held import HeldBatch
+from .holding import Holding
 from .settings import DevicePersistenceSettings
 from .store import DeviceMsgStore, SaveResult, Source, refused_for_data
 from .tally import Tallies
@@ -81,6 +83,13 @@ def _collect(pm, groups: dict, origins: dict) -> bool:
     origins[cid].append((pm.origin_partition, pm.origin_offset) if pm.HasField("origin_offset") else None)
     msgs.append(pm.msg)
     return new
+
+
+async def _answer(stored: int, held: HeldBatch | None) -> int:
+    """A Persist batch's answer: once its held copies are acknowledged or written to Redis."""
+    if held is not None:
+        await held.token
+    return stored
 
 
 class _Revoke(ConsumerRebalanceListener):
@@ -110,13 +119,19 @@ class DevicePersistenceService(Service):
         self.spans = spans_on(settings)
         self.store = DeviceMsgStore(settings.store_config())
         self.forwards = ForwardRegistry(settings.forward_queue_bytes, settings.instance_id)
-        self.servicer = DevicePersistenceServicer(self.store, self.forwards, persist=self.persist)
+        self._batch_lock = asyncio.Lock()
+        # held forwards (docs/held-forwards.md): None = every copy saved in Redis first
+        self.holding = Holding(self.store, self.forwards, self._batch_lock, hold_ms=settings.held_ms,
+                               block=settings.held_block, client_bytes=settings.held_client_bytes,
+                               total_bytes=settings.held_total_bytes,
+                               handed_out_limit=settings.handed_out_limit) if settings.held else None
+        self.servicer = DevicePersistenceServicer(self.store, self.forwards, persist=self.persist_start,
+                                                  holding=self.holding)
         self.grpc_server = None
         self.grpc_port: int | None = None
         self.consumer = None
         self.stats: Counter = Counter()
         self.adaptive_fetch: AdaptiveFetch | None = None
-        self._batch_lock = asyncio.Lock()
         self._persisting: set[asyncio.Task] = set()  # Persist batches being saved (`persist`)
         self._stopping = False
         self._loop_task: asyncio.Task | None = None
@@ -146,6 +161,8 @@ class DevicePersistenceService(Service):
         log.info("DevicePersistence gRPC on %s:%d (%s); Redis %s; limit %d, TTL %ds", s.grpc_host, self.grpc_port,
                  "mutual TLS" if s.grpc_tls.enabled else "plaintext",
                  ",".join(s.redis_cluster_nodes) or s.redis_url, s.messages_limit, s.messages_ttl_s)
+        if self.holding is not None:
+            self.holding.start()
         self._loop_task = self.spawn(self._consume(), "persisted consumer")
         # routed messages not yet saved for their clients, against tbmq.msg.persisted's retention
         self.retention = await RetentionWatch.started(s, s.group_id, lambda: [MSG_PERSISTED])
@@ -200,7 +217,10 @@ class DevicePersistenceService(Service):
             done, _ = await asyncio.wait({self._loop_task}, timeout=20)
             if not done or (not self._loop_task.cancelled() and self._loop_task.exception() is not None):
                 log.warning("consumer loop did not end cleanly; uncommitted records will be replayed")
-        # 3. leave the group, close
+        # 3. the held copies written to Redis (their batches answered where a stream is still there to take it)
+        if self.holding is not None:
+            await self.holding.stop()
+        # 4. leave the group, close
         if self.retention is not None:
             await self.retention.close()
         if self.consumer is not None:
@@ -218,6 +238,7 @@ class DevicePersistenceService(Service):
 
     def health_details(self) -> dict:
         return {"grpc_port": self.grpc_port, **self.stats, **self.forwards.stats,
+                **(self.holding.health() if self.holding is not None else {}),
                 "forward_streams": len(self.forwards), "forward_queued_bytes": self.forwards.queued_bytes(),
                 "persist_streams": self.servicer.persist_streams, "persisting": len(self._persisting),
                 "store": vars(self.store.stats), "grpc_calls": dict(self.servicer.calls),
@@ -275,6 +296,8 @@ class DevicePersistenceService(Service):
                         src.offsets.append(r.offset)
                     else:  # the key moved partition (the topic was resized): this batch is not deduplicated
                         sources[cid] = None
+        if self.holding is not None:  # copies of a held client through tbmq.msg.persisted: behind its tail
+            await self.holding.spill([cid for cid in groups if cid in self.holding.table], "refused")
         results = await self._save_and_forward(
             records, groups, {c: s for c, s in sources.items() if s is not None}, origins)
         if results is None:
@@ -289,11 +312,17 @@ class DevicePersistenceService(Service):
                   (time.monotonic() - t0) * 1000)
 
     async def persist(self, records) -> int:
-        """One batch of a router's Persist stream (its stored copies, PersistedMsg, in routing order): saved,
-        then queued on the forward streams, like a tbmq.msg.persisted batch and under the same lock (one save
-        at a time, so a client's messages are saved, and forwarded, in one order whichever stream brought
-        them). The origin check stores a copy sent again (a stream reopened, a router's replay) once.
-        Returns how many were stored; retries while Redis is down; raises when stopping meanwhile."""
+        """One batch of a router's Persist stream (its stored copies, PersistedMsg, in routing order), returned once
+        it is durable: `persist_start`, then its answer awaited."""
+        return await (await self.persist_start(records))
+
+    async def persist_start(self, records):
+        """One batch of a router's Persist stream: saved, then queued on the forward streams, like a
+        tbmq.msg.persisted batch and under the same lock (one save at a time, so a client's messages are saved, and
+        forwarded, in one order whichever stream brought them). The origin check stores a copy sent again (a stream
+        reopened, a router's replay) once. Returns once the batch is saved and forwarded (the next batch may start):
+        an awaitable of how many were stored or held, done once the batch is durable (held copies acknowledged or
+        written to Redis; at once without held ones). Retries while Redis is down; raises when stopping meanwhile."""
         groups: dict[str, list[pb.PublishMsg]] = {}
         origins: dict[str, list[tuple[int, int] | None]] = {}
         for value in records:
@@ -311,22 +340,36 @@ class DevicePersistenceService(Service):
                                                       name="persist batch")
         self._persisting.add(task)
         task.add_done_callback(self._persisted)
-        return await asyncio.shield(task)
+        stored, held = await asyncio.shield(task)
+        return _answer(stored, held)
 
     def _persisted(self, task: asyncio.Task) -> None:
         self._persisting.discard(task)
         if not task.cancelled():
             task.exception()  # retrieved: a batch whose stream ended is sent again by its router
 
-    async def _persist_locked(self, records, groups, origins) -> int:
+    async def _persist_locked(self, records, groups, origins) -> tuple[int, HeldBatch | None]:
+        batch = None
+        held = 0
+        copies = dict(groups)  # every client's copies, held or saved (the tallies count them all)
         async with self._batch_lock:
+            if self.holding is not None:
+                batch = HeldBatch(asyncio.get_running_loop().create_future())
+                held, refused = self.holding.admit(groups, origins, batch)
+                if refused:  # their tails first: their copies are saved behind them
+                    await self.holding.spill(refused, "refused")
             results = await self._save_and_forward(len(records), groups, {}, origins)
-        if results is None:
-            raise RuntimeError("stopping while Redis is unavailable: the batch is not answered")
+            if results is None:
+                raise RuntimeError("stopping while Redis is unavailable: the batch is not answered")
+            if self.holding is not None:
+                self.holding.saved(results)
         self.stats["persist_records"] += len(records)
         self.stats["persist_batches"] += 1
-        self._tally(groups)
-        return sum(len(r.messages) for r in results.values())
+        self._tally(copies)
+        stored = held + sum(len(r.messages) for r in results.values())
+        if batch is not None and not self.holding.table.seal(batch):
+            return stored, batch
+        return stored, None
 
     def _decode(self, value: bytes | None, tp=None, offset: int = 0):
         """A PersistedMsg, or None (counted, logged with where it came from: a tbmq.msg.persisted record at

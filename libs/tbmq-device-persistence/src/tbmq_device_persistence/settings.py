@@ -10,6 +10,7 @@ from tbmq_platform.settings import (
     DEVICE_PERSISTENCE_GRPC_PORT,
     CommonSettings,
     auto_offset_reset_env,
+    boolean,
     env,
     fetch_window_env,
     group_session_env,
@@ -90,9 +91,30 @@ class DevicePersistenceSettings(CommonSettings):
     shutdown_grace_s: float = env("DEVICE_PERSISTENCE_SHUTDOWN_GRACE_S", 5.0, parse=number(0),
                                   doc="gRPC calls in progress get this long to finish at shutdown")
     trace_spans: bool = trace_spans_env("DEVICE_PERSISTENCE_TRACE_SPANS", "the per-batch span (device-persistence.save)")
+    held: bool = env("DEVICE_PERSISTENCE_HELD", False, parse=boolean,
+                     doc="held forwards (docs/held-forwards.md): a live client's QoS 1 copies that come over a Persist "
+                         "stream are forwarded from memory and written to Redis only when not acknowledged in "
+                         "DEVICE_PERSISTENCE_HELD_MS")
+    held_ms: int = env("DEVICE_PERSISTENCE_HELD_MS", 500, parse=integer(150, 60_000),
+                       doc="a held copy not acknowledged this long is written to Redis (the connector sends its "
+                           "acknowledgements every 100 ms)")
+    held_block: int = env("DEVICE_PERSISTENCE_HELD_BLOCK", 1000, parse=integer(1, MAX_HANDED_OUT_LIMIT),
+                          doc="serials and packet ids reserved in Redis per held client at a time (one Redis call "
+                              "per block); at most DEVICE_PERSISTENCE_HANDED_OUT_LIMIT")
+    held_client_bytes: int = env("DEVICE_PERSISTENCE_HELD_CLIENT_BYTES", 1024 * 1024, parse=integer(1024),
+                                 doc="bytes of copies held per client; beyond it the client's copies are saved "
+                                     "as without holding; at most the stored bytes limit")
+    held_total_bytes: int = env("DEVICE_PERSISTENCE_HELD_TOTAL_BYTES", 64 * 1024 * 1024, parse=integer(1024),
+                                doc="bytes of copies held by this instance in all")
 
     def validate(self) -> list[str]:
         problems = super().validate()
+        if self.held and self.held_block > self.handed_out_limit:
+            problems.append(f"DEVICE_PERSISTENCE_HELD_BLOCK ({self.held_block}) is above "
+                            f"DEVICE_PERSISTENCE_HANDED_OUT_LIMIT ({self.handed_out_limit})")
+        if self.held and self.held_client_bytes > self.bytes_limit:
+            problems.append(f"DEVICE_PERSISTENCE_HELD_CLIENT_BYTES ({self.held_client_bytes}) is above "
+                            f"{BYTES_LIMIT_VAR} ({self.bytes_limit})")
         try:
             self.store_config()
         except ValueError as exc:
