@@ -234,7 +234,7 @@ class DevicePersistenceService(Service):
         if self._producer is not None:
             await self._producer.stop()
         await self.store.close()
-        log.info("stopped: %s", dict(self.stats))
+        log.info("stopped: %s", {**self.stats, **(self.holding.health() if self.holding is not None else {})})
 
     def health_details(self) -> dict:
         return {"grpc_port": self.grpc_port, **self.stats, **self.forwards.stats,

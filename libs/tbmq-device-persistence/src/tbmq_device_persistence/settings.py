@@ -91,7 +91,7 @@ class DevicePersistenceSettings(CommonSettings):
     shutdown_grace_s: float = env("DEVICE_PERSISTENCE_SHUTDOWN_GRACE_S", 5.0, parse=number(0),
                                   doc="gRPC calls in progress get this long to finish at shutdown")
     trace_spans: bool = trace_spans_env("DEVICE_PERSISTENCE_TRACE_SPANS", "the per-batch span (device-persistence.save)")
-    held: bool = env("DEVICE_PERSISTENCE_HELD", False, parse=boolean,
+    held: bool = env("DEVICE_PERSISTENCE_HELD", True, parse=boolean,
                      doc="held forwards (docs/held-forwards.md): a live client's QoS 1 copies that come over a Persist "
                          "stream are forwarded from memory and written to Redis only when not acknowledged in "
                          "DEVICE_PERSISTENCE_HELD_MS")
