@@ -317,3 +317,27 @@ async def test_a_refused_stream_batch_is_dropped_not_retried():
     await b.drain(2.0)
     assert len(calls) == 1 and len(b) == 0 and b.stats["ack_call_failures"] == 1
     await b.close()
+
+
+def test_an_acknowledgement_batch_is_split_by_each_clients_owner_in_order():
+    """With several device-persistence instances, each client's acknowledgements go to its owner (the instance the
+    routers send its copies to, tbmq_platform.peers.pick_target), which holds what it forwarded from memory."""
+    from tbmq.v1 import services_pb2 as spb
+    from tbmq_platform.peers import pick_target
+
+    from connector.grpc_clients import split_by_owner
+
+    clients = [f"dev-{i}" for i in range(40)]
+    request = spb.PacketBatchRequest()
+    for n, cid in enumerate(clients * 2):
+        request.acks.add(client_id=cid, packet_id=n + 1, serial=n + 100)
+    request.pubrecs.add(client_id=clients[3], packet_id=7, serial=9)
+    parts = split_by_owner(request, 3)
+    assert sorted(parts) == [0, 1, 2]  # 40 clients reach every one of three owners
+    for i, part in parts.items():
+        assert all(pick_target(range(3), a.client_id) == i for a in [*part.acks, *part.pubrecs])
+        mine = [(a.client_id, a.packet_id, a.serial) for a in request.acks if pick_target(range(3), a.client_id) == i]
+        assert [(a.client_id, a.packet_id, a.serial) for a in part.acks] == mine  # in the batch's order
+    assert sum(len(p.acks) for p in parts.values()) == 80
+    assert [p.client_id for p in parts[pick_target(range(3), clients[3])].pubrecs] == [clients[3]]
+    assert list(split_by_owner(request, 1)) == [0]

@@ -1,4 +1,4 @@
-"""Held forwards applied (DEVICE_PERSISTENCE_HELD; docs/held-forwards.md): the pure table (held.py) decides, this
+"""Held forwards applied (DEVICE_PERSISTENCE_HELD; docs/device-persistence.md, "Held forwards"): the pure table (held.py) decides, this
 adapter does the Redis calls, the forwards and the Persist batches' futures.
 
 Guarantee (on top of service.py's): a Persist batch with held copies is answered (the router commits its

@@ -120,9 +120,10 @@ class DevicePersistenceService(Service):
         self.store = DeviceMsgStore(settings.store_config())
         self.forwards = ForwardRegistry(settings.forward_queue_bytes, settings.instance_id)
         self._batch_lock = asyncio.Lock()
-        # held forwards (docs/held-forwards.md): None = every copy saved in Redis first
+        # held forwards (docs/device-persistence.md, "Held forwards"): None = every copy saved in Redis first
         self.holding = Holding(self.store, self.forwards, self._batch_lock, hold_ms=settings.held_ms,
-                               block=settings.held_block, client_bytes=settings.held_client_bytes,
+                               block=min(settings.held_block, settings.handed_out_limit),
+                               client_bytes=min(settings.held_client_bytes, settings.bytes_limit),
                                total_bytes=settings.held_total_bytes,
                                handed_out_limit=settings.handed_out_limit) if settings.held else None
         self.servicer = DevicePersistenceServicer(self.store, self.forwards, persist=self.persist_start,

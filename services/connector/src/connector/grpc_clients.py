@@ -399,10 +399,28 @@ class ForwardLink:
             await retry_after(backoff.current or backoff.next())
 
 
+def split_by_owner(request: spb.PacketBatchRequest, targets: int) -> dict[int, spb.PacketBatchRequest]:
+    """An acknowledgement batch split by the index of each client's owner among `targets` device-persistence
+    instances (tbmq_platform.peers.pick_target), each client's items in their order."""
+    owners = range(targets)
+    parts: dict[int, spb.PacketBatchRequest] = {}
+    for field in ("acks", "pubrecs"):
+        for item in getattr(request, field):
+            i = pick_target(owners, item.client_id)
+            part = parts.get(i)
+            if part is None:
+                part = parts[i] = spb.PacketBatchRequest()
+            getattr(part, field).append(item)
+    return parts
+
+
 class DevicePersistenceClient:
     """Every device-persistence target: a ForwardLink each (started by `start_forwarding`), unary calls
     (fetch, detach, AcknowledgeMany when no stream is open) on a target whose stream is open, else on
-    the targets in turn (each instance serves every client: the state is in Redis)."""
+    the targets in turn (each instance serves every client: the state is in Redis). A client's fetches,
+    detaches and acknowledgements go to its owner (`pick_target` of its client id: the instance the routers send
+    its copies to) while that link is open: the owner holds the copies it forwarded from memory (held forwards,
+    docs/device-persistence.md), and spills them before a fetch or detach is served."""
 
     def __init__(self, targets: tuple[str, ...] | str, timeout: float, *, ack_delay_s: float = ACK_DELAY_S,
                  pubrec_delay_s: float = PUBREC_DELAY_S, ack_batch_max: int = ACK_BATCH_MAX,
@@ -442,15 +460,30 @@ class DevicePersistenceClient:
         for channel in self._channels:
             await channel.close()
 
-    def _stub(self) -> sgrpc.DevicePersistenceStub:
+    def _stub(self, client_id: str | None = None) -> sgrpc.DevicePersistenceStub:
+        """The client's owner while its link is open (or before the links are started), else the first target
+        whose link is open, else the targets in turn."""
+        if client_id is not None and len(self._stubs) > 1:
+            i = pick_target(range(len(self._stubs)), client_id)
+            if not self.links or self.links[i].open:
+                return self._stubs[i]
         for link, stub in zip(self.links, self._stubs):
             if link.open:
                 return stub
         return self._stubs[next(self._turn) % len(self._stubs)]
 
     async def _acknowledge_many(self, request: spb.PacketBatchRequest, timeout: float) -> None:
-        """Up an open forward stream when there is one, else the unary AcknowledgeMany."""
-        for link in self.links:
+        """Each client's part up its owner's open forward stream (with one target: the batch whole), else up
+        another open one, else the unary AcknowledgeMany."""
+        if len(self.links) < 2:
+            await self._acknowledge_part(request, timeout, 0)
+            return
+        parts = split_by_owner(request, len(self.links))
+        await asyncio.gather(*(self._acknowledge_part(part, timeout, i) for i, part in parts.items()))
+
+    async def _acknowledge_part(self, request: spb.PacketBatchRequest, timeout: float, owner: int) -> None:
+        links = self.links[owner:] + self.links[:owner]
+        for link in links:
             if link.open:
                 try:
                     await link.acknowledge_many(request, timeout)
@@ -476,7 +509,7 @@ class DevicePersistenceClient:
         request = spb.FetchUndeliveredRequest(client_id=client_id, service_id=service_id, session_id=session_id,
                                               resync=resync, after_serial=after, max_messages=max_messages,
                                               max_bytes=max_bytes)
-        stub = self._stub()
+        stub = self._stub(client_id)
         if self._parts:
             call = stub.FetchUndeliveredParts(request, timeout=self.timeout, metadata=grpc_metadata())
             got = False
@@ -540,7 +573,7 @@ class DevicePersistenceClient:
 
     async def _detach(self, client_id: str, session_id: str) -> None:
         await self.settle_acks()
-        await self._stub().Detach(spb.DetachRequest(client_id=client_id, session_id=session_id),
+        await self._stub(client_id).Detach(spb.DetachRequest(client_id=client_id, session_id=session_id),
                                   timeout=self.timeout, metadata=grpc_metadata())
 
 
