@@ -969,46 +969,54 @@ async def _live_and_held(h, conn: str, down, cid: str, call) -> None:
     await wait_until(lambda: _details_show(h, held_clients=1), BOUND, "the client entered held mode")
 
 
+@contextlib.asynccontextmanager
+async def _held_client(kafka, tmp_path_factory, name: str):
+    """A device-persistence with held forwards, a fake connector's Forward stream, a router's Persist stream, and a
+    client live on that connector in held mode (`_live_and_held`): (handles, forward stream, Persist call, client)."""
+    cid = f"dev-{uuid.uuid4().hex[:10]}"
+    async with own_suite(kafka, tmp_path_factory, name, HELD) as h:
+        conn = await h.fake_connector()
+        async with h.forward(conn) as down:
+            call = h.stub.Persist()
+            try:
+                await _live_and_held(h, conn, down, cid, call)
+                yield h, down, call, cid
+            finally:
+                call.cancel()
+
+
 async def test_held_copies_are_forwarded_at_once_and_answered_on_their_acknowledgement_without_redis(
         kafka, tmp_path_factory):
     """DEVICE_PERSISTENCE_HELD: a live client's QoS 1 copies are forwarded with the next serials and packet ids and
     kept in memory only; the Persist batch is answered once the client acknowledged them, and nothing of them is
     ever stored in Redis. Its origin marks are written first: the same batch sent again (a router's replay) is
     answered with nothing stored and nothing forwarded again."""
-    cid = f"dev-{uuid.uuid4().hex[:10]}"
-    async with own_suite(kafka, tmp_path_factory, "held", HELD) as h:
-        conn = await h.fake_connector()
-        async with h.forward(conn) as down:
-            call = h.stub.Persist()
-            try:
-                await _live_and_held(h, conn, down, cid, call)
-                records = [persisted(cid, 1, (0, 11)), persisted(cid, 2, (0, 12))]
-                await call.write(spb.PersistBatch(seq=2, records=records))
-                got = (await down.wait_count(3))[1:]
-                assert seqs(got) == [1, 2] and [d.serial for d in got] == [got[0].serial, got[0].serial + 1]
-                assert got[0].serial > down.messages[0].serial and all(d.packet_id for d in got)
-                assert await h.stored(cid) == []  # held: in memory and on the connection only
-                answer = asyncio.ensure_future(call.read())
-                offline = f"dev-{uuid.uuid4().hex[:10]}"  # a batch after it, saved in Redis as today
-                await call.write(spb.PersistBatch(seq=3, records=[persisted(offline, 0, (0, 13))]))
-                await h.wait_stored(offline, lambda got: got == [0])
-                assert not answer.done()  # answers go in order: batch 2's waits for its acknowledgements
-                await down.acknowledge([(cid, d.packet_id, d.serial) for d in got])
-                assert (await asyncio.wait_for(answer, BOUND)).seq == 2
-                assert (await asyncio.wait_for(call.read(), BOUND)).seq == 3
-                assert await h.stored(cid) == []
-                details = await h.details()
-                assert details.get("held_held") == 2 and details.get("held_released") == 2
-            finally:
-                call.cancel()
-            again = h.stub.Persist()
-            try:
-                await again.write(spb.PersistBatch(seq=1, records=records))
-                answer = await asyncio.wait_for(again.read(), BOUND)
-                assert (answer.seq, answer.saved) == (1, 0)
-            finally:
-                again.cancel()
-            assert await h.stored(cid) == [] and seqs(down.messages) == [0, 1, 2]
+    async with _held_client(kafka, tmp_path_factory, "held") as (h, down, call, cid):
+        records = [persisted(cid, 1, (0, 11)), persisted(cid, 2, (0, 12))]
+        await call.write(spb.PersistBatch(seq=2, records=records))
+        got = (await down.wait_count(3))[1:]
+        assert seqs(got) == [1, 2] and [d.serial for d in got] == [got[0].serial, got[0].serial + 1]
+        assert got[0].serial > down.messages[0].serial and all(d.packet_id for d in got)
+        assert await h.stored(cid) == []  # held: in memory and on the connection only
+        answer = asyncio.ensure_future(call.read())
+        offline = f"dev-{uuid.uuid4().hex[:10]}"  # a batch after it, saved in Redis as today
+        await call.write(spb.PersistBatch(seq=3, records=[persisted(offline, 0, (0, 13))]))
+        await h.wait_stored(offline, lambda got: got == [0])
+        assert not answer.done()  # answers go in order: batch 2's waits for its acknowledgements
+        await down.acknowledge([(cid, d.packet_id, d.serial) for d in got])
+        assert (await asyncio.wait_for(answer, BOUND)).seq == 2
+        assert (await asyncio.wait_for(call.read(), BOUND)).seq == 3
+        assert await h.stored(cid) == []
+        details = await h.details()
+        assert details.get("held_held") == 2 and details.get("held_released") == 2
+        again = h.stub.Persist()
+        try:
+            await again.write(spb.PersistBatch(seq=1, records=records))
+            answer = await asyncio.wait_for(again.read(), BOUND)
+            assert (answer.seq, answer.saved) == (1, 0)
+        finally:
+            again.cancel()
+        assert await h.stored(cid) == [] and seqs(down.messages) == [0, 1, 2]
 
 
 async def test_a_held_copy_not_acknowledged_in_time_is_written_to_redis_and_the_next_session_gets_it(
@@ -1016,22 +1024,13 @@ async def test_a_held_copy_not_acknowledged_in_time_is_written_to_redis_and_the_
     """A held copy whose acknowledgement does not come within DEVICE_PERSISTENCE_HELD_MS is written to Redis as a
     handed-out message, with the serial and packet id it went out with: its batch is answered then, and the next
     session's first page has it."""
-    cid = f"dev-{uuid.uuid4().hex[:10]}"
-    async with own_suite(kafka, tmp_path_factory, "held-late", HELD) as h:
-        conn = await h.fake_connector()
-        async with h.forward(conn) as down:
-            call = h.stub.Persist()
-            try:
-                await _live_and_held(h, conn, down, cid, call)
-                await call.write(spb.PersistBatch(seq=2, records=[persisted(cid, 1, (0, 11)),
-                                                                  persisted(cid, 2, (0, 12))]))
-                one, two = (await down.wait_count(3))[1:]
-                await down.acknowledge([(cid, one.packet_id, one.serial)])  # the second never
-                assert (await asyncio.wait_for(call.read(), BOUND)).seq == 2  # answered by the spill
-            finally:
-                call.cancel()
-            assert await h.stored(cid) == [2]
-            assert (await h.details()).get("held_spilled_deadline") == 1
+    async with _held_client(kafka, tmp_path_factory, "held-late") as (h, down, call, cid):
+        await call.write(spb.PersistBatch(seq=2, records=[persisted(cid, 1, (0, 11)), persisted(cid, 2, (0, 12))]))
+        one, two = (await down.wait_count(3))[1:]
+        await down.acknowledge([(cid, one.packet_id, one.serial)])  # the second never
+        assert (await asyncio.wait_for(call.read(), BOUND)).seq == 2  # answered by the spill
+        assert await h.stored(cid) == [2]
+        assert (await h.details()).get("held_spilled_deadline") == 1
         page = await h.stub.FetchUndelivered(spb.FetchUndeliveredRequest(client_id=cid, service_id="other-conn",
                                                                          session_id="s2"))
         assert [(d.serial, d.packet_id, int(d.msg.payload)) for d in page.messages] == [
