@@ -9,9 +9,14 @@ KEYS: 3 per client, client c (1..N) at KEYS[3c-2 .. 3c] (one hash slot per call 
   KEYS[1]  <p>{client}_messages   ZSET member "<serial>:<size>", score = serial; value at KEYS[1] .. "_" .. serial
   KEYS[2]  <p>{client}_pids       HASH packet id -> member (handed out, not acknowledged)
   KEYS[3]  <p>{client}_state      HASH (save_messages.lua): bytes, exp and the origin marks "o<partition>" are
-                                  written; pid and serial are not (reserve_held.lua put them past the block)
+                                  written; serial and pid only from the cursor header, when the state lacks them
+                                  or its serial is lower (reserve_held.lua put them past the block; a state that
+                                  expired while the client was held comes back with them, so the serials a
+                                  later save hands out stay above every one the connection was given)
 ARGV:
-  ARGV[c]  client c: an optional marks header, "#" <partition> ":" <offset> ("," <partition> ":" <offset>)* ";",
+  ARGV[c]  client c: an optional cursor header, "!" <serial> ":" <packet id> ";" (the end of the block
+           reserve_held.lua reserved, and the last packet id handed out), then an optional marks header,
+           "#" <partition> ":" <offset> ("," <partition> ":" <offset>)* ";",
            then its records, oldest first: (<ttl_ms> "," <serial> "," <length> ":" <value>)*
            ttl_ms  1 to 15 decimal digits, no leading zero (> 0), passed to SET PX as written
            serial  the serial it was handed out with (ascending)
@@ -31,11 +36,22 @@ local parsed = {}
 for c = 1, #KEYS / 3 do
   local blob = ARGV[c]
   local pos, size = 1, #blob
-  local marks = {}
-  if string.sub(blob, 1, 1) == '#' then
+  local cursor = nil
+  if string.sub(blob, 1, 1) == '!' then
     local semi = string.find(blob, ';', 2, true)
+    local serial, pid
+    if semi then serial, pid = string.match(string.sub(blob, 2, semi - 1), '^(%d+):(%d+)$') end
+    if not serial or tonumber(pid) > 65535 then
+      return redis.error_reply('ERR spill_held: bad cursor header of client ' .. c)
+    end
+    cursor = {serial, pid}
+    pos = semi + 1
+  end
+  local marks = {}
+  if string.sub(blob, pos, pos) == '#' then
+    local semi = string.find(blob, ';', pos + 1, true)
     if not semi then return redis.error_reply('ERR spill_held: bad marks header of client ' .. c) end
-    for entry in string.gmatch(string.sub(blob, 2, semi - 1), '[^,]+') do
+    for entry in string.gmatch(string.sub(blob, pos + 1, semi - 1), '[^,]+') do
       local p, o = string.match(entry, '^(%d+):(%d+)$')
       if not p then return redis.error_reply('ERR spill_held: bad marks header of client ' .. c) end
       marks[#marks + 1] = {'o' .. p, tonumber(o), o}
@@ -62,7 +78,7 @@ for c = 1, #KEYS / 3 do
     records[#records + 1] = {ttl, serial, value, pid}
     pos = colon + len + 1
   end
-  parsed[c] = {marks, records}
+  parsed[c] = {marks, records, cursor}
 end
 
 local time = redis.call('TIME')
@@ -70,7 +86,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local stored = 0
 for c = 1, #KEYS / 3 do
   local zkey, pkey, skey = KEYS[3 * c - 2], KEYS[3 * c - 1], KEYS[3 * c]
-  local marks, records = parsed[c][1], parsed[c][2]
+  local marks, records, cursor = parsed[c][1], parsed[c][2], parsed[c][3]
   local fields = {}
   -- marks alone are not written to a state that is gone (the client's keys expired or were cleared): they
   -- would make a state without a TTL
@@ -106,6 +122,17 @@ for c = 1, #KEYS / 3 do
     end
     redis.call('PEXPIREAT', zkey, int_text(exp))
     redis.call('PEXPIREAT', pkey, int_text(exp))
+  end
+  if cursor and (#records > 0 or redis.call('EXISTS', skey) == 1) then
+    local st = redis.call('HMGET', skey, 'serial', 'pid')
+    if st[1] == false or tonumber(st[1]) < tonumber(cursor[1]) then
+      fields[#fields + 1] = 'serial'
+      fields[#fields + 1] = cursor[1]
+    end
+    if st[2] == false then
+      fields[#fields + 1] = 'pid'
+      fields[#fields + 1] = cursor[2]
+    end
   end
   if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
 end

@@ -114,3 +114,22 @@ async def test_bad_arguments_are_refused_before_anything_is_written(store_factor
         with pytest.raises(Exception, match="spill_held: bad|without a packet id"):
             await store._call("spill_held", [k.messages, k.pids, k.state], [blob])
     assert await store.count(client_id) == 0
+
+
+async def test_a_spill_restores_the_cursor_of_a_state_that_expired_while_the_client_was_held(store_factory, client_id):
+    """A client held for longer than its keys' TTL (a live client with few messages) loses its state; the spill
+    brings back the reserved block's end and the last packet id, so the next save hands out a serial above every
+    one the connection was given (it takes forwards only above its highest) and a free packet id."""
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    serial, pid, end = (await store.reserve_held({client_id: SVC}, 10))[client_id]
+    await store.redis.delete(store.keys(client_id).state)  # expired
+    tail = [held(client_id, serial + 1, pid + 1, 1)]
+    assert await store.spill_held({client_id: ({}, tail)}, cursors={client_id: (end, pid + 1)}) == 1
+    await store.fetch_undelivered(client_id, attach=SVC)  # the session's resync attaches it again
+    res = (await store.save_many_attached({client_id: [msg(2)]}))[client_id]
+    assert [(d.serial, d.packet_id) for d in res.messages] == [(end + 1, pid + 2)]
+    # a state that has its cursor keeps it: a cursor header never moves it back
+    assert await store.spill_held({client_id: ({}, [])}, cursors={client_id: (serial, pid)}) == 0
+    res = (await store.save_many_attached({client_id: [msg(3)]}))[client_id]
+    assert res.messages[0].serial == end + 2

@@ -219,11 +219,12 @@ class Holding:
         if not spills:
             return
         batch = {s.client_id: (marks_of(s), [m.payload for m in s.messages]) for s in spills}
+        cursors = {s.client_id: (s.serial_end, s.packet_id) for s in spills}
         backoff = Backoff()
         attempts = 0
         while True:
             try:
-                await self.store.spill_held(batch)
+                await self.store.spill_held(batch, cursors=cursors)
                 break
             except asyncio.CancelledError:  # stopping: they stay held (and are spilled again, or replayed)
                 for s in spills:

@@ -755,11 +755,13 @@ class DeviceMsgStore:
 
     async def spill_held(
         self, spills: Mapping[str, tuple[Mapping[int, int], Sequence[messages_pb2.DevicePublishMsg]]],
-        default_ttl: int | None = None,
+        default_ttl: int | None = None, cursors: Mapping[str, tuple[int, int]] | None = None,
     ) -> int:
         """spill_held.lua for many clients: client id -> (origin marks {tbmq.msg.all partition: offset}, the held
         messages handed out, serials ascending): stored with their serials and packet ids as handed out, the marks
-        raised. A message already expired is not stored. Returns how many were stored."""
+        raised; `cursors` (client id -> (the reserved block's last serial, the last packet id handed out)) restore a
+        state that lost them (it expired while the client was held). A message already expired is not stored.
+        Returns how many were stored."""
         if not spills:
             return 0
         ttl_s = self.config.messages_ttl_s if default_ttl is None else default_ttl
@@ -767,6 +769,9 @@ class DeviceMsgStore:
         items = []
         for cid, (marks, messages) in spills.items():
             parts: list[bytes] = []
+            cursor = cursors.get(cid) if cursors else None
+            if cursor is not None:
+                parts.append(b"!%d:%d;" % cursor)
             if marks:
                 parts.append(b"#%s;" % b",".join(b"%d:%d" % (p, o) for p, o in sorted(marks.items())))
             for dmsg in messages:
