@@ -85,13 +85,6 @@ def _collect(pm, groups: dict, origins: dict) -> bool:
     return new
 
 
-async def _answer(stored: int, held: HeldBatch | None) -> int:
-    """A Persist batch's answer: once its held copies are acknowledged or written to Redis."""
-    if held is not None:
-        await held.token
-    return stored
-
-
 class _Revoke(ConsumerRebalanceListener):
     """Before partitions are taken away, the batch in progress finishes, the forward streams send what
     they queued, and everything saved is committed."""
@@ -342,7 +335,12 @@ class DevicePersistenceService(Service):
         self._persisting.add(task)
         task.add_done_callback(self._persisted)
         stored, held = await asyncio.shield(task)
-        return _answer(stored, held)
+        answer = asyncio.get_running_loop().create_future()  # a future, not a coroutine: one never awaited is fine
+        if held is None:
+            answer.set_result(stored)
+        else:  # once its held copies are acknowledged or written to Redis
+            held.token.add_done_callback(lambda _: answer.done() or answer.set_result(stored))
+        return answer
 
     def _persisted(self, task: asyncio.Task) -> None:
         self._persisting.discard(task)
