@@ -185,6 +185,17 @@ class DevicePersistenceService(Service):
                       {"save": "save_failures", "commit": "commit_failures", "bad_record": "bad_records"})
         m.counter("dead_lettered", "stored copies Redis refused for the client's data, sent to "
                   "tbmq.msg.persisted.dead", lambda: st["dead_lettered"])
+        if self.holding is not None:
+            hs, table = self.holding.stats, self.holding.table
+            m.counter("held_messages", "QoS 1 copies of live clients forwarded from memory (held forwards), not "
+                      "saved in Redis first", lambda: hs["held"])
+            m.counter("held_released", "held copies acknowledged in time: never written to Redis",
+                      lambda: hs["released"])
+            m.counters_by("held_spilled", "held copies written to Redis", hs, "reason",
+                          {r: f"spilled_{r}" for r in ("deadline", "refused", "fetch", "detach", "clear",
+                                                       "stream_ended", "stop")})
+            m.gauge("held_clients", "clients in held mode", lambda: len(table))
+            m.gauge("held_bytes", "bytes of copies held", lambda: table.bytes)
         m.gauge("forward_streams", "open Forward streams (one per connector)", lambda: len(self.forwards))
         m.gauge("forward_queued_bytes", "bytes queued on Forward streams", self.forwards.queued_bytes)
         m.lag("consumer_lag", lambda: [(self.s.group_id, self.consumer)] if self.consumer is not None else [])
