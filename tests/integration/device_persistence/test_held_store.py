@@ -103,6 +103,29 @@ async def test_origin_marks_drop_a_replay_at_or_below_them_and_only_rise(store_f
     assert await store.count(gone) == 0 and not await store.redis.exists(store.keys(gone).state)
 
 
+async def test_held_marks_raise_the_marks_that_drop_a_replay_and_never_make_a_state(store_factory, client_id):
+    """held_marks.lua, the marks of acknowledged held copies (written once per acknowledgement batch)."""
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    await store.reserve_held({client_id: SVC}, 5)
+    gone = client_id + "-gone"
+    assert await store.held_marks({client_id: {3: 100, 4: 7}, gone: {3: 1}}) == 1  # the gone one: not written
+    assert not await store.redis.exists(store.keys(gone).state)
+    assert await store.held_marks({client_id: {3: 90, 4: 7}}) == 0  # lower or equal: nothing moves
+    assert await store.held_marks({client_id: {4: 8}}) == 1
+    res = (await store.save_many_attached({client_id: [msg(1), msg(2), msg(3), msg(4)]},
+                                          origins={client_id: [(3, 100), (3, 101), (4, 8), (4, 9)]}))[client_id]
+    assert [d.msg.payload for d in res.messages] == [b"2", b"4"]  # a router's replay of what was acknowledged
+    assert res.applied_before == 2
+    k = store.keys(client_id)
+    for bad in (b"", b"3:", b"3:1,", b"3:1x4:2", b"3:14:", b"-3:1"):
+        with pytest.raises(Exception, match="held_marks: bad"):
+            await store._call("held_marks", [k.state], [bad])
+    with pytest.raises(Exception, match="held_marks: one key"):
+        await store._call("held_marks", [k.state], [b"3:200", b"4:200"])
+    assert await store.held_marks({client_id: {3: 150}}) == 1  # the refused calls wrote nothing (not 200)
+
+
 async def test_bad_arguments_are_refused_before_anything_is_written(store_factory, client_id):
     store = await store_factory()
     await live_and_empty(store, client_id)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +139,9 @@ class HeldTable:
         self.handed_out_limit = handed_out_limit
         self.bytes = 0
         self._clients: dict[str, _Client] = {}
-        self._deadlines: deque[tuple[int, str, int]] = deque()  # (deadline, client, serial), admit order
+        # (deadline, client, last serial) per admitted group, admit order: the group is past its deadline while the
+        # client's oldest held serial is at or below its last (an older group's copy is past its own too)
+        self._deadlines: deque[tuple[int, str, int]] = deque()
         self._marks: dict[str, dict[int, int]] = {}  # marks moved since the last `collect`
         self._finished: list[HeldBatch] = []
 
@@ -200,8 +202,8 @@ class HeldTable:
                     origins = c.origins[part] = _Origins()
                 origins.offsets.append(offset)
                 origins.high = offset
-            self._deadlines.append((deadline, client_id, c.serial))
             out.append(msg)
+        self._deadlines.append((deadline, client_id, c.serial))
         c.bytes += size
         self.bytes += size
         batch.pending += len(out)
@@ -276,7 +278,7 @@ class HeldTable:
         return self._clients[client_id].attached
 
     def next_deadline(self) -> int | None:
-        """The earliest deadline of a copy admitted and not yet checked by `due` (it may be released already)."""
+        """The earliest deadline of a group admitted and not yet checked by `due` (it may be released already)."""
         return self._deadlines[0][0] if self._deadlines else None
 
     def due(self, now_ms: int) -> list[str]:
@@ -284,9 +286,9 @@ class HeldTable:
         out: dict[str, None] = {}
         dl = self._deadlines
         while dl and dl[0][0] <= now_ms:
-            _, cid, serial = dl.popleft()
+            _, cid, last = dl.popleft()
             c = self._clients.get(cid)
-            if c is not None and not c.spilling and serial in c.held:
+            if c is not None and not c.spilling and c.held and next(iter(c.held)) <= last:
                 out[cid] = None
         return list(out)
 
@@ -339,6 +341,3 @@ def marks_of(spill: Spill) -> dict[int, int]:
                 out[part] = offset
     return out
 
-
-def pids_in_use(messages: Iterable[HeldMsg]) -> set[int]:
-    return {m.packet_id for m in messages}

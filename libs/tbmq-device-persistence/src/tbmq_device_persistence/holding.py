@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MAX_CANDIDATES = 100_000  # clients remembered as live with everything forwarded (an LRU): they may enter
 SPILL_ATTEMPTS_AT_STOP = 3
+PUBLISH_TYPE = pb.DEVICE_PACKET_TYPE_PUBLISH
 
 
 class Holding:
@@ -86,7 +87,7 @@ class Holding:
         refused: the caller spills them before their copies are saved as today)."""
         table = self.table
         now = self._now_ms()
-        by_service: dict[str, spb.ForwardBatch] = {}
+        by_service: dict[str, spb.ForwardDown] = {}
         held = 0
         refused = []
         for cid in [c for c in groups if c in table]:
@@ -99,14 +100,14 @@ class Holding:
             del groups[cid]
             origins.pop(cid, None)
             service = table.attached(cid).service_id
-            fb = by_service.get(service)
-            if fb is None:
-                fb = by_service[service] = spb.ForwardBatch()
+            down = by_service.get(service)
+            if down is None:
+                down = by_service[service] = spb.ForwardDown()
+            add = down.batch.messages.add
             for h in got:
-                dmsg = pb.DevicePublishMsg(client_id=cid, packet_id=h.packet_id, serial=h.serial,
-                                           packet_type=pb.DEVICE_PACKET_TYPE_PUBLISH, msg=h.payload)
-                h.payload = dmsg  # kept as handed out: a spill writes it as it is
-                fb.messages.append(dmsg)
+                dmsg = add(client_id=cid, packet_id=h.packet_id, serial=h.serial, packet_type=PUBLISH_TYPE)
+                dmsg.msg.CopyFrom(h.payload)
+                h.payload = dmsg  # kept as handed out (built once, in the forward): a spill writes it as it is
             held += len(got)
         if by_service:
             self.forwards.forward(by_service)
@@ -177,7 +178,7 @@ class Holding:
             if self._marks:
                 marks, self._marks = self._marks, {}
                 try:
-                    await self.store.spill_held({cid: (m, []) for cid, m in marks.items()})
+                    await self.store.held_marks(marks)
                 except (RedisError, OSError) as exc:
                     log.warning("writing the origin marks of %d held clients failed (%r): retried", len(marks), exc)
                     _merge(self._marks, marks)

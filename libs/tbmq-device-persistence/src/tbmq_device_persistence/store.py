@@ -93,7 +93,7 @@ MAX_MESSAGES_LIMIT = 1_000_000  # per client (save_messages.lua checks it too)
 MAX_HANDED_OUT_LIMIT = MAX_PACKET_ID - 1  # packet ids in use per client: one is always free
 SAVE_REPLY = 8  # save_messages.lua's reply elements per client
 SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach",
-                "reserve_held", "spill_held")
+                "reserve_held", "spill_held", "held_marks")
 LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script but detach
 
 _TYPE_PUBLISH = b"P"
@@ -752,6 +752,16 @@ class DeviceMsgStore:
                 serial, pid, end = (int(x) for x in reply[3 * j:3 * j + 3])
                 out[cid] = None if serial < 0 else (serial, pid, end)
         return out
+
+    async def held_marks(self, marks: Mapping[str, Mapping[int, int]]) -> int:
+        """held_marks.lua for many clients: client id -> {tbmq.msg.all partition: offset}, each mark raised in the
+        client's state when higher, never written to a state that is gone. Returns how many states were written."""
+        items = [(self.keys(cid).state, b",".join(b"%d:%d" % po for po in parts.items()))
+                 for cid, parts in marks.items() if parts]
+        if not items:
+            return 0
+        calls = [([k for k, _ in part], [arg for _, arg in part]) for part in self._per_call(items, lambda i: i[0])]
+        return sum(int(r) for r in await self._call_many("held_marks", calls))
 
     async def spill_held(
         self, spills: Mapping[str, tuple[Mapping[int, int], Sequence[messages_pb2.DevicePublishMsg]]],
