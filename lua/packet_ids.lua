@@ -100,6 +100,16 @@ local function handed_out(pids_key, msg_prefix, hlimit)
   return n
 end
 
+-- the keys' shared deadline (state.exp, save_messages.lua's header) once messages of `ttl_ms` are saved at `now`:
+-- the new deadline, now + TTL + a slack of TTL / 8 (at most an hour), when they would outlive `exp` (nil: none yet);
+-- else nil (the deadline stays)
+local function moved_exp(exp, now, ttl_ms)
+  if exp == nil or now + ttl_ms > exp then
+    return now + ttl_ms + math.min(math.floor(ttl_ms / 8), 3600000)
+  end
+  return nil
+end
+
 -- bookkeeping keys created here (a new hash has no TTL) get the messages' TTL, or `default_ms`
 local function keep_ttl(keys, zkey, default_ms)
   local ttl = redis.call('PTTL', zkey)

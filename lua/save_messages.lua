@@ -375,8 +375,9 @@ for c = 1, clients do
     for i = 1, #zargs, 7000 do
       redis.call('ZADD', zkey, unpack(zargs, i, math.min(i + 6999, #zargs)))
     end
-    if exp == nil or now + max_ttl > exp then  -- the deadline moves: all three keys
-      exp_text = int_text(now + max_ttl + math.min(math.floor(max_ttl / 8), 3600000))
+    local moved = moved_exp(exp, now, max_ttl)
+    if moved then  -- the deadline moves: all three keys
+      exp_text = int_text(moved)
       redis.call('HSET', skey, 'pid', int_text(last), 'serial', serial_text, 'bytes', int_text(bytes),
                  'exp', exp_text, unpack(src_fields))
       for _, key in ipairs({zkey, pkey, skey}) do redis.call('PEXPIREAT', key, exp_text) end

@@ -114,8 +114,9 @@ for c = 1, #KEYS / 3 do
   if added > 0 then
     redis.call('HINCRBY', skey, 'bytes', int_text(added))
     local exp = tonumber(redis.call('HGET', skey, 'exp') or '')
-    if exp == nil or now + max_ttl > exp then
-      exp = now + max_ttl + math.min(math.floor(max_ttl / 8), 3600000)
+    local moved = moved_exp(exp, now, max_ttl)
+    if moved then
+      exp = moved
       fields[#fields + 1] = 'exp'
       fields[#fields + 1] = int_text(exp)
       redis.call('PEXPIREAT', skey, int_text(exp))

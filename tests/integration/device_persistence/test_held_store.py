@@ -1,4 +1,4 @@
-"""reserve_held.lua and spill_held.lua (held forwards, tbmq_device_persistence.held) against real Redis, standalone and
+"""reserve_held.lua, spill_held.lua and held_marks.lua (held forwards, tbmq_device_persistence.held) against real Redis, standalone and
 cluster: a block reserved only for a live client with an empty store, a spill stored as handed-out messages that the
 next session gets and the PUBACKs remove, and origin marks a router's replay is checked against."""
 
@@ -120,10 +120,37 @@ async def test_held_marks_raise_the_marks_that_drop_a_replay_and_never_make_a_st
     k = store.keys(client_id)
     for bad in (b"", b"3:", b"3:1,", b"3:1x4:2", b"3:14:", b"-3:1"):
         with pytest.raises(Exception, match="held_marks: bad"):
-            await store._call("held_marks", [k.state], [bad])
+            await store._call("held_marks", [k.state], [1000, bad])
     with pytest.raises(Exception, match="held_marks: one key"):
-        await store._call("held_marks", [k.state], [b"3:200", b"4:200"])
+        await store._call("held_marks", [k.state], [1000, b"3:200", b"4:200"])
+    for ttl in (0, b"01", b"x", 10 ** 15):
+        with pytest.raises(Exception, match="held_marks: the TTL"):
+            await store._call("held_marks", [k.state], [ttl, b"3:200"])
     assert await store.held_marks({client_id: {3: 150}}) == 1  # the refused calls wrote nothing (not 200)
+
+
+async def test_held_marks_keep_the_state_of_a_client_saved_nothing_from_expiring(store_factory, client_id):
+    """A held client whose copies are all acknowledged in time is saved nothing: its marks move its keys' deadline as
+    a save would, so its attachment and serial cursor do not expire while it stays connected (else its messages
+    would be stored, not forwarded, until it reconnects)."""
+    store = await store_factory()
+    await live_and_empty(store, client_id)
+    await store.reserve_held({client_id: SVC}, 5)
+    k, r = store.keys(client_id), store.redis
+    ttl_ms = store.config.messages_ttl_s * 1000
+    now_ms = int((await r.time())[0]) * 1000
+    await r.hset(k.state, "exp", now_ms + 2000)  # about to expire: saved last a TTL ago
+    await r.pexpire(k.state, 2000)
+    assert await store.held_marks({client_id: {0: 5}}) == 1
+    exp = int(await r.hget(k.state, "exp"))
+    assert exp >= now_ms + ttl_ms and await r.pttl(k.state) > ttl_ms - 60_000
+    assert abs(exp - (int((await r.time())[0]) * 1000 + await r.pttl(k.state))) < 2000  # the key's own TTL
+    # a deadline far enough ahead is left alone (one PEXPIREAT per slack at most, not one per write)
+    await r.hset(k.state, "exp", exp + 10_000_000)
+    assert await store.held_marks({client_id: {0: 6}}) == 1
+    assert int(await r.hget(k.state, "exp")) == exp + 10_000_000
+    res = (await store.save_many_attached({client_id: [msg(1), msg(2)]}, origins={client_id: [(0, 6), (0, 7)]}))
+    assert [d.msg.payload for d in res[client_id].messages] == [b"2"] and res[client_id].attached == SVC
 
 
 async def test_bad_arguments_are_refused_before_anything_is_written(store_factory, client_id):

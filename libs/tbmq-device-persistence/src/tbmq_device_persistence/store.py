@@ -755,12 +755,16 @@ class DeviceMsgStore:
 
     async def held_marks(self, marks: Mapping[str, Mapping[int, int]]) -> int:
         """held_marks.lua for many clients: client id -> {tbmq.msg.all partition: offset}, each mark raised in the
-        client's state when higher, never written to a state that is gone. Returns how many states were written."""
+        client's state when higher, never written to a state that is gone; the state's deadline moved as a save
+        of messages of the default TTL would move it (a held client is saved nothing). Returns how many states
+        were written."""
         items = [(self.keys(cid).state, b",".join(b"%d:%d" % po for po in parts.items()))
                  for cid, parts in marks.items() if parts]
         if not items:
             return 0
-        calls = [([k for k, _ in part], [arg for _, arg in part]) for part in self._per_call(items, lambda i: i[0])]
+        ttl_ms = self.config.messages_ttl_s * 1000
+        calls = [([k for k, _ in part], [ttl_ms, *(arg for _, arg in part)])
+                 for part in self._per_call(items, lambda i: i[0])]
         return sum(int(r) for r in await self._call_many("held_marks", calls))
 
     async def spill_held(
