@@ -32,6 +32,8 @@ Returns: {more, pid_1, serial_1, value_1, ..., pid_n, serial_n, value_n} in seri
   none is stranded, and order by serial holds (a message saved while the client pages comes in a later
   page, after the backlog).
   References whose value expired are removed (lazy cleanup; their bytes leave state.bytes).
+  The state of a LIVE client has no TTL (packet_ids.lua, state_lifetime): made live, it is PERSISTed; made not
+  live, it gets state.exp back (or ARGV[7] without one).
 Cost: O(page) (plus the expired references skipped), never the whole backlog; per chunk of up to 256
   members one ZRANGEBYSCORE, one MGET of the values, one HMGET and one HSET for the packet ids handed out,
   and a SETRANGE per message handed out: no per-message GET/HGET/HSET.
@@ -160,5 +162,9 @@ if hand then
     redis.call('HDEL', skey, 'live')
   end
 end
-if hand then keep_ttl({pkey, skey}, zkey, tonumber(ARGV[7]) or 604800000) end
+if hand then
+  local default_ms = tonumber(ARGV[7]) or 604800000
+  keep_ttl({pkey}, zkey, default_ms)
+  state_lifetime(skey, more == 0, default_ms)
+end
 return out

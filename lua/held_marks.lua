@@ -1,6 +1,6 @@
 --[[
 held_marks.lua -- the origin marks of N held clients' acknowledged copies raised in their states, and the states'
-deadline kept as a save's would be (tbmq_device_persistence.held). Written before the Persist batches those copies
+deadline (state.exp) moved as a save's would move it (tbmq_device_persistence.held). Written before the Persist batches those copies
 finished are answered, so a router's replay after a crash drops them: save_messages.lua drops a copy routed again
 at or below its client's mark. The marks-only part of spill_held.lua, with one key per client and two commands
 each: the hot path of held forwards writes it once per acknowledgement batch.
@@ -14,13 +14,13 @@ ARGV:
              given them
   ARGV[1+c]  client c's marks: <partition> ":" <offset> ("," <partition> ":" <offset>)*, decimal, no sign
 Rules: a mark raises "o<partition>" only when it is higher. Nothing is written to a state that is gone (no
-  "bytes": the client's keys expired or were cleared): a mark would make a state without a TTL. The state's
-  deadline moves as save_messages.lua moves it for a save of messages of that TTL (when now + TTL passes exp: to
-  now + TTL + slack, slack = TTL / 8, at most an hour): a client whose copies are all held and acknowledged in
-  time is saved nothing, and without this its state (its attachment, its serial cursor) would expire while it
-  stays connected, after which its messages would be stored and not forwarded until it reconnects.
+  "bytes": the client's keys were cleared): a mark would make a state without a TTL. state.exp moves as
+  save_messages.lua moves it for a save of messages of that TTL (when now + TTL passes it: to now + TTL + slack,
+  slack = TTL / 8, at most an hour): a held client is saved nothing, and its state, which has no TTL while the
+  client is live (packet_ids.lua, state_lifetime), gets state.exp back when it is not live any more: the state
+  then outlives the client's last message, held or saved, by the TTL and the slack, as without held forwards.
 Returns: integer, how many clients' states were written.
-Cost per client: one HMGET, and one HSET when a mark is higher (with a PEXPIREAT at most once per slack).
+Cost per client: one HMGET, and one HSET when a mark is higher (and at most once per slack for state.exp).
 ]]
 local ttl = ARGV[1] and string.find(ARGV[1], '^[1-9]%d*$') and #ARGV[1] <= 15 and tonumber(ARGV[1])
 if not ttl then
@@ -61,10 +61,9 @@ for c = 1, #KEYS do
       end
     end
     local moved = moved_exp(tonumber(have[2] or ''), now, ttl)
-    if moved then
+    if moved then  -- the field only: the state of a live client has no TTL (state_lifetime)
       out[#out + 1] = 'exp'
       out[#out + 1] = int_text(moved)
-      redis.call('PEXPIREAT', skey, int_text(moved))
     end
     if #out > 0 then
       redis.call('HSET', skey, unpack(out))

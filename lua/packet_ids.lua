@@ -110,6 +110,23 @@ local function moved_exp(exp, now, ttl_ms)
   return nil
 end
 
+-- The state's lifetime: a LIVE client's state (state.live set: connected, at the end of its store) has no TTL, so a
+-- client connected for longer than the TTL with nothing saved keeps its attachment and serial cursor; any other
+-- state expires at state.exp with its messages (or, without one yet, after `default_ms`). Called where state.live
+-- is set or removed; the scripts that move the deadline leave a live state's TTL alone.
+local function state_lifetime(skey, live, default_ms)
+  if live then
+    redis.call('PERSIST', skey)
+  else
+    local exp = redis.call('HGET', skey, 'exp')
+    if exp then
+      redis.call('PEXPIREAT', skey, exp)
+    elseif redis.call('PTTL', skey) == -1 then
+      redis.call('PEXPIRE', skey, default_ms)
+    end
+  end
+end
+
 -- bookkeeping keys created here (a new hash has no TTL) get the messages' TTL, or `default_ms`
 local function keep_ttl(keys, zkey, default_ms)
   local ttl = redis.call('PTTL', zkey)

@@ -86,7 +86,10 @@ Rules (per client; a bad record or limit fails the whole call before anything is
     most an hour) and sets it on all three keys; other saves set it only on a ZSET or HASH this call
     created (Redis deletes one that was emptied by acknowledgements, and a new key has no TTL). So the
     keys outlive their last message by at most the slack, and a steady stream of saves to a client
-    costs no PTTL and no PEXPIRE of keys that still have theirs.
+    costs no PTTL and no PEXPIRE of keys that still have theirs. Except: the state of a LIVE client has
+    no TTL (packet_ids.lua, state_lifetime: a client connected longer than the TTL with nothing saved
+    keeps its attachment and serial cursor); it gets state.exp once it is not live (a save paused here,
+    a page that does not reach the end, detach.lua).
 ]]
 local limit, blimit, hlimit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 if limit == nil or limit < 1 or limit > 1000000 or blimit == nil or blimit < 1
@@ -380,12 +383,16 @@ for c = 1, clients do
       exp_text = int_text(moved)
       redis.call('HSET', skey, 'pid', int_text(last), 'serial', serial_text, 'bytes', int_text(bytes),
                  'exp', exp_text, unpack(src_fields))
-      for _, key in ipairs({zkey, pkey, skey}) do redis.call('PEXPIREAT', key, exp_text) end
+      redis.call('PEXPIREAT', zkey, exp_text)
+      redis.call('PEXPIREAT', pkey, exp_text)
+      -- a live state has no TTL (packet_ids.lua, state_lifetime); one paused here is not live any more
+      if not live or paused == 1 then redis.call('PEXPIREAT', skey, exp_text) end
     else  -- the state keeps its TTL; only a ZSET or HASH created by this call needs one
       redis.call('HSET', skey, 'pid', int_text(last), 'serial', serial_text, 'bytes', int_text(bytes),
                  unpack(src_fields))
       if members == 0 then redis.call('PEXPIREAT', zkey, exp_text) end
       if new_pids then redis.call('PEXPIREAT', pkey, exp_text) end
+      if live and paused == 1 then redis.call('PEXPIREAT', skey, exp_text) end  -- not live any more
     end
   end
   reply[#reply + 1] = trimmed

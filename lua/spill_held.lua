@@ -11,7 +11,8 @@ KEYS: 3 per client, client c (1..N) at KEYS[3c-2 .. 3c] (one hash slot per call 
   KEYS[3]  <p>{client}_state      HASH (save_messages.lua): bytes, exp and the origin marks "o<partition>" are
                                   written; serial and pid only from the cursor header, when the state lacks them
                                   or its serial is lower (reserve_held.lua put them past the block; a state that
-                                  expired while the client was held comes back with them, so the serials a
+                                  Redis lost while the client was held (a live client's state has no TTL:
+                                  packet_ids.lua, state_lifetime) comes back with them, so the serials a
                                   later save hands out stay above every one the connection was given)
 ARGV:
   ARGV[c]  client c: an optional cursor header, "!" <serial> ":" <packet id> ";" (the end of the block
@@ -113,13 +114,14 @@ for c = 1, #KEYS / 3 do
   end
   if added > 0 then
     redis.call('HINCRBY', skey, 'bytes', int_text(added))
-    local exp = tonumber(redis.call('HGET', skey, 'exp') or '')
+    local st = redis.call('HMGET', skey, 'exp', 'live')
+    local exp = tonumber(st[1] or '')
     local moved = moved_exp(exp, now, max_ttl)
     if moved then
       exp = moved
       fields[#fields + 1] = 'exp'
       fields[#fields + 1] = int_text(exp)
-      redis.call('PEXPIREAT', skey, int_text(exp))
+      if not st[2] then redis.call('PEXPIREAT', skey, int_text(exp)) end  -- a live state has none
     end
     redis.call('PEXPIREAT', zkey, int_text(exp))
     redis.call('PEXPIREAT', pkey, int_text(exp))

@@ -11,6 +11,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 from tbmq.v1 import messages_pb2 as pb
 
+from redis_clock import redis_ms
 from tbmq_device_persistence.store import Attachment, DeviceMsgStore, Source, StoreConfig, client_keys
 from waits import wait_until
 
@@ -202,6 +203,48 @@ async def test_default_ttl_expiry(store_factory, client_id):
     await wait_until(gone, 5, "the client keys gone")
 
 
+async def test_a_live_clients_state_has_no_ttl_and_outlives_its_last_message(store_factory, client_id):
+    """A DEVICE client connected for longer than the TTL with nothing saved keeps its state: its `live` mark and
+    serial cursor. Were the state to expire with its last message, its next messages would be stored and not
+    forwarded (and their serials would start again below what the connection delivered) until it reconnected."""
+    store = await store_factory()
+    k, r = client_keys(client_id), store.redis
+    await take(store, client_id)  # at the end of an empty store: live
+    assert await r.pttl(k.state) == -1
+    first = (await store.save_many_attached({client_id: [msg(1)]}, default_ttl=1))[client_id]
+    assert first.attached == SVC and await r.pttl(k.state) == -1  # the deadline moved: not on a live state
+    assert 0 < await r.pttl(k.messages) <= keys_ttl_max(1000)
+    await store.apply_acks([(client_id, d.packet_id, d.serial) for d in first.messages])
+
+    async def past_the_deadline():
+        return await redis_ms(r) > int(await r.hget(k.state, "exp")) + 100
+
+    await wait_until(past_the_deadline, 5, "the state's deadline passed")
+    nxt = (await store.save_many_attached({client_id: [msg(2)]}))[client_id]
+    assert nxt.attached == SVC and [d.serial for d in nxt.messages] == [first.messages[0].serial + 1]
+    assert await store.detach(client_id, SVC.session_id)  # not live any more: it expires at its deadline again
+    assert 0 < await r.pttl(k.state) <= keys_ttl_max(604_800_000)
+
+
+async def test_a_state_that_stops_being_live_gets_its_deadline_back(store_factory, client_id):
+    """Paused by the handed-out limit, or paging (a page that does not reach the end): not live, so the state
+    expires at state.exp again; a new client detached before anything was saved leaves no state behind."""
+    store = await store_factory(handed_out_limit=1)
+    k, r = client_keys(client_id), store.redis
+    await take(store, client_id)
+    res = (await store.save_many_attached({client_id: [msg(1), msg(2)]}))[client_id]
+    assert res.paused and await r.hget(k.state, "live") is None
+    exp = int(await r.hget(k.state, "exp"))
+    assert abs(await redis_ms(r) + await r.pttl(k.state) - exp) < 2000
+    assert len(await take(store, client_id, max_messages=1)) == 1  # a page short of the end: still not live
+    assert await r.pttl(k.state) > 0
+    other = client_id + "-new"
+    await take(store, other)
+    assert await r.pttl(client_keys(other).state) == -1
+    assert await store.detach(other, SVC.session_id)
+    assert await r.pttl(client_keys(other).state) == -2  # nothing in it but `live`: gone, not left without a TTL
+
+
 async def test_expired_reference_reused_after_wrap(store_factory, client_id):
     store = await store_factory()
     k = client_keys(client_id)
@@ -248,13 +291,15 @@ async def test_keys_emptied_by_acknowledgements_get_a_ttl_again(store_factory, c
     assert [d.packet_id for d in await take(store, client_id)] == [1]  # live from now on
     assert await store.acknowledge(client_id, 1) is True
     assert await r.exists(k.messages, k.pids) == 0  # emptied: gone
-    state_ttl = await r.pttl(k.state)
-    assert 100_000 < state_ttl <= keys_ttl_max(100_000)
+    assert await r.pttl(k.state) == -1  # a live client's state has no TTL (lua/packet_ids.lua, state_lifetime)
+    exp = int(await r.hget(k.state, "exp"))
+    state_ttl = exp - await redis_ms(r)
+    assert 99_000 < state_ttl <= keys_ttl_max(100_000)
     saved = await store.save_batch(client_id, [msg(1)], default_ttl=50)  # forwarded: a packet id
     assert [d.packet_id for d in saved] == [2]
     for key in (k.messages, k.pids):
-        assert state_ttl - 1_000 <= await r.pttl(key) <= state_ttl  # the shared deadline
-    assert await r.pttl(k.state) <= state_ttl  # a shorter TTL does not move the deadline
+        assert state_ttl - 2_000 <= await r.pttl(key) <= state_ttl + 1_000  # the shared deadline
+    assert int(await r.hget(k.state, "exp")) == exp  # a shorter TTL does not move the deadline
 
 
 async def test_the_count_limit_holds_after_acknowledgements_emptied_the_store(store_factory, client_id):

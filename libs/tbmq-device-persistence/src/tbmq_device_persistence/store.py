@@ -94,7 +94,7 @@ MAX_HANDED_OUT_LIMIT = MAX_PACKET_ID - 1  # packet ids in use per client: one is
 SAVE_REPLY = 8  # save_messages.lua's reply elements per client
 SCRIPT_NAMES = ("save_messages", "fetch_undelivered", "remove_message", "mark_pubrec", "clear_all", "detach",
                 "reserve_held", "spill_held", "held_marks")
-LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script but detach
+LIBRARY = "packet_ids"  # lua/packet_ids.lua, prepended to every script
 
 _TYPE_PUBLISH = b"P"
 _TYPE_PUBREL = b"R"
@@ -182,10 +182,9 @@ def default_lua_dir() -> Path:
 
 
 def script_source(name: str, lua_dir: Path | None = None) -> str:
-    """The source of lua/<name>.lua as loaded into Redis: lua/packet_ids.lua (the shared part) in front,
-    except for detach.lua."""
+    """The source of lua/<name>.lua as loaded into Redis: lua/packet_ids.lua (the shared part) in front."""
     lua_dir = lua_dir or default_lua_dir()
-    parts = [name] if name == "detach" else [LIBRARY, name]
+    parts = [LIBRARY, name]
     texts = []
     for part in parts:
         path = lua_dir / f"{part}.lua"
@@ -774,7 +773,7 @@ class DeviceMsgStore:
         """spill_held.lua for many clients: client id -> (origin marks {tbmq.msg.all partition: offset}, the held
         messages handed out, serials ascending): stored with their serials and packet ids as handed out, the marks
         raised; `cursors` (client id -> (the reserved block's last serial, the last packet id handed out)) restore a
-        state that lost them (it expired while the client was held). A message already expired is not stored.
+        state that lost them (Redis lost it while the client was held). A message already expired is not stored.
         Returns how many were stored."""
         if not spills:
             return 0
@@ -1005,7 +1004,8 @@ class DeviceMsgStore:
         """Stop forwarding to the connection of `session_id`; no-op (False) when another session
         attached since or the client is not attached."""
         k = self.keys(client_id)
-        return bool(await self._call("detach", [k.attached, k.state], [session_id]))
+        return bool(await self._call("detach", [k.attached, k.state],
+                                     [session_id, self.config.messages_ttl_s * 1000]))
 
     async def count(self, client_id: str) -> int:
         """How many messages are stored for the client (diagnostics and tests; expired ones not met by a
