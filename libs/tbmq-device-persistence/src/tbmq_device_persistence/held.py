@@ -31,7 +31,7 @@ import enum
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_PACKET_ID = 65535
 
@@ -69,9 +69,9 @@ class HeldMsg:
     batch: HeldBatch
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
-    """One routed copy offered to `admit`."""
+class Copy(NamedTuple):
+    """One routed copy offered to `admit` (a NamedTuple: built per copy on the hot path, half the cost of a frozen
+    dataclass)."""
 
     payload: Any
     origin: tuple[int, int] | None

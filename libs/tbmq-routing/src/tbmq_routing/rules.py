@@ -29,7 +29,7 @@ import hashlib
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, Union
+from typing import NamedTuple, TypeVar, Union
 
 from .trie import Subscription
 
@@ -154,8 +154,10 @@ class SessionView:
     persistent: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class PublishInfo:
+class PublishInfo(NamedTuple):
+    """The message routed (a NamedTuple: built per message on the router's hot path, half the cost of a frozen
+    dataclass)."""
+
     client_id: str  # publisher
     topic: str
     qos: int
