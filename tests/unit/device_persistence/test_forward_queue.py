@@ -115,8 +115,8 @@ async def test_flush_ends_streams_that_do_not_drain():
     await consumer
 
 
-def fb(*messages) -> spb.ForwardDown:
-    return spb.ForwardDown(batch=spb.ForwardBatch(messages=messages))
+def fb(*messages) -> spb.ForwardBatch:
+    return spb.ForwardBatch(messages=messages)
 
 
 def test_group_by_service_keeps_save_order():
@@ -128,5 +128,5 @@ def test_group_by_service_keeps_save_order():
     ]
     out = group_by_service(results)
     assert list(out) == ["c1"]
-    assert [(m.client_id, m.serial) for m in out["c1"].batch.messages] == [("a", 1), ("a", 2), ("c", 3)]
-    assert list(out["c1"].batch.paused) == ["c"]
+    assert [(m.client_id, m.serial) for m in out["c1"].messages] == [("a", 1), ("a", 2), ("c", 3)]
+    assert list(out["c1"].paused) == ["c"]

@@ -224,18 +224,17 @@ class ForwardRegistry:
         if self._streams.get(stream.service_id) is stream:
             del self._streams[stream.service_id]
 
-    def forward(self, by_service: dict[str, spb.ForwardDown]) -> None:
-        """Queue each service's batch (group_by_service: a ForwardDown built in place, so no message is copied
-        again here) on its stream; never waits."""
+    def forward(self, by_service: dict[str, spb.ForwardBatch]) -> None:
+        """Queue each service's batch (group_by_service) on its stream; never waits."""
         stats = self.stats
-        for service_id, down in by_service.items():
-            batch = down.batch
+        for service_id, batch in by_service.items():
             n = len(batch.messages)
             stats["forward_paused"] += len(batch.paused)
             stream = self._streams.get(service_id)
             if stream is None:
                 stats["forward_no_stream"] += n  # stays in Redis: fetched on (re)connect
                 continue
+            down = spb.ForwardDown(batch=batch)
             if stream.queue.put(down, down.ByteSize()):
                 stats["forwarded"] += n
                 stats["forward_batches"] += 1
@@ -268,19 +267,18 @@ class ForwardRegistry:
         return sum(s.queue.bytes for s in self._streams.values())
 
 
-def group_by_service(results: Iterable) -> dict[str, spb.ForwardDown]:
+def group_by_service(results: Iterable) -> dict[str, spb.ForwardBatch]:
     """SaveResults (save_many_attached) -> service id of the connection each client is live on -> one
-    ForwardDown.batch: the messages handed out to it (SaveResult.forwards) in save order, and the clients whose
+    ForwardBatch: the messages handed out to it (SaveResult.forwards) in save order, and the clients whose
     forwards stopped at the handed-out limit (`paused`: their connection pages again)."""
-    out: dict[str, spb.ForwardDown] = {}
+    out: dict[str, spb.ForwardBatch] = {}
     for res in results:
         forwards = res.forwards
         if not forwards and not res.paused:
             continue
-        down = out.get(res.attached.service_id)
-        if down is None:
-            down = out[res.attached.service_id] = spb.ForwardDown()
-        batch = down.batch
+        batch = out.get(res.attached.service_id)
+        if batch is None:
+            batch = out[res.attached.service_id] = spb.ForwardBatch()
         batch.messages.extend(forwards)
         if res.paused:
             batch.paused.append(res.messages[0].client_id)
