@@ -1,7 +1,8 @@
 --[[
 spill_held.lua -- held forwards of N clients written to their stores as handed-out messages, with the serials
 and packet ids they were handed out with, and their origin marks raised (tbmq_device_persistence.held: a held
-copy not acknowledged in time, or a client leaving held mode; with no records, the marks of acknowledged copies).
+copy not acknowledged in time, or a client leaving held mode). With no records it raises the marks alone; the
+service writes the marks of acknowledged copies with held_marks.lua, one key and two commands a client.
 Needs lua/packet_ids.lua prepended (the store does it).
 
 KEYS: 3 per client, client c (1..N) at KEYS[3c-2 .. 3c] (one hash slot per call in Redis Cluster, as
