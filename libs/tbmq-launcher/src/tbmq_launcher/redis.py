@@ -66,13 +66,37 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+PORT_BAND_ENV = "TBMQ_FREE_PORT_BAND"
+
+
+def port_band(value: str | None, low: int, high: int) -> tuple[int, int]:
+    """The part of [low, high] that ``TBMQ_FREE_PORT_BAND=k/n`` gives this process: the k-th (1-based) of n equal
+    bands. Unset or empty: all of it. Processes started side by side with different bands (``make test`` runs
+    its pytest sessions in parallel lanes, scripts/test-lanes.sh) never pick the same port, so none takes a port
+    another one has chosen and not yet bound."""
+    if not value:
+        return low, high
+    try:
+        k, n = (int(x) for x in value.split("/"))
+        if not 1 <= k <= n:
+            raise ValueError
+    except ValueError:
+        raise RedisError(f"{PORT_BAND_ENV}={value!r}: expected k/n with 1 <= k <= n, e.g. 2/3") from None
+    width = (high - low + 1) // n
+    if width < 200:
+        raise RedisError(f"{PORT_BAND_ENV}={value!r}: {n} bands of ports {low}-{high} are too narrow")
+    return low + (k - 1) * width, low + k * width - 1
+
+
 def find_free_port(*, cluster_bus: bool = False, host: str = "127.0.0.1") -> int:
     """A TCP port that is free now. With ``cluster_bus=True`` the Redis Cluster bus port (port + 10000) is free
     too. Chosen below the kernel's ephemeral range: a port the OS picks itself (bind to 0) comes from that range,
     where any outgoing connection (a Kafka client, a test's MQTT client) may take it as its local port before
     the service binds it (a start that failed with "address already in use"). Never the same port twice in one
-    process. Another process may still take it before it is used."""
-    low, high = 10000, _ephemeral_low() - 1 - (10000 if cluster_bus else 0)
+    process; within this process's band (``TBMQ_FREE_PORT_BAND``, port_band) when one is set (a cluster's ports
+    are banded within the range that leaves room for their bus ports). Another process may still take it before
+    it is used."""
+    low, high = port_band(os.environ.get(PORT_BAND_ENV), 10000, _ephemeral_low() - 1 - (10000 if cluster_bus else 0))
     for _ in range(500):
         port = random.randint(low, high) if high > low + 100 else _os_port(host)
         if port in _GIVEN or not _port_free(port, host):
