@@ -17,6 +17,9 @@ command -v mosquitto_pub >/dev/null || need_apt+=(mosquitto-clients)
 command -v chromium >/dev/null || need_apt+=(chromium)
 # a load balancer speaking the PROXY protocol, in front of the connector in tests/e2e/connector
 command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
+# make test's lanes (scripts/test-lanes.sh): flock keeps their outputs apart, pkill stops them on a signal
+command -v flock >/dev/null || need_apt+=(util-linux)
+command -v pkill >/dev/null || need_apt+=(procps)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}"
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
