@@ -85,6 +85,46 @@ async def test_produce_and_consume_with_the_idempotent_producer(kafka, unique):
     assert all(v == sorted(v) for v in by_key.values())
 
 
+async def test_a_batch_the_broker_refuses_does_not_stop_the_idempotent_producer(kafka, unique):
+    """A batch that got its sequence numbers and then failed (here refused by the broker: larger than the topic's
+    max.message.bytes; in CI, a batch expired while Kafka restarted and its partition had no leader) leaves a gap in
+    the producer's sequence. aiokafka 0.14 then sent every later batch with the next numbers and the broker refused
+    each one with OutOfOrderSequenceNumber, for good: a connector never again got a PUBACK from Kafka until it was
+    restarted. The producers of make_producer take a new producer id after such a failure
+    (tbmq_platform.kafka.repair_sequence_gaps), so the next records are written, in order, once each."""
+    from aiokafka.admin import NewTopic
+    from aiokafka.errors import KafkaError
+
+    topic = unique("gap")
+    admin = await _admin(kafka.bootstrap_servers)
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": "1000"})])
+    finally:
+        await admin.close()
+    producer = make_producer(kafka.bootstrap_servers, client_id=unique("p"))
+    await producer.start()
+    try:
+        first = await asyncio.wait_for(producer.send_and_wait(topic, key=b"k", value=b"before"), 30)
+        with pytest.raises(KafkaError):
+            await producer.send_and_wait(topic, key=b"k", value=b"x" * 5000)
+        after = [await asyncio.wait_for(producer.send_and_wait(topic, key=b"k", value=f"after{i}".encode()), 30)
+                 for i in range(3)]
+    finally:
+        await producer.stop()
+    assert [m.offset for m in after] == [first.offset + 1, first.offset + 2, first.offset + 3]
+    consumer = make_consumer(kafka.bootstrap_servers, topic, group_id=None, client_id=unique("c"))
+    await consumer.start()
+    try:
+        got = []
+        async with asyncio.timeout(30):
+            while len(got) < 4:
+                for records in (await consumer.getmany(timeout_ms=1000)).values():
+                    got.extend(r.value for r in records)
+    finally:
+        await consumer.stop()
+    assert got == [b"before", b"after0", b"after1", b"after2"]
+
+
 async def test_catalogue_topics_are_created_idempotently_with_their_settings(kafka):
     specs = catalogue.static_topics() + catalogue.service_topics("connector-kt1")
     await ensure_topics(kafka.bootstrap_servers, specs)

@@ -12,6 +12,7 @@ start-up by `configure_security` (tbmq_platform.lifecycle.run; the router's main
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Iterable
@@ -210,13 +211,67 @@ class DirectSend:
         self._metadata.remove_listener(self._metadata_updated)
 
 
+def check_sequence_repair(producer) -> None:
+    """The aiokafka internals repair_sequence_gaps replaces or resets exist (as in CHECKED_AIOKAFKA)."""
+    acc, txn = getattr(producer, "_message_accumulator", None), getattr(producer, "_txn_manager", None)
+    if not aiokafka.__version__.startswith(CHECKED_AIOKAFKA) or not callable(getattr(acc, "_pop_batch", None)) \
+            or txn is None or not all(hasattr(txn, a) for a in ("_pid_and_epoch", "_pid_waiter", "_sequence_numbers")):
+        raise RuntimeError(f"aiokafka {aiokafka.__version__}: repair_sequence_gaps needs MessageAccumulator._pop_batch "
+                           f"and TransactionManager._pid_and_epoch, _pid_waiter and _sequence_numbers as in "
+                           f"{CHECKED_AIOKAFKA} (requirements.lock)")
+
+
+def repair_sequence_gaps(producer: AIOKafkaProducer) -> AIOKafkaProducer:
+    """An idempotent, non-transactional producer takes a new producer id after a batch that had its sequence
+    numbers failed (what Kafka's Java producer does: it resets its producer id). Returns the producer.
+
+    aiokafka gives a batch its sequence numbers when it drains it; if that batch then fails (the broker refuses
+    it, or it expires while its partition has no leader: a Kafka restart longer than request_timeout_ms), the
+    numbers are spent, the broker never wrote them, and it refuses every later batch of the producer with
+    OutOfOrderSequenceNumber, for good: a connector never got a PUBACK from Kafka again until it was restarted
+    (found by tests/e2e/durability/test_supervision.py on a slow host). Here each batch drained for the first time
+    gets a callback (one per batch, not per record); when it fails while the producer still has the id it was
+    sent with, the id and the sequence numbers are dropped, and aiokafka's sender asks for a new id
+    (InitProducerId) before it drains the next batch. Batches already in flight with the old id may fail too
+    (OutOfOrderSequenceNumber): their records were never written, and their senders see the error (a PUBLISH
+    gets no PUBACK), as with the first failure. Nothing written is duplicated: a new id starts a new sequence
+    for new batches only. A transactional producer is left alone (its owner drops it after a failed
+    transaction, session_registry.service)."""
+    txn = producer._txn_manager
+    if txn is None or txn.transactional_id is not None:
+        return producer
+    check_sequence_repair(producer)
+    acc = producer._message_accumulator
+    pop_batch = acc._pop_batch
+    from aiokafka.producer.transaction_manager import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, PidAndEpoch
+
+    def failed(fut: asyncio.Future, pid: int) -> None:
+        if fut.cancelled() or fut.exception() is None or txn.producer_id != pid:
+            return
+        log.warning("producer %s: a batch with sequence numbers failed (%r); taking a new producer id",
+                    producer.client._client_id, fut.exception())
+        txn._pid_and_epoch = PidAndEpoch(NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+        txn._pid_waiter = asyncio.get_running_loop().create_future()
+        txn._sequence_numbers.clear()
+
+    def pop_and_watch(tp):
+        batch = pop_batch(tp)
+        if batch.retry_count == 1:  # drained for the first time: it has just got its sequence numbers
+            batch.future.add_done_callback(functools.partial(failed, pid=txn.producer_id))
+        return batch
+
+    acc._pop_batch = pop_and_watch
+    return producer
+
+
 def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | None = None,
                   linger_ms: int = 1, max_batch_size: int = 256 * 1024, **extra) -> AIOKafkaProducer:
     """An idempotent acks=all producer. ``linger_ms`` is short: records also batch while the previous
     request to the broker is in flight (aiokafka keeps one per broker), so batches grow with the load
-    while a quiet producer adds at most this much latency."""
+    while a quiet producer adds at most this much latency. A failed batch does not stop it for good
+    (repair_sequence_gaps)."""
     extra.setdefault("partitioner", KeyPartitioner())
-    return AIOKafkaProducer(
+    return repair_sequence_gaps(AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         client_id=client_id,
         acks="all",
@@ -226,7 +281,7 @@ def make_producer(bootstrap: str, *, client_id: str, transactional_id: str | Non
         max_batch_size=max_batch_size,
         request_timeout_ms=30000,
         **client_config(**extra),
-    )
+    ))
 
 
 def make_consumer(bootstrap: str, *topics: str, group_id: str | None, client_id: str,

@@ -59,7 +59,7 @@ from tbmq_platform.compacted import Barrier, CompactedViews
 from tbmq_platform.marks import is_mark
 from tbmq_platform.health import HealthServer
 from tbmq_platform.metrics import Metrics
-from tbmq_platform.kafka import DirectSend, ensure_topics
+from tbmq_platform.kafka import DirectSend, ensure_topics, repair_sequence_gaps
 from tbmq_platform.retention import RetentionWatch
 from tbmq_platform.tracing import kafka_headers, span_from_kafka, spans_on, trace_headers
 
@@ -364,10 +364,14 @@ class BatchConsumer(faust_aiokafka.Consumer):
 # ------------------------------------------------------------------------------ idempotent producer
 class IdempotentProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer with enable_idempotence=True and acks=all (Faust only turns
-    idempotence on for exactly-once transactions)."""
+    idempotence on for exactly-once transactions); a failed batch does not stop it for good."""
 
     def _settings_extra(self):
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+    def _new_producer(self, transactional_id=None):
+        """Faust's producer, which takes a new producer id after a failed batch (repair_sequence_gaps)."""
+        return repair_sequence_gaps(super()._new_producer(transactional_id))
 
     def aiokafka_producer(self):
         """The started ``AIOKafkaProducer`` (the router sends through it directly)."""
