@@ -208,7 +208,19 @@ class Client:
             pass
         if wait:
             self.wait(lambda: self.disconnected is not None)
-        self.c.loop_stop()
+        self.stop_loop()
+
+    def stop_loop(self) -> None:
+        """paho's loop_stop() without its race: it reads `_thread` twice (None? then join it), and the network
+        thread sets it to None when it ends, which it does by itself after a DISCONNECT or a lost connection;
+        in between, loop_stop raised AttributeError ('NoneType' object has no attribute 'join'), seen in CI on a
+        busy host. The thread is read once here; paho-mqtt 2.2's attributes (requirements.lock)."""
+        thread = self.c._thread
+        if thread is None:
+            return
+        self.c._thread_terminate = True
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 def connack_code(port: int, client_id: str, v5: bool = True, auth=None, *, bind_address: str = "",

@@ -112,7 +112,7 @@ async def test_sigkilled_connector_sessions_end_and_wills_are_published(dc, tabl
 
     assert await dc.kill_service("connector", 2) is not None
     for c in clients:
-        c.c.loop_stop()            # no reconnect attempts to the dead port
+        c.stop_loop()            # no reconnect attempts to the dead port
 
     # declared dead after the timeout: sessions end as on a lost connection
     await wait_until(lambda: table.removed(u + "N"), BOUND, "the non-persistent session removed")
@@ -183,7 +183,7 @@ async def test_paused_connector_comes_back_fenced(dc, table, unique):
         os.kill(pid, signal.SIGCONT)
     # back: the registry's DisconnectCommand closes the connection (0x98) and the fenced run stops itself
     assert await run(z.wait, lambda: z.disconnected is not None)
-    z.c.loop_stop()
+    z.stop_loop()
     assert int(z.disconnected.value) == 0x98
     proc = dc.instance("connector", 2)
     await wait_until(lambda: not proc.running, BOUND, "the fenced connector run to stop itself")
@@ -199,7 +199,7 @@ async def test_will_of_a_client_that_reconnected_before_the_dead_connector_was_d
     u = unique("fast")
     watcher, prober, live, _, first = await will_client_to_take_over(dc, table, u, on=2)
     await dc.kill_service("connector", 2)
-    first.c.loop_stop()
+    first.stop_loop()
     again = Client(u + "T", v5=False, clean=True)        # back at once, before the timeout: a takeover
     await run(again.connect, live)
     # the dead connector never sends it; the registry does once the connector is declared dead [MQTT-3.1.4-3]
@@ -216,7 +216,7 @@ async def test_takeover_on_a_live_connector_sends_the_will_once(dc, table, uniqu
     second = Client(u + "T", v5=False, clean=True)
     await run(second.connect, two)                      # connector 1 is alive: it sends the Will itself
     assert await run(first.wait, lambda: first.disconnected is not None)
-    first.c.loop_stop()
+    first.stop_loop()
     # the registry drops its copy once a heartbeat of connector 1 is read after the takeover
     await wait_until(lambda: table.get(u + "T").connected and not table.get(u + "T").HasField("taken_over_will"),
                      BOUND, "the taken over Will settled")

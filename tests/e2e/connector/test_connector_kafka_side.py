@@ -383,7 +383,7 @@ async def test_takeover_command_disconnects_with_0x8e(connectors, registry, kafk
         disc = [pb.SessionEventRequest.FromString(r.value) for r in tail.records]
         assert not [d for d in disc if d.type == pb.SESSION_EVENT_DISCONNECTION_REQUEST
                     and d.session.session_id == old_sid]
-    old.c.loop_stop()
+    old.stop_loop()
     await run(new.close)
 
 
@@ -490,7 +490,7 @@ async def test_disconnect_command_for_unknown_session_is_ignored(connectors, reg
     await producer.send_and_wait(topic, cmd.SerializeToString(), key=cid.encode())
     assert await run(known.wait, lambda: known.disconnected is not None)
     assert all(p.running for p in connectors.instances_of("connector"))
-    known.c.loop_stop()
+    known.stop_loop()
 
 
 @pytest.mark.parametrize("level", [4, 5])

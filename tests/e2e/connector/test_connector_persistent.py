@@ -69,7 +69,7 @@ async def test_acknowledged_messages_are_not_fetched_again_on_the_other_connecto
     assert flags.session_present
     if how == "takeover":
         assert await run(c.wait, lambda: c.disconnected is not None)
-        c.c.loop_stop()
+        c.stop_loop()
     await run(pub.publish, topic, b"after", 1)
     assert await run(again.wait, lambda: b"after" in payloads(again, topic)), payloads(again, topic)
     assert payloads(again, topic) == [b"after"]
@@ -85,7 +85,7 @@ async def test_takeover_on_another_connector(pq, unique):
     await run(second.connect, pq.mqtt_ports[1])
     assert await run(first.wait, lambda: first.disconnected is not None)
     assert int(first.disconnected.value) == 0x8E  # Session taken over
-    first.c.loop_stop()
+    first.stop_loop()
     # the new connection works
     pub = Client(u + "p")
     await run(pub.connect, pq.mqtt_ports[0])
@@ -97,7 +97,7 @@ async def test_takeover_on_another_connector(pq, unique):
     b = Client(u + "x", v5=False)
     await run(b.connect, pq.mqtt_ports[0])
     assert await run(a.wait, lambda: a.disconnected is not None)
-    a.c.loop_stop()
+    a.stop_loop()
     for c in (second, pub, b):
         await run(c.close)
 

@@ -190,7 +190,7 @@ async def test_will_on_ungraceful_close(mq, unique):
     c = Client(u + "d")
     await run(c.connect, mq.mqtt_ports[0], will=(f"{u}/d", b"asked", 1, False))
     c.c.disconnect(reasoncode=mqtt.ReasonCode(PacketTypes.DISCONNECT, identifier=4))
-    c.c.loop_stop()
+    c.stop_loop()
     assert await run(watcher.wait, lambda: payloads(watcher, f"{u}/d") == [b"asked"])
     # normal DISCONNECT: none
     sent = (await connector_health(mq, 1))["wills_sent"]
@@ -259,7 +259,7 @@ async def test_v5_reason_string_on_disconnect(mq, unique):
     assert old.disconnected.value == 0x8E
     assert old.disconnect_properties.ReasonString == "session taken over by a newer connection"
     await run(new.close)
-    old.c.loop_stop()
+    old.stop_loop()
 
 
 async def test_v5_response_information_when_requested(mq, unique):

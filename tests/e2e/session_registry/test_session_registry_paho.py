@@ -135,5 +135,5 @@ async def test_takeover_across_connectors(stack):
     assert present is True
     assert await run(first.wait, lambda: first.disconnected is not None), "not disconnected"
     assert first.disconnected.value == 0x8E                                      # Session taken over
-    first.c.loop_stop()
+    first.stop_loop()
     await run(second.close, wait=True)
