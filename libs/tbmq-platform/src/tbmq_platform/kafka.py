@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import GroupIdNotFound, KafkaConnectionError, TopicAlreadyExistsError, UnknownMemberIdError
 from aiokafka.partitioner import murmur2
+from aiokafka.producer.transaction_manager import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, PidAndEpoch
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
@@ -243,13 +244,13 @@ def repair_sequence_gaps(producer: AIOKafkaProducer) -> AIOKafkaProducer:
     check_sequence_repair(producer)
     acc = producer._message_accumulator
     pop_batch = acc._pop_batch
-    from aiokafka.producer.transaction_manager import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, PidAndEpoch
 
     def failed(fut: asyncio.Future, pid: int) -> None:
-        if fut.cancelled() or fut.exception() is None or txn.producer_id != pid:
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is None or txn.producer_id != pid:
             return
         log.warning("producer %s: a batch with sequence numbers failed (%r); taking a new producer id",
-                    producer.client._client_id, fut.exception())
+                    producer.client._client_id, exc)
         txn._pid_and_epoch = PidAndEpoch(NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
         txn._pid_waiter = asyncio.get_running_loop().create_future()
         txn._sequence_numbers.clear()
