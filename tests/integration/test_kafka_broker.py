@@ -32,6 +32,16 @@ async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[s
     return out
 
 
+async def _values(consumer, n: int) -> list[bytes]:
+    """The values of the first `n` (or more) records the consumer fetches, in fetch order, within 30 s."""
+    values: list[bytes] = []
+    async with asyncio.timeout(30):
+        while len(values) < n:
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                values.extend(r.value for r in records)
+    return values
+
+
 async def test_a_topic_is_in_the_brokers_metadata_once_ensure_topics_returns(kafka, unique):
     """A client asking right after ensure_topics returns is told of the topic and every partition at once, with
     no refresh: a consumer that subscribed in the moment between Kafka's CreateTopics answer and its broker's
@@ -115,11 +125,7 @@ async def test_a_batch_the_broker_refuses_does_not_stop_the_idempotent_producer(
     consumer = make_consumer(kafka.bootstrap_servers, topic, group_id=None, client_id=unique("c"))
     await consumer.start()
     try:
-        got = []
-        async with asyncio.timeout(30):
-            while len(got) < 4:
-                for records in (await consumer.getmany(timeout_ms=1000)).values():
-                    got.extend(r.value for r in records)
+        got = await _values(consumer, 4)
     finally:
         await consumer.stop()
     assert got == [b"before", b"after0", b"after1", b"after2"]
@@ -172,11 +178,7 @@ async def test_transactions_work_on_the_single_node(kafka, unique):
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        values = []
-        async with asyncio.timeout(30):
-            while len(values) < 2:
-                for records in (await consumer.getmany(timeout_ms=1000)).values():
-                    values.extend(r.value for r in records)
+        values = await _values(consumer, 2)
     finally:
         await consumer.stop()
     assert values == [b"committed", b"committed-2"]
