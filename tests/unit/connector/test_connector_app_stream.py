@@ -107,8 +107,9 @@ def _pending_since(before: set) -> set:
 
 
 async def _settle(before: set) -> set:
-    """The client-side tasks created since `before` still pending once they had half a second to end."""
-    await poll(lambda: not _pending_since(before), 0.5, step=0.01)
+    """The client-side tasks created since `before` still pending once they had five seconds to end (a leaked
+    one never does; an ending one takes milliseconds, more on a loaded host)."""
+    await poll(lambda: not _pending_since(before), 5.0, step=0.01)
     return _pending_since(before)
 
 
