@@ -50,6 +50,9 @@ tracer = trace.get_tracer("device_persistence.grpc")
 # how long a takeover's first fetch waits for the old connector's acknowledgements (`_settle_elsewhere`):
 # they take one ack call (a few ms); a connector older than ForwardDown.settle never answers
 SETTLE_WAIT_S = 1.0
+# how long an ended Forward stream waits for its ack reader to end after cancelling it, before it writes the
+# stream's held tails to Redis anyway (the reader ends at once unless grpc.aio holds it: then it is logged)
+READER_END_S = 5.0
 
 
 class BadRequest(ValueError):
@@ -257,10 +260,12 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
                 reason = stream.reason
             self.registry.unregister(stream, reason)
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            log.info("forward stream of %s ended: %s", service_id, reason.value)
-            if self.holding is not None:  # what was forwarded on it may be lost: the tails go to Redis, where the
-                await self.holding.leave_service(service_id)  # connector's resync after it reopens reads them
+            try:
+                await self._reader_ended(service_id, reader)
+            finally:  # cancelled meanwhile (the server stopping) too
+                log.info("forward stream of %s ended: %s", service_id, reason.value)
+                if self.holding is not None:  # what was forwarded on it may be lost: the tails go to Redis, where
+                    await self.holding.leave_service(service_id)  # the connector's resync after it reopens reads them
         if reason is EndReason.OVERFLOW:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"forward queue above {self.registry.max_bytes} bytes: reopen and re-fetch")
@@ -298,6 +303,19 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
             seq, done = await answers.get()
             await context.write(spb.PersistAnswer(seq=seq, saved=await done))
 
+    @staticmethod
+    async def _reader_ended(service_id: str, reader: asyncio.Task) -> None:
+        """A cancelled ack reader awaited, at most READER_END_S: the stream's end (its held tails written to
+        Redis) must not wait on a read grpc.aio does not give up. One that outlives it is logged with its stack."""
+        done, _ = await asyncio.wait({reader}, timeout=READER_END_S)
+        if done:
+            if not reader.cancelled() and reader.exception() is not None:
+                log.warning("the ack reader of %s's forward stream failed: %r", service_id, reader.exception())
+            return
+        stack = "".join(f"\n  {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in reader.get_stack())
+        log.warning("the ack reader of %s's forward stream is still running %.0fs after its cancel; the stream "
+                    "ends without it. Its stack:%s", service_id, READER_END_S, stack)
+
     async def _read_acks(self, requests, stream: ForwardStream) -> None:
         """Applies the acknowledgements coming up the stream, in order; ends the stream when the
         connector's side closes."""
@@ -308,8 +326,9 @@ class DevicePersistenceServicer(sgrpc.DevicePersistenceServicer):
                     stream.reply(spb.ForwardDown(acked=await self._apply(up.acks)))
                 elif kind == "settled":  # the acks before it on this stream are applied: read in order
                     stream.settled(up.settled.seq)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass
+            log.debug("forward stream of %s: the connector closed its side", stream.service_id)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            log.debug("forward stream of %s: reading ended: %r", stream.service_id, exc)
         finally:
             if not stream.ended:
                 self.registry.unregister(stream, EndReason.CLIENT_GONE)
